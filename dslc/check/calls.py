@@ -1,0 +1,291 @@
+"""Calls: binding arguments to a built-in op's parameters and running its type rule, or
+instantiating a def (shape-pattern unification, instance paths, the declared result type)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dslc.check import dims
+from dslc.check.dims import DimEnv
+from dslc.check.exprs import ExprEval
+from dslc.check.resolve import DefRef, suggest
+from dslc.check.types import PrecisionSpec, TensorType, format_type, is_float
+from dslc.check.values import ERROR, DType, Frame, ListVal, Scope, TensorVal, TupleVal, kind_of
+from dslc.diag.diagnostic import Label
+from dslc.diag.span import Span
+from dslc.ops import OPS
+from dslc.ops.opdef import REQUIRED, Args, Kind, OpDef
+from dslc.parse import ast
+
+Arg = tuple[Any, Span]
+
+
+class OpCtx:
+    """`InferCtx` for one op call: errors land on the argument that caused them."""
+
+    def __init__(self, el: CallEval, op: OpDef, call_span: Span, func_span: Span,
+                 spans: dict[str, Span], producers: dict[str, str], scope: Scope,
+                 precision: PrecisionSpec) -> None:
+        self.el = el
+        self.op = op
+        self.call_span = call_span
+        self.func_span = func_span
+        self.spans = spans
+        self.producers = producers
+        self.scope = scope
+        self.env: DimEnv = el.env
+        self.precision = precision
+        self.attrs: dict[str, Any] = {}
+
+    @property
+    def compute(self) -> str:
+        return self.precision.compute
+
+    def span(self, arg: str) -> Span:
+        return self.spans.get(arg, self.call_span)
+
+    def label(self, arg: str, text: str) -> Label:
+        return Label(self.span(arg), text)
+
+    def producer(self, arg: str) -> str | None:
+        return self.producers.get(arg)
+
+    def set_attr(self, name: str, value: Any) -> None:
+        self.attrs[name] = value
+
+    def precision_origin(self, key: str) -> Span | None:
+        return self.scope.precision_origin.get(key)
+
+    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+              labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
+              help: tuple[str, ...] = ()) -> None:
+        span = self.func_span if at is None else self.span(at)
+        self.el.report(code, message, span, label, labels, notes, help, frame=self.scope.frame)
+
+
+class CallEval(ExprEval):
+    pending_instance: tuple[str, Span] | None = None
+
+    def call(self, call: ast.Call, scope: Scope, hint: str) -> Any:
+        ns = self.resolved.namespaces[scope.module.path]
+        callee = ns.lookup(call.func)
+        if callee is None:
+            return ERROR  # reported by name resolution
+        pos: list[Arg] = []
+        kws: dict[str, Arg] = {}
+        for a in call.args:
+            if isinstance(a, ast.Kwarg):
+                kws[a.name.name] = (self.eval(a.value, scope, hint), a.span)
+            else:
+                pos.append((self.eval(a, scope, hint), a.span))
+        if any(v is ERROR for v, _ in pos) or any(v is ERROR for v, _ in kws.values()):
+            return ERROR
+        if isinstance(callee, DefRef):
+            return self.apply_def(callee, call, pos, kws, scope, hint)
+        return self.apply_op(callee, call.span, call.func.span, pos, kws, scope, hint)
+
+    # -- built-in ops ----------------------------------------------------------------------------
+    def apply_op(self, name: str, call_span: Span, func_span: Span, pos: list[Arg],
+                 kws: dict[str, Arg], scope: Scope, hint: str) -> Any:
+        op = OPS[name]
+        precision = scope.precision
+        if "compute" in kws:
+            value, span = kws.pop("compute")
+            if not isinstance(value, DType):
+                self.report("E0209", f"`compute` takes a dtype, found {kind_of(value)}", span,
+                            frame=scope.frame)
+                return ERROR
+            precision = PrecisionSpec(precision.io, precision.intermediate, value.name)
+        bound = self._bind_op(op, call_span, func_span, pos, kws, scope)
+        if bound is None:
+            return ERROR
+        values: dict[str, Any] = {}
+        spans: dict[str, Span] = {}
+        producers: dict[str, str] = {}
+        inputs: list[str] = []
+        operands: list[str] = []
+        for p in op.params:
+            value, span = bound[p.name]
+            spans[p.name] = span
+            converted = self._convert(op, p.name, p.kind, value, span, scope, hint, precision)
+            if converted is ERROR:
+                return ERROR
+            if isinstance(converted, TensorVal):
+                values[p.name] = converted.type
+                producers[p.name] = self.producers[converted.node].op
+                inputs.append(converted.node)
+                operands.append(p.name)
+            elif isinstance(converted, ListVal) and p.kind is Kind.TENSORS:
+                values[p.name] = [t.type for t in converted.items]
+                inputs.extend(t.node for t in converted.items)
+                operands.extend(f"{p.name}.{i}" for i in range(len(converted.items)))
+            else:
+                values[p.name] = converted
+        ctx = OpCtx(self, op, call_span, func_span, spans, producers, scope, precision)
+        result = op.infer(ctx, Args(values))
+        if result is None:
+            return ERROR
+        attrs = {p.name: values[p.name] for p in op.params if not p.is_tensor}
+        attrs.update(ctx.attrs)
+        if any(p.kind in (Kind.OPT_TENSOR, Kind.TENSORS) for p in op.params):
+            attrs["operands"] = tuple(operands)
+        if precision.compute != scope.precision.compute:
+            attrs["compute"] = precision.compute
+        base = self.node_name(scope.frame, hint or name)
+        if isinstance(result, tuple):
+            return TupleVal(tuple(
+                self.add_node(name, tuple(inputs), {**attrs, "output": i}, t, call_span,
+                              scope.frame, precision, f"{base}.{i}")
+                for i, t in enumerate(result)))
+        return self.add_node(name, tuple(inputs), attrs, result, call_span, scope.frame, precision,
+                             base if hint else self.node_name(scope.frame, name))
+
+    def _bind_op(self, op: OpDef, call_span: Span, func_span: Span, pos: list[Arg],
+                 kws: dict[str, Arg], scope: Scope) -> dict[str, Arg] | None:
+        bound: dict[str, Arg] = {}
+        if len(pos) > len(op.params):
+            self.report("E0204", f"`{op.name}` takes at most {len(op.params)} arguments but "
+                        f"{len(pos)} were supplied", pos[len(op.params)][1], "unexpected argument",
+                        notes=(f"signature: {op.signature()}",), frame=scope.frame)
+            return None
+        for p, arg in zip(op.params, pos, strict=False):
+            bound[p.name] = arg
+        for key, arg in kws.items():
+            if op.param(key) is None:
+                hint = suggest(key, [q.name for q in op.params] + ["compute"])
+                self.report("E0204", f"`{op.name}` has no parameter `{key}`", arg[1],
+                            "unknown keyword", notes=(f"signature: {op.signature()}",),
+                            help=(f"did you mean `{hint}`?",) if hint else (), frame=scope.frame)
+                return None
+            if key in bound:
+                self.report("E0204", f"`{key}` is given twice to `{op.name}`", arg[1],
+                            "given again by keyword", (Label(bound[key][1], "given here"),),
+                            frame=scope.frame)
+                return None
+            bound[key] = arg
+        missing = [p for p in op.params if p.name not in bound and p.default is REQUIRED]
+        if missing:
+            tensors = [p for p in op.params if p.kind is Kind.TENSOR]
+            given = sum(1 for p in tensors if p.name in bound)
+            if missing[0].kind is Kind.TENSOR:
+                message = (f"`{op.name}` takes {len(tensors)} tensor argument"
+                           f"{'s' if len(tensors) != 1 else ''} but {given} "
+                           f"{'was' if given == 1 else 'were'} supplied")
+            else:
+                message = f"`{op.name}` needs the argument `{missing[0].name}`"
+            self.report("E0204", message, call_span,
+                        "missing argument " + ", ".join(f"`{p.name}`" for p in missing),
+                        notes=(f"signature: {op.signature()}",), frame=scope.frame)
+            return None
+        for p in op.params:
+            if p.name not in bound:
+                bound[p.name] = (p.default, call_span)
+        return bound
+
+    def _convert(self, op: OpDef, name: str, kind: Kind, value: Any, span: Span, scope: Scope,
+                 hint: str, precision: PrecisionSpec) -> Any:
+        """Check an argument's kind; a number standing for a tensor becomes a scalar node."""
+        ok: bool
+        if kind in (Kind.TENSOR, Kind.OPT_TENSOR):
+            if kind is Kind.OPT_TENSOR and value is None:
+                return None
+            if isinstance(value, TensorVal):
+                return value
+            if op.scalars_as_tensors and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return self.add_node("scalar", (), {"value": float(value)}, TensorType("f32", ()),
+                                     span, scope.frame, precision,
+                                     self.node_name(scope.frame, f"{hint or op.name}.scalar"))
+            ok = False
+        elif kind is Kind.TENSORS:
+            ok = isinstance(value, ListVal) and all(isinstance(v, TensorVal) for v in value.items)
+        elif kind is Kind.INT:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind is Kind.OPT_INT:
+            ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+        elif kind is Kind.INTS:
+            if isinstance(value, ListVal):
+                value = tuple(value.items)
+                ok = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            else:
+                ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+        elif kind is Kind.AXES:
+            value = tuple(value.items) if isinstance(value, ListVal) else value
+            items = value if isinstance(value, tuple) else (value,)
+            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in items)
+        elif kind is Kind.SHAPE:
+            value = tuple(value.items) if isinstance(value, ListVal) else value
+            ok = isinstance(value, tuple) and all(
+                v is None or isinstance(v, dims.Poly) or (isinstance(v, int) and not isinstance(v, bool))
+                for v in value)
+        elif kind in (Kind.FLOAT, Kind.OPT_FLOAT):
+            if kind is Kind.OPT_FLOAT and value is None:
+                return None
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        elif kind is Kind.BOOL:
+            ok = isinstance(value, bool)
+        elif kind is Kind.STR:
+            ok = isinstance(value, str)
+            p = op.param(name)
+            if ok and p is not None and p.choices and value not in p.choices:
+                hint_ = suggest(value, list(p.choices))
+                self.report("E0305", f"`{name}` of `{op.name}` must be one of "
+                            + ", ".join(f'"{c}"' for c in p.choices), span, f'"{value}" here',
+                            help=(f'did you mean "{hint_}"?',) if hint_ else (), frame=scope.frame)
+                return ERROR
+        elif kind is Kind.DTYPE:
+            ok = isinstance(value, DType)
+            value = value.name if ok else value
+        else:
+            ok = False
+        if ok:
+            return value
+        self.report("E0209", f"`{name}` of `{op.name}` takes {_article(kind)}, found "
+                    f"{kind_of(value)}", span, f"this is {kind_of(value)}",
+                    notes=(f"signature: {op.signature()}",), frame=scope.frame)
+        return ERROR
+
+    # -- defs ------------------------------------------------------------------------------------
+    def apply_def(self, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
+                  scope: Scope, hint: str) -> Any:
+        from dslc.check.defs import instantiate
+
+        return instantiate(self, ref, call, pos, kws, scope, hint)  # type: ignore[arg-type]
+
+    def frame_for(self, ref: DefRef, call: ast.Call, scope: Scope, hint: str, args_text: str,
+                  ) -> Frame:
+        """The frame of a new def instance; consumes the pending instance name if it needs one."""
+        creates = self.resolved.creates_instance(ref)
+        name = ref.node.name.name
+        if not creates:
+            prefix = self.node_name(scope.frame, hint or name)
+            return Frame(scope.frame, name, call.span, scope.frame.instance, prefix, args_text)
+        pending = self.pending_instance
+        self.pending_instance = None
+        if pending is None:
+            self.report("E0208", f"this instance of `{name}` has no name", call.span,
+                        "its parameters need a path", frame=scope.frame,
+                        help=(f"bind it with `let`, e.g. `let {name} = {name}(...)`, or add "
+                              f'`as "{name}"`',))
+            local = name
+        else:
+            local = pending[0]
+        path = f"{scope.frame.instance}.{local}" if scope.frame.instance else local
+        return Frame(scope.frame, name, call.span, path, path, args_text, True)
+
+
+def _article(kind: Kind) -> str:
+    return {
+        Kind.TENSOR: "a tensor", Kind.OPT_TENSOR: "a tensor", Kind.TENSORS: "a list of tensors",
+        Kind.INT: "a static int", Kind.OPT_INT: "a static int",
+        Kind.INTS: "an int or a list of ints", Kind.AXES: "a list of axes",
+        Kind.SHAPE: "a list of dims", Kind.FLOAT: "a float", Kind.OPT_FLOAT: "a float",
+        Kind.BOOL: "a bool", Kind.STR: "a string", Kind.DTYPE: "a dtype",
+    }[kind]
+
+
+def same_type(a: TensorType, b: TensorType) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape
+
+
+__all__ = ["CallEval", "format_type", "is_float", "same_type"]

@@ -1,0 +1,532 @@
+"""Elaboration of a model, statement by statement: dims, precision, layout, inputs, params, lets
+(`repeat`, `when`, instance paths, ascriptions), outputs. Defs are expanded inline through the
+call layer; the result is a typed op graph plus the model's manifest (`model` -> `Elaborated`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dslc.check import dims
+from dslc.check.calls import CallEval
+from dslc.check.context import ParamSpec, is_dim, is_int
+from dslc.check.defs import conform, layout_of
+from dslc.check.dims import SymInfo
+from dslc.check.resolve import suggest
+from dslc.check.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
+from dslc.check.values import (
+    ERROR,
+    Absent,
+    Binding,
+    DType,
+    Frame,
+    ListVal,
+    Scope,
+    TensorVal,
+    TupleVal,
+    kind_of,
+)
+from dslc.diag.diagnostic import Label
+from dslc.diag.span import Span
+from dslc.parse import ast
+
+MAX_REPEAT = 10_000
+
+
+@dataclass(frozen=True)
+class DimDecl:
+    name: str
+    span: Span
+    value: Any = None  # static dims: int (or a dim expression of dynamic dims)
+    lo: int = 0
+    hi: int = 0
+    align: int = 1
+    tune: tuple[int, ...] | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.value is None
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    name: str
+    type: TensorType
+    node: str
+    span: Span
+
+
+class Elaborator(CallEval):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dim_decls: dict[str, Span] = {}
+        self.dims: list[DimDecl] = []
+        self.bucket_rows: tuple[tuple[str, ...], list[tuple[int, ...]]] | None = None
+        self.inputs: list[IOSpec] = []
+        self.outputs: list[IOSpec] = []
+        self.model_layout: Layout | None = None
+        self.lets: list[tuple[str, str, Span]] = []  # (value node, let name, span) for W0201
+
+    # -- bodies ----------------------------------------------------------------------------------
+    def run_body(self, body: tuple[ast.Stmt, ...], scope: Scope) -> Any:
+        result = None
+        for stmt in body:
+            r = self.stmt(stmt, scope)
+            if isinstance(stmt, ast.Return):
+                result = r
+        return result
+
+    def stmt(self, stmt: ast.Stmt, scope: Scope) -> Any:
+        match stmt:
+            case ast.DimFixed():
+                self.dim_fixed(stmt, scope)
+            case ast.DimRange():
+                self.dim_range(stmt, scope)
+            case ast.Buckets():
+                self.buckets(stmt, scope)
+            case ast.Precision():
+                self.precision(stmt, scope)
+            case ast.LayoutStmt(tag=tag):
+                layout = layout_of(self, tag, 4, scope)
+                if layout is not None and not tag.name.startswith("N"):
+                    self.report("E0501", "`layout` sets the default of image tensors: use "
+                                "`NCHW` or `NHWC`", tag.span, frame=scope.frame)
+                elif layout is not None:
+                    self.model_layout = layout
+            case ast.Input():
+                self.input(stmt, scope)
+            case ast.ParamStmt():
+                self.param(stmt, scope)
+            case ast.Let():
+                self.let(stmt, scope)
+            case ast.Output():
+                self.output(stmt, scope)
+            case ast.Return(values=values):
+                out = [self.eval(v, scope, "ret" if len(values) > 1 else "") for v in values]
+                if any(v is ERROR for v in out):
+                    return ERROR
+                return out[0] if len(out) == 1 else TupleVal(tuple(out))
+        return None
+
+    def bind(self, ident: ast.Ident, value: Any, scope: Scope, kind: str) -> None:
+        if ident.name not in scope.values:  # a duplicate was reported by name resolution
+            scope.values[ident.name] = Binding(value, ident.span, kind)
+
+    # -- dims and settings -----------------------------------------------------------------------
+    def dim_fixed(self, stmt: ast.DimFixed, scope: Scope) -> None:
+        value = self.want_dim(stmt.value, scope)
+        if is_int(value) and value < 1:
+            self.report("E0606", f"`{stmt.name.name}` must be at least 1", stmt.value.span,
+                        f"{value} here", frame=scope.frame)
+            value = ERROR
+        self.bind(stmt.name, value, scope, "dim")
+        if scope.is_model and value is not ERROR:
+            self.dims.append(DimDecl(stmt.name.name, stmt.span, value=value))
+
+    def dim_range(self, stmt: ast.DimRange, scope: Scope) -> None:
+        name = stmt.name.name
+        lo, hi = stmt.lo.value, stmt.hi.value
+        align = stmt.align.value if stmt.align is not None else 1
+        tune = tuple(t.value for t in stmt.tune) if stmt.tune is not None else None
+        bad = None
+        if lo < 1:
+            bad = (stmt.lo.span, f"`{name}` must be at least 1")
+        elif lo > hi:
+            bad = (stmt.range_span, f"the range of `{name}` is empty: {lo} > {hi}")
+        elif align < 1:
+            bad = (stmt.align.span if stmt.align else stmt.span, "`align` must be at least 1")
+        elif -(-lo // align) * align > hi:
+            bad = (stmt.range_span, f"no multiple of {align} lies in {lo}..{hi}")
+        if bad is not None:
+            self.report("E0606", bad[1], bad[0], frame=scope.frame)
+            self.bind(stmt.name, ERROR, scope, "dim")
+            return
+        for t in stmt.tune or ():
+            if not lo <= t.value <= hi:
+                self.report("E0601", f"tune bucket {t.value} is outside the range of `{name}`",
+                            t.span, f"not in {lo}..{hi}", (Label(stmt.range_span,
+                                                                "range declared here"),),
+                            help=(f"widen the range to `{min(lo, t.value)}..{max(hi, t.value)}`, "
+                                  "or drop the bucket",), frame=scope.frame)
+            elif t.value % align:
+                self.report("E0601", f"tune bucket {t.value} is not a multiple of {align}",
+                            t.span, f"`{name}` has align {align}", frame=scope.frame,
+                            help=(f"use {t.value - t.value % align or align}, or drop it",))
+        if tune is not None and len(set(tune)) != len(tune):
+            self.report("E0606", f"a tune bucket of `{name}` is listed twice", stmt.span,
+                        frame=scope.frame)
+        self.dim_decls[name] = stmt.range_span
+        self.dims.append(DimDecl(name, stmt.span, None, lo, hi, align, tune))
+        if self.bucket is not None and name in self.bucket:
+            self.bind(stmt.name, self.bucket[name], scope, "dim")
+            return
+        self.env.add(SymInfo(name, lo, hi, align))
+        self.bind(stmt.name, dims.sym(name), scope, "dim")
+
+    def buckets(self, stmt: ast.Buckets, scope: Scope) -> None:
+        if self.bucket_rows is not None:
+            self.report("E0606", "a model holds one `buckets` statement", stmt.span,
+                        frame=scope.frame)
+            return
+        decls = {d.name: d for d in self.dims if d.dynamic}
+        names = []
+        for ident in stmt.names:
+            d = decls.get(ident.name)
+            if d is None:
+                self.report("E0606", f"`{ident.name}` is not a dynamic dim", ident.span,
+                            "buckets list dynamic dims only", frame=scope.frame)
+                return
+            if d.tune is not None:
+                self.report("E0606", f"`{ident.name}` has a `tune` list and appears in `buckets`",
+                            ident.span, "listed here", (Label(d.span, "tune list here"),),
+                            help=("keep one of the two",), frame=scope.frame)
+                return
+            names.append(ident.name)
+        if len(set(names)) != len(names):
+            self.report("E0606", "a dim is listed twice in `buckets`", stmt.span,
+                        frame=scope.frame)
+            return
+        rows: list[tuple[int, ...]] = []
+        for span, items in stmt.rows:
+            if len(items) != len(names):
+                self.report("E0606", f"this bucket has {len(items)} values for {len(names)} dims",
+                            span, f"expected ({', '.join(names)})", frame=scope.frame)
+                return
+            for dim_name, item in zip(names, items, strict=True):
+                d = decls[dim_name]
+                if not d.lo <= item.value <= d.hi or item.value % d.align:
+                    self.report("E0601", f"bucket value {item.value} does not fit `{dim_name}`",
+                                item.span, f"`{dim_name}` is {d.lo}..{d.hi}"
+                                + (f" align {d.align}" if d.align > 1 else ""),
+                                (Label(self.dim_decls[dim_name], "range declared here"),),
+                                frame=scope.frame)
+                    return
+            rows.append(tuple(i.value for i in items))
+        self.bucket_rows = (tuple(names), rows)
+
+    def precision(self, stmt: ast.Precision, scope: Scope) -> None:
+        current = {"io": scope.precision.io, "intermediate": scope.precision.intermediate,
+                   "compute": scope.precision.compute}
+        for kw in stmt.settings:
+            key = kw.name.name
+            if key not in current:
+                hint = suggest(key, list(current))
+                self.report("E0204", f"unknown precision setting `{key}`", kw.name.span,
+                            "expected io, intermediate or compute",
+                            help=(f"did you mean `{hint}`?",) if hint else (), frame=scope.frame)
+                continue
+            value = self.eval(kw.value, scope)
+            if not isinstance(value, DType):
+                if value is not ERROR:
+                    self.report("E0209", f"`{key}` takes a dtype, found {kind_of(value)}",
+                                kw.value.span, frame=scope.frame,
+                                help=(f"one of {', '.join(DTYPES)}",))
+                continue
+            current[key] = value.name
+            scope.precision_origin[key] = kw.span
+        scope.precision = PrecisionSpec(**current)
+
+    # -- declarations ----------------------------------------------------------------------------
+    def declared_type(self, t: ast.TensorTypeExpr, scope: Scope, default_layout: Layout | None,
+                      ) -> TensorType | None:
+        shape = self.eval_shape(t, scope)
+        if shape is None:
+            return None
+        for d, expr in zip(shape, t.dims or (), strict=False):
+            if is_int(d) and d < 1:
+                self.report("E0606", f"a size of {d} in a tensor type", expr.span,
+                            "sizes are at least 1", frame=scope.frame)
+                return None
+        layout: Layout | None = Layout.row_major(len(shape))
+        if t.layout is not None:
+            layout = layout_of(self, t.layout, len(shape), scope)
+            if layout is None:
+                return None
+        elif default_layout is not None and len(shape) == 4:
+            layout = default_layout
+        return TensorType(t.dtype or scope.precision.io, shape, layout)
+
+    def input(self, stmt: ast.Input, scope: Scope) -> None:
+        t = self.declared_type(stmt.type, scope, self.model_layout)
+        if t is None:
+            self.bind(stmt.name, ERROR, scope, "input")
+            return
+        name = stmt.name.name
+        value = self.add_node("input", (), {"name": name}, t, stmt.span, scope.frame,
+                              scope.precision, name)
+        self.inputs.append(IOSpec(name, t, value.node, stmt.span))
+        self.bind(stmt.name, value, scope, "input")
+
+    def param(self, stmt: ast.ParamStmt, scope: Scope) -> None:
+        if stmt.guard is not None:
+            cond = self.want_bool(stmt.guard, scope)
+            if cond is not True:
+                self.bind(stmt.name, ERROR if cond is ERROR else Absent(stmt.name.name,
+                                                                        stmt.guard.span),
+                          scope, "param")
+                return
+        t = self.declared_type(stmt.type, scope, None)
+        name = stmt.name.name
+        path = f"{scope.frame.instance}.{name}" if scope.frame.instance else name
+        if t is None:
+            self.bind(stmt.name, ERROR, scope, "param")
+            return
+        dynamic = [d for d in t.shape if not is_int(d)]
+        if dynamic:
+            self.report("E0605", f"the shape of param `{path}` depends on a dynamic dim",
+                        stmt.type.span, f"{format_type(t)}", frame=scope.frame,
+                        notes=("weights have one fixed shape",))
+            self.bind(stmt.name, ERROR, scope, "param")
+            return
+        first = self.params.get(path)
+        if first is not None:
+            if self.bucket is None:
+                self.report("E0208", f"the parameter path `{path}` is declared twice",
+                            stmt.name.span, "declared again here",
+                            (Label(first.span, "first declared here"),), frame=scope.frame,
+                            help=('give the instances distinct names with `as "..."`',))
+            self.bind(stmt.name, ERROR, scope, "param")
+            return
+        assert t.layout is not None
+        shape = tuple(d for d in t.shape if isinstance(d, int))  # all static: checked above
+        self.params[path] = ParamSpec(path, t.dtype, shape, t.layout, stmt.span)
+        value = self.add_node("param", (), {"path": path}, t, stmt.span, scope.frame,
+                              scope.precision, path)
+        self.bind(stmt.name, value, scope, "param")
+
+    # -- lets and outputs ------------------------------------------------------------------------
+    def let(self, stmt: ast.Let, scope: Scope) -> None:
+        if stmt.guard is not None:
+            cond = self.want_bool(stmt.guard, scope)
+            if cond is not True:
+                for ident in stmt.targets:
+                    self.bind(ident, ERROR if cond is ERROR else Absent(ident.name,
+                                                                        stmt.guard.span),
+                              scope, "let")
+                return
+        hint = stmt.targets[0].name if not stmt.is_tuple else "_".join(
+            t.name for t in stmt.targets)
+        before = len(self.nodes)
+        value = self.rhs(stmt.rhs, scope, hint, stmt.targets[0].name)
+        if stmt.type is not None and value is not ERROR:
+            fresh = isinstance(value, TensorVal) and self.node_index(value.node) >= before
+            value = conform(self, value, stmt.type, scope,
+                            f"`{stmt.targets[0].name}`", fresh=fresh)
+        if stmt.is_tuple:
+            self.bind_tuple(stmt, value, scope)
+            return
+        self.bind(stmt.targets[0], value, scope, "let")
+        if scope.is_model and isinstance(value, TensorVal):
+            self.lets.append((value.node, stmt.targets[0].name, stmt.targets[0].span))
+
+    def bind_tuple(self, stmt: ast.Let, value: Any, scope: Scope) -> None:
+        items: tuple[Any, ...]
+        if value is ERROR:
+            items = (ERROR,) * len(stmt.targets)
+        elif not isinstance(value, TupleVal) or len(value.items) != len(stmt.targets):
+            n = len(value.items) if isinstance(value, TupleVal) else 1
+            self.report("E0210", f"{len(stmt.targets)} names for {n} value{'s' if n != 1 else ''}",
+                        stmt.span, f"this gives {kind_of(value)}", frame=scope.frame)
+            items = (ERROR,) * len(stmt.targets)
+        else:
+            items = value.items
+        for ident, item in zip(stmt.targets, items, strict=True):
+            self.bind(ident, item, scope, "let")
+
+    def node_index(self, name: str) -> int:
+        node = self.producers.get(name)
+        if node is None:
+            return -1
+        for i in range(len(self.nodes) - 1, -1, -1):
+            if self.nodes[i] is node:
+                return i
+        return -1
+
+    def rhs(self, rhs: ast.Rhs, scope: Scope, hint: str, let_name: str) -> Any:
+        """Evaluate a right-hand side, naming the one instance it may create (E0205 for two)."""
+        ns = self.resolved.namespaces[scope.module.path]
+        instances = [e for e in ast.walk(rhs.expr) if isinstance(e, ast.Call)
+                     and self.resolved.creates_instance(ns.lookup(e.func))]
+        if len(instances) > 1:
+            self.report("E0205", "two instances in one `let` cannot share its name",
+                        instances[1].span, "second instance",
+                        (Label(instances[0].span, "first instance"),), frame=scope.frame,
+                        help=("split them into separate `let`s, one instance each",))
+            return ERROR
+        if rhs.repeat is not None:
+            return self.repeat(rhs, scope, hint, let_name)
+        if instances:
+            name = rhs.instance.value if rhs.instance is not None else let_name
+            if not self.valid_path(name, rhs.instance.span if rhs.instance else rhs.span, scope):
+                return ERROR
+            self.pending_instance = (name, rhs.span)
+        try:
+            return self.eval(rhs.expr, scope, hint)
+        finally:
+            self.pending_instance = None
+
+    def valid_path(self, name: str, span: Span, scope: Scope) -> bool:
+        parts = name.split(".")
+        if not name or any(not p or not all(c.isalnum() or c in "_-" for c in p) for p in parts):
+            self.report("E0208", f'invalid instance path "{name}"', span,
+                        "use names and numbers separated by `.`", frame=scope.frame,
+                        help=('for example `as "layer1.0"`',))
+            return False
+        return True
+
+    def repeat(self, rhs: ast.Rhs, scope: Scope, hint: str, let_name: str) -> Any:
+        assert rhs.repeat is not None
+        count = self.want_dim(rhs.repeat, scope, "a repeat count")
+        if count is ERROR:
+            return ERROR
+        if not is_int(count) or not 1 <= count <= MAX_REPEAT:
+            self.report("E0305", f"the repeat count must be a static int in 1..{MAX_REPEAT}",
+                        rhs.repeat.span, f"{kind_of(count) if not is_int(count) else count}",
+                        frame=scope.frame)
+            return ERROR
+        call = rhs.expr
+        if not isinstance(call, ast.Call) or not call.args or isinstance(call.args[0], ast.Kwarg):
+            self.report("E0204", "`repeat` applies a call whose first argument is the value "
+                        "passed from one instance to the next", rhs.expr.span,
+                        "not such a call", frame=scope.frame,
+                        help=("write `repeat K f(x, ...)`",))
+            return ERROR
+        template = rhs.instance.value if rhs.instance is not None else f"{let_name}.{{i}}"
+        paths = self.repeat_paths(template, count, rhs, scope)
+        if paths is None:
+            return ERROR
+        current = self.eval(call.args[0], scope, hint)
+        first_type = current.type if isinstance(current, TensorVal) else None
+        rest = ast.Call(call.span, call.func, call.args[1:])
+        for i in range(count):
+            if current is ERROR:
+                return ERROR
+            self.pending_instance = (paths[i], rhs.span)
+            carried = (current, call.args[0].span)
+            try:
+                current = self.call_with(rest, carried, scope, f"{hint}.{i}")
+            finally:
+                self.pending_instance = None
+            if (isinstance(current, TensorVal) and first_type is not None
+                    and (current.type.shape, current.type.dtype) != (first_type.shape,
+                                                                      first_type.dtype)):
+                self.report("E0303", "the body of this `repeat` changes the type it passes on",
+                            call.span, f"returns {format_type(current.type)}",
+                            (Label(call.args[0].span, f"takes {format_type(first_type)}"),),
+                            notes=("each instance's result is the next instance's first "
+                                   "argument, so the two types must be equal",),
+                            help=("repeat only shape-preserving blocks; write the first, "
+                                  "changing block separately",), frame=scope.frame)
+                return ERROR
+        return current
+
+    def repeat_paths(self, template: str, count: int, rhs: ast.Rhs, scope: Scope,
+                     ) -> list[str] | None:
+        import re
+
+        span = rhs.instance.span if rhs.instance is not None else rhs.span
+        holes = re.findall(r"\{([^}]*)\}", template)
+        ok = len(holes) == 1 and re.fullmatch(r"\s*i\s*([+-]\s*\d+)?\s*", holes[0]) is not None
+        if not ok:
+            self.report("E0208", "a repeated instance path needs one `{i}` or `{i+c}`", span,
+                        f'"{template}"', frame=scope.frame,
+                        help=('for example `as "layer1.{i+1}"`',))
+            return None
+        offset = int(holes[0].replace(" ", "")[1:] or 0)
+        paths = [re.sub(r"\{[^}]*\}", str(i + offset), template) for i in range(count)]
+        if not all(self.valid_path(p, span, scope) for p in paths[:1]):
+            return None
+        return paths
+
+    def call_with(self, rest: ast.Call, carried: tuple[Any, Span], scope: Scope, hint: str) -> Any:
+        """A call whose first positional argument is already evaluated (`repeat`)."""
+        ns = self.resolved.namespaces[scope.module.path]
+        callee = ns.lookup(rest.func)
+        if callee is None:
+            return ERROR
+        pos = [carried]
+        kws: dict[str, tuple[Any, Span]] = {}
+        for a in rest.args:
+            if isinstance(a, ast.Kwarg):
+                kws[a.name.name] = (self.eval(a.value, scope, hint), a.span)
+            else:
+                pos.append((self.eval(a, scope, hint), a.span))
+        if any(v is ERROR for v, _ in pos) or any(v is ERROR for v, _ in kws.values()):
+            return ERROR
+        if isinstance(callee, str):
+            return self.apply_op(callee, rest.span, rest.func.span, pos, kws, scope, hint)
+        return self.apply_def(callee, rest, pos, kws, scope, hint)
+
+    def output(self, stmt: ast.Output, scope: Scope) -> None:
+        name = stmt.name.name
+        if stmt.rhs is not None:
+            before = len(self.nodes)
+            value = self.rhs(stmt.rhs, scope, name, name)
+            fresh = isinstance(value, TensorVal) and self.node_index(value.node) >= before
+        else:
+            binding = scope.values.get(name)
+            value = self.lookup(ast.Name(stmt.name.span, name), scope) if binding else ERROR
+            fresh = False
+        if value is ERROR:
+            return
+        if not isinstance(value, TensorVal):
+            self.report("E0209", f"output `{name}` must be a tensor, found {kind_of(value)}",
+                        stmt.span, frame=scope.frame)
+            return
+        default_layout = self.model_layout if value.type.rank == 4 else None
+        declared = stmt.type or ast.TensorTypeExpr(stmt.span, None, None, None)
+        out = conform(self, value, declared, scope, f"output `{name}`", fresh=fresh,
+                      default_dtype=scope.precision.io, default_layout=default_layout
+                      or (Layout.row_major(value.type.rank) if value.type.layout is None
+                          else None))
+        if out is ERROR:
+            return
+        self.used.add(out.node)
+        self.used.add(value.node)
+        self.outputs.append(IOSpec(name, out.type, out.node, stmt.span))
+        if stmt.rhs is not None:
+            self.bind(stmt.name, out, scope, "output")
+
+    # -- the model -------------------------------------------------------------------------------
+    def model(self, module: ast.Module, model: ast.Model) -> Scope:
+        frame = Frame(None, model.name.name, None, "", "")
+        scope = Scope(module, frame, f"model `{model.name.name}`", PrecisionSpec(), is_model=True)
+        self.run_body(model.body, scope)
+        if not self.outputs and self.bucket is None and self.sink.error_count == 0:
+            self.report("E0704", f"model `{model.name.name}` has no output", model.name.span,
+                        "nothing is computed", help=("declare one: `output y = ...`",))
+        if self.bucket is None:
+            self.warn_unused()
+        return scope
+
+    def warn_unused(self) -> None:
+        used = set(self.used)
+        for node in self.nodes:
+            used.update(node.inputs)
+        for node_name, let_name, span in self.lets:
+            if node_name not in used:
+                self.report("W0201", f"the value `{let_name}` is never used", span,
+                            "computed here but not used",
+                            help=(f"use it, export it with `output {let_name}`, or remove it",))
+
+
+def model_metadata(el: Elaborator, model: ast.Model, scope: Scope) -> dict[str, Any]:
+    """The model's `(key=value, ...)` arguments: compile-time values, kept in the bundle."""
+    out: dict[str, Any] = {}
+    for a in model.args:
+        if not isinstance(a, ast.Kwarg):
+            el.report("E0204", "model arguments are metadata written `key=value`", a.span)
+            continue
+        v = el.eval(a.value, scope)
+        if isinstance(v, (str, int, float, bool)) and not isinstance(v, dims.Poly):
+            out[a.name.name] = v
+        elif isinstance(v, ListVal) and all(isinstance(x, (str, int, float)) for x in v.items):
+            out[a.name.name] = list(v.items)
+        elif v is not ERROR:
+            el.report("E0209", f"model metadata must be a string, number or bool, found "
+                      f"{kind_of(v)}", a.value.span)
+    return out
+
+
+__all__ = ["DimDecl", "Elaborator", "IOSpec", "is_dim", "model_metadata"]

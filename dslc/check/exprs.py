@@ -1,0 +1,325 @@
+"""Expression evaluation: compile-time arithmetic on dims and scalars, and tensor expressions,
+which become op nodes (`a + b` is the `add` op, `x[0:4]` the `slice` op)."""
+
+from __future__ import annotations
+
+import operator
+from fractions import Fraction
+from typing import Any
+
+from dslc.check import dims
+from dslc.check.context import Context, is_dim, is_int
+from dslc.check.types import TensorType
+from dslc.check.values import (
+    ERROR,
+    Absent,
+    Binding,
+    DType,
+    ListVal,
+    Scope,
+    TensorVal,
+    TupleVal,
+    kind_of,
+    show,
+)
+from dslc.diag.diagnostic import Label
+from dslc.diag.span import Span
+from dslc.ops.pointwise import OPERATOR_OPS
+from dslc.parse import ast
+
+_PY_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+               "==": operator.eq, "!=": operator.ne}
+
+
+class ExprEval(Context):
+    def lookup(self, name: ast.Name, scope: Scope) -> Any:
+        binding = scope.values.get(name.name)
+        if binding is None:
+            return ERROR  # reported by name resolution
+        value = binding.value
+        if isinstance(value, TensorVal):
+            self.used.add(value.node)
+        if isinstance(value, Absent):
+            self.report("E0207", f"`{name.name}` does not exist here: its `when` condition is "
+                        "false", name.span, "used here", (Label(value.guard, "false here"),),
+                        help=("choose the value with `a if cond else b`, with the same condition",),
+                        frame=scope.frame)
+            return ERROR
+        return value
+
+    def eval(self, expr: ast.Expr, scope: Scope, hint: str = "") -> Any:
+        match expr:
+            case ast.Name():
+                return self.lookup(expr, scope)
+            case ast.Int(value=v):
+                return v
+            case ast.Float(value=v):
+                return v
+            case ast.Str(value=v):
+                return v
+            case ast.Bool(value=v):
+                return v
+            case ast.DtypeLit(name=n):
+                return DType(n)
+            case ast.ListExpr(items=items):
+                return ListVal(tuple(self.eval(i, scope, hint) for i in items))
+            case ast.Binary():
+                return self.binary(expr, scope, hint)
+            case ast.Logic():
+                return self.logic(expr, scope)
+            case ast.Not(operand=operand):
+                v = self.want_bool(operand, scope)
+                return ERROR if v is ERROR else not v
+            case ast.Neg(operand=operand):
+                return self.negate(expr, operand, scope, hint)
+            case ast.Cond(then=then, test=test, orelse=orelse):
+                t = self.want_bool(test, scope)
+                if t is ERROR:
+                    return ERROR
+                return self.eval(then if t else orelse, scope, hint)
+            case ast.Call():
+                return self.call(expr, scope, hint)
+            case ast.Index():
+                return self.index(expr, scope, hint)
+            case ast.Member():
+                self.report("E0209", "a namespace member can only be called", expr.span,
+                            "not a value", help=(f"call it: `{_text(expr)}(...)`",),
+                            frame=scope.frame)
+                return ERROR
+        return ERROR
+
+    # Implemented by the call layer.
+    def call(self, call: ast.Call, scope: Scope, hint: str) -> Any:
+        raise NotImplementedError
+
+    def apply_op(self, name: str, call_span: Span, func_span: Span,
+                 pos: list[tuple[Any, Span]], kws: dict[str, tuple[Any, Span]], scope: Scope,
+                 hint: str) -> Any:
+        raise NotImplementedError
+
+    # -- compile-time checks of kind -------------------------------------------------------------
+    def want_bool(self, expr: ast.Expr, scope: Scope) -> Any:
+        v = self.eval(expr, scope)
+        if v is ERROR or isinstance(v, bool):
+            return v
+        self.report("E0209", f"expected a compile-time bool, found {kind_of(v)}", expr.span,
+                    f"this is {kind_of(v)}", frame=scope.frame,
+                    notes=("conditions are decided at compile time",))
+        return ERROR
+
+    def want_dim(self, expr: ast.Expr, scope: Scope, what: str = "a dim") -> Any:
+        v = self.eval(expr, scope)
+        if v is ERROR or is_dim(v):
+            return v
+        self.report("E0209", f"expected {what}, found {kind_of(v)}", expr.span,
+                    f"this is {kind_of(v)}", frame=scope.frame)
+        return ERROR
+
+    # -- operators -------------------------------------------------------------------------------
+    def logic(self, expr: ast.Logic, scope: Scope) -> Any:
+        left = self.want_bool(expr.left, scope)
+        if left is ERROR:
+            return ERROR
+        if (expr.op == "and" and not left) or (expr.op == "or" and left):
+            return left
+        return self.want_bool(expr.right, scope)
+
+    def negate(self, expr: ast.Neg, operand: ast.Expr, scope: Scope, hint: str) -> Any:
+        v = self.eval(operand, scope, hint)
+        if v is ERROR:
+            return ERROR
+        if isinstance(v, TensorVal):
+            return self.apply_op("neg", expr.span, expr.span, [(v, operand.span)], {}, scope, hint)
+        if is_dim(v):
+            return dims.neg(v)
+        if isinstance(v, float):
+            return -v
+        self.report("E0209", f"cannot negate {kind_of(v)}", operand.span, f"this is {kind_of(v)}",
+                    frame=scope.frame)
+        return ERROR
+
+    def binary(self, expr: ast.Binary, scope: Scope, hint: str) -> Any:
+        a = self.eval(expr.left, scope, hint)
+        b = self.eval(expr.right, scope, hint)
+        if a is ERROR or b is ERROR:
+            return ERROR
+        if isinstance(a, TensorVal) or isinstance(b, TensorVal):
+            op = OPERATOR_OPS[expr.op]
+            return self.apply_op(op, expr.span, expr.op_span,
+                                 [(a, expr.left.span), (b, expr.right.span)], {}, scope, hint)
+        if expr.op in _PY_COMPARE:
+            return self.compare_scalars(expr, a, b, scope)
+        return self.arith(expr, a, b, scope)
+
+    def compare_scalars(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
+        if is_dim(a) and is_dim(b):
+            result = dims.compare(a, b, expr.op, self.env)
+            if result is None:
+                syms = sorted((a.symbols() if isinstance(a, dims.Poly) else set())
+                              | (b.symbols() if isinstance(b, dims.Poly) else set()))
+                self.report("E0604", "this condition depends on a dynamic dim", expr.span,
+                            f"true for some values of {', '.join(f'`{s}`' for s in syms)} and "
+                            "false for others", frame=scope.frame,
+                            notes=("conditions are decided once, at compile time",),
+                            help=("make the dim static, or narrow its range so the condition "
+                                  "holds for all of it",))
+                return ERROR
+            return result
+        numeric = (int, float)
+        same = (isinstance(a, numeric) and isinstance(b, numeric) and not isinstance(a, bool)
+                and not isinstance(b, bool)) or type(a) is type(b)
+        if not same or (expr.op not in ("==", "!=") and not isinstance(a, numeric)):
+            self.report("E0209", f"cannot compare {kind_of(a)} with {kind_of(b)} using "
+                        f"`{expr.op}`", expr.op_span, frame=scope.frame)
+            return ERROR
+        return bool(_PY_COMPARE[expr.op](a, b))
+
+    def arith(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
+        if is_dim(a) and is_dim(b):
+            if expr.op == "+":
+                return dims.add(a, b)
+            if expr.op == "-":
+                return dims.sub(a, b)
+            if expr.op == "*":
+                return dims.mul(a, b)
+            return self.divide(expr, a, b, scope)
+        numbers = (int, float)
+        if (isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool)
+                and not isinstance(b, bool)):
+            if expr.op == "/" and b == 0:
+                self.report("E0305", "division by zero", expr.right.span, frame=scope.frame)
+                return ERROR
+            result = {"+": operator.add, "-": operator.sub, "*": operator.mul,
+                      "/": operator.truediv}[expr.op](float(a), float(b))
+            return result
+        self.report("E0209", f"`{expr.op}` cannot combine {kind_of(a)} and {kind_of(b)}",
+                    expr.op_span, labels=(Label(expr.left.span, kind_of(a)),
+                                          Label(expr.right.span, kind_of(b))),
+                    frame=scope.frame)
+        return ERROR
+
+    def divide(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
+        if b == 0:
+            self.report("E0305", "division by zero", expr.right.span, frame=scope.frame)
+            return ERROR
+        q = dims.div_exact(a, b, self.env)
+        if q is not None:
+            return q
+        text = _text(expr)
+        if isinstance(a, int) and isinstance(b, int):
+            self.report("E0602", f"`{text}` is not exact: {a} is not a multiple of {b}",
+                        expr.span, "not an integer", frame=scope.frame,
+                        help=("`/` on dims must divide exactly; for a fraction, use floats: "
+                              f"`{a}.0 / {b}`",))
+            return ERROR
+        syms = sorted(a.symbols() if isinstance(a, dims.Poly) else set())
+        ranges = [self.env.syms[s] for s in syms if s in self.env.syms]
+        where = ", ".join(f"`{r.name}` in {r.lo}..{r.hi}" for r in ranges)
+        labels = []
+        helps = []
+        for r in ranges:
+            decl = self.dim_decls.get(r.name)
+            need = _needed_align(a, b, r.name, r.align)
+            if decl is not None:
+                labels.append(Label(decl, f"`{r.name}` may not be a multiple of {need}"
+                                    if need and need != 2 else f"`{r.name}` may be odd"))
+            if need:
+                helps.append(f"constrain the dim: `dim {r.name} = {r.lo}..{r.hi} align {need}`")
+        self.report("E0602", f"`{text}` is not exact for every {where or 'admissible value'}",
+                    expr.span, "not provably an integer", tuple(labels), frame=scope.frame,
+                    notes=("`/` on dims must divide exactly for every value in the dim's range",),
+                    help=tuple(helps[:1]))
+        return ERROR
+
+    dim_decls: dict[str, Span]
+
+    # -- indexing --------------------------------------------------------------------------------
+    def index(self, expr: ast.Index, scope: Scope, hint: str) -> Any:
+        target = self.eval(expr.target, scope, hint)
+        if target is ERROR:
+            return ERROR
+        if not isinstance(target, TensorVal):
+            self.report("E0209", f"only tensors can be sliced, not {kind_of(target)}",
+                        expr.target.span, frame=scope.frame)
+            return ERROR
+        starts: list[Any] = []
+        ends: list[Any] = []
+        drop: list[int] = []
+        for axis, item in enumerate(expr.items):
+            if isinstance(item, ast.Range):
+                lo = self.want_dim(item.lo, scope, "a compile-time bound") if item.lo else None
+                hi = self.want_dim(item.hi, scope, "a compile-time bound") if item.hi else None
+                if lo is ERROR or hi is ERROR:
+                    return ERROR
+                starts.append(lo)
+                ends.append(hi)
+            else:
+                at = self.want_dim(item, scope, "a compile-time index")
+                if at is ERROR:
+                    return ERROR
+                starts.append(at)
+                ends.append(dims.add(at, 1) if not (is_int(at) and at == -1) else None)
+                drop.append(axis)
+        sliced = self.apply_op("slice", expr.span, expr.span, [(target, expr.target.span)],
+                               {"starts": (ListVal(tuple(starts)), expr.span),
+                                "ends": (ListVal(tuple(ends)), expr.span)}, scope, hint)
+        if not drop or not isinstance(sliced, TensorVal):
+            return sliced
+        shape = tuple(d for i, d in enumerate(sliced.type.shape) if i not in drop)
+        return self.apply_op("reshape", expr.span, expr.span, [(sliced, expr.span)],
+                             {"shape": (ListVal(shape), expr.span)}, scope, hint)
+
+    # -- types -----------------------------------------------------------------------------------
+    def eval_shape(self, t: ast.TensorTypeExpr, scope: Scope) -> tuple[Any, ...] | None:
+        """The dims of a declared type (no patterns: every name must be bound)."""
+        out: list[Any] = []
+        ok = True
+        for d in t.dims or ():
+            if isinstance(d, ast.Variadic):
+                v = self.lookup(ast.Name(d.span, d.name), scope)
+                if isinstance(v, ListVal) and all(is_dim(x) for x in v.items):
+                    out.extend(v.items)
+                    continue
+                if v is not ERROR:
+                    self.report("E0209", f"`*{d.name}` must name a list of dims", d.span,
+                                frame=scope.frame)
+                ok = False
+                continue
+            v = self.want_dim(d, scope)
+            ok = ok and v is not ERROR
+            out.append(v)
+        return tuple(out) if ok else None
+
+
+def _text(expr: ast.Expr) -> str:
+    """An expression back in source syntax (for messages)."""
+    match expr:
+        case ast.Name(name=n):
+            return n
+        case ast.Int(value=v):
+            return str(v)
+        case ast.Float(value=v):
+            return repr(v)
+        case ast.Binary(op=op, left=a, right=b):
+            return f"{_text(a)} {op} {_text(b)}"
+        case ast.Member(target=t, name=n):
+            return f"{_text(t)}.{n.name}"
+        case ast.Call(func=f):
+            return f"{_text(f)}(...)"
+    return "..."
+
+
+def _needed_align(a: Any, b: Any, name: str, align: int) -> int | None:
+    """The alignment of `name` that makes `a / b` exact, when b is an int and a is linear in it."""
+    if not (isinstance(b, int) and isinstance(a, dims.Poly)):
+        return None
+    for mono, c in a.terms:
+        if mono == ((name, 1),):
+            need = (Fraction(c) / b).denominator
+            from math import lcm
+
+            return lcm(align, need)
+    return None
+
+
+__all__ = ["Binding", "ExprEval", "TensorType", "TupleVal", "show"]

@@ -1,0 +1,437 @@
+"""Name resolution over every parsed file, before elaboration (`Program` -> `Resolved`).
+
+Two namespaces: callables (built-in ops, defs, import aliases; looked up only at a call's head)
+and values (dims, inputs, params, lets, def arguments, shape variables). Reports unknown names
+(E0201, E0203), duplicates (E0202), import clashes (E0206), wrong-kind uses (E0209) and def call
+cycles (E0701) everywhere, also in defs no model instantiates and in `if` branches not taken.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+from dslc.diag.diagnostic import Diagnostic, Label, Sink
+from dslc.diag.span import Span
+from dslc.ops import OPS
+from dslc.parse import ast
+from dslc.parse.loader import Program
+
+
+@dataclass(frozen=True)
+class DefRef:
+    module: ast.Module
+    node: ast.Def
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.module.path, self.node.name.name)
+
+
+Callable_ = DefRef | str  # a def, or the name of a built-in op
+
+
+@dataclass
+class Namespace:
+    """The callables visible in one file."""
+
+    defs: dict[str, DefRef] = field(default_factory=dict)  # local and unqualified imports
+    aliases: dict[str, ast.Module] = field(default_factory=dict)
+
+    def lookup(self, func: ast.Expr) -> Callable_ | None:
+        if isinstance(func, ast.Name):
+            if func.name in self.defs:
+                return self.defs[func.name]
+            return func.name if func.name in OPS else None
+        if isinstance(func, ast.Member) and isinstance(func.target, ast.Name):
+            module = self.aliases.get(func.target.name)
+            if module is not None:
+                for d in module.defs:
+                    if d.name.name == func.name.name:
+                        return DefRef(module, d)
+        return None
+
+
+@dataclass
+class Resolved:
+    namespaces: dict[str, Namespace] = field(default_factory=dict)  # by module path
+    has_params: dict[tuple[str, str], bool] = field(default_factory=dict)
+
+    def creates_instance(self, ref: Callable_ | None) -> bool:
+        return isinstance(ref, DefRef) and self.has_params.get(ref.key, False)
+
+
+def suggest(name: str, candidates: list[str]) -> str | None:
+    found = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
+def resolve(program: Program, sink: Sink) -> Resolved:
+    out = Resolved()
+    for module in program.modules.values():
+        out.namespaces[module.path] = _namespace(program, module, sink)
+    calls: dict[tuple[str, str], list[tuple[DefRef, Span]]] = {}
+    for module in program.modules.values():
+        ns = out.namespaces[module.path]
+        for d in module.defs:
+            calls[(module.path, d.name.name)] = _Body(ns, sink, f"def `{d.name.name}`").def_(d)
+        for m in module.models:
+            _Body(ns, sink, f"model `{m.name.name}`").model(m)
+    _report_cycles(program, calls, sink)
+    for module in program.modules.values():
+        for d in module.defs:
+            _has_params(DefRef(module, d), calls, out.has_params, set())
+    return out
+
+
+def _namespace(program: Program, module: ast.Module, sink: Sink) -> Namespace:
+    ns = Namespace()
+    origin: dict[str, Span] = {}
+    for d in module.defs:
+        name = d.name.name
+        if name in OPS:
+            sink.report(Diagnostic(
+                "E0202", f"`{name}` is already a built-in operation", d.name.span,
+                "this def would hide it", help=(f"rename the def, e.g. `my_{name}`",)))
+        elif name in ns.defs:
+            sink.report(Diagnostic(
+                "E0202", f"the def `{name}` is defined twice", d.name.span, "defined again here",
+                (Label(origin[name], "first defined here"),),
+                help=("rename one of them",)))
+            continue
+        ns.defs[name] = DefRef(module, d)
+        origin[name] = d.name.span
+    for imp, target in program.imported(module):
+        if imp.alias is not None:
+            alias = imp.alias.name
+            if alias in ns.aliases or alias in ns.defs or alias in OPS:
+                sink.report(Diagnostic(
+                    "E0206", f"the import alias `{alias}` clashes with another name",
+                    imp.alias.span, "already in use", help=("choose another alias",)))
+            ns.aliases[alias] = target
+            continue
+        for d in target.defs:
+            name = d.name.name
+            if name in ns.defs or name in OPS:
+                first = origin.get(name)
+                sink.report(Diagnostic(
+                    "E0206", f"the imported def `{name}` clashes with "
+                    + ("a built-in operation" if name in OPS else "another def"),
+                    imp.span, f"brings in `{name}`",
+                    (Label(first, "also defined here"),) if first else (),
+                    help=(f'import it under a name: `import "{imp.path.value}" as ns`, '
+                          f"then call `ns.{name}(...)`",)))
+                continue
+            ns.defs[name] = DefRef(target, d)
+            origin[name] = d.name.span
+    return ns
+
+
+class _Body:
+    """Resolves the value names of one def or model body, in statement order."""
+
+    def __init__(self, ns: Namespace, sink: Sink, owner: str) -> None:
+        self.ns = ns
+        self.sink = sink
+        self.owner = owner
+        self.scope: dict[str, Span] = {}
+        self.later: dict[str, Span] = {}  # names bound further down, for "used before defined"
+        self.calls: list[tuple[DefRef, Span]] = []
+        self._heads: set[int] = set()  # ids of the Name nodes that are call heads
+
+    def bind(self, ident: ast.Ident) -> None:
+        first = self.scope.get(ident.name)
+        if first is not None:
+            self.sink.report(Diagnostic(
+                "E0202", f"the name `{ident.name}` is defined twice in {self.owner}", ident.span,
+                "defined again here", (Label(first, "first defined here"),),
+                notes=("bindings are single-assignment; a name cannot be rebound or shadowed",),
+                help=(f"give the second binding a new name, e.g. `{_next_name(ident.name)}`",)))
+            return
+        self.scope[ident.name] = ident.span
+
+    def def_(self, d: ast.Def) -> list[tuple[DefRef, Span]]:
+        self._collect_later(d.body)
+        for p in d.params:
+            if isinstance(p.type, ast.ScalarTypeExpr):
+                if p.default is not None:
+                    self.expr(p.default)
+                self.bind(p.name)
+        for p in d.params:
+            if isinstance(p.type, ast.TensorTypeExpr):
+                self.bind(p.name)
+                self.pattern(p.type)
+        for stmt in d.body:
+            self.stmt(stmt)
+        for t in d.ret or ():
+            self.type_(t)
+        return self.calls
+
+    def model(self, m: ast.Model) -> None:
+        self._collect_later(m.body)
+        for a in m.args:
+            self.expr(a.value if isinstance(a, ast.Kwarg) else a)
+        for stmt in m.body:
+            self.stmt(stmt)
+
+    def _collect_later(self, body: tuple[ast.Stmt, ...]) -> None:
+        for stmt in body:
+            for ident in _bound_names(stmt):
+                self.later.setdefault(ident.name, ident.span)
+
+    def pattern(self, t: ast.TensorTypeExpr) -> None:
+        """Shape-pattern names not yet bound are bound here; everything else is resolved."""
+        for d in t.dims or ():
+            if isinstance(d, ast.Variadic) or (isinstance(d, ast.Name) and d.name not in self.scope):
+                self.bind(ast.Ident(d.span, d.name))
+            else:
+                self.expr(d)
+
+    def type_(self, t: ast.TensorTypeExpr | None) -> None:
+        for e in ast.type_exprs(t):
+            self.expr(e)
+        if t is not None:
+            for d in t.dims or ():
+                if isinstance(d, ast.Variadic) and d.name not in self.scope:
+                    self._unknown(ast.Name(d.span, d.name))
+
+    def stmt(self, stmt: ast.Stmt) -> None:
+        match stmt:
+            case ast.DimFixed(name=name, value=value):
+                self.expr(value)
+                self.bind(name)
+            case ast.DimRange(name=name):
+                self.bind(name)
+            case ast.Input(name=name, type=t):
+                self.type_(t)
+                self.bind(name)
+            case ast.ParamStmt(name=name, type=t, guard=g):
+                self.type_(t)
+                if g is not None:
+                    self.expr(g)
+                self.bind(name)
+            case ast.Let(targets=targets, type=t, rhs=rhs, guard=g):
+                if g is not None:
+                    self.expr(g)
+                self.rhs(rhs)
+                self.type_(t)
+                for ident in targets:
+                    self.bind(ident)
+            case ast.Output(name=name, type=t, rhs=rhs):
+                if rhs is not None:
+                    self.rhs(rhs)
+                    self.type_(t)
+                    self.bind(name)
+                else:
+                    self.type_(t)
+                    if name.name not in self.scope:
+                        self._unknown(ast.Name(name.span, name.name))
+            case ast.Buckets(names=names):
+                for ident in names:
+                    if ident.name not in self.scope:
+                        self._unknown(ast.Name(ident.span, ident.name))
+            case ast.Precision(settings=kws):
+                for kw in kws:
+                    self.expr(kw.value)
+            case ast.Return(values=values):
+                for v in values:
+                    self.expr(v)
+
+    def rhs(self, rhs: ast.Rhs) -> None:
+        if rhs.repeat is not None:
+            self.expr(rhs.repeat)
+        self.expr(rhs.expr)
+
+    def expr(self, expr: ast.Expr) -> None:
+        for e in ast.walk(expr):
+            if isinstance(e, ast.Call):
+                self.call_head(e)
+            elif isinstance(e, ast.Name) and not self._is_head(e) and e.name not in self.scope:
+                self._unknown(e)
+        self._heads.clear()
+
+    def _is_head(self, e: ast.Name) -> bool:
+        return id(e) in self._heads
+
+    def call_head(self, call: ast.Call) -> None:
+        func = call.func
+        if isinstance(func, ast.Member):
+            self._heads.add(id(func.target))
+            if not (isinstance(func.target, ast.Name) and func.target.name in self.ns.aliases):
+                name = func.target.name if isinstance(func.target, ast.Name) else "?"
+                self._report_unknown_op(func.target.span, name, list(self.ns.aliases))
+                return
+            module = self.ns.aliases[func.target.name]
+            ref = self.ns.lookup(func)
+            if ref is None:
+                self._report_unknown_op(func.name.span, func.name.name,
+                                        [d.name.name for d in module.defs],
+                                        f"`{func.target.name}` has no def `{func.name.name}`")
+            elif isinstance(ref, DefRef):
+                self.calls.append((ref, call.func.span))
+            return
+        if not isinstance(func, ast.Name):
+            self.sink.report(Diagnostic("E0209", "only operations and defs can be called",
+                                        func.span, "not callable"))
+            return
+        self._heads.add(id(func))
+        ref = self.ns.lookup(func)
+        if ref is None:
+            if func.name in self.scope:
+                self.sink.report(Diagnostic(
+                    "E0209", f"`{func.name}` is a value, not an operation", func.span,
+                    "cannot be called",
+                    notes=("values and operations live in separate namespaces",)))
+                return
+            self._report_unknown_op(func.span, func.name, list(self.ns.defs) + list(OPS))
+        elif isinstance(ref, DefRef):
+            self.calls.append((ref, func.span))
+
+    def _report_unknown_op(self, span: Span, name: str, candidates: list[str],
+                           message: str | None = None) -> None:
+        hint = suggest(name, candidates)
+        self.sink.report(Diagnostic(
+            "E0203", message or f"unknown operation `{name}`", span,
+            "not a built-in op, nor a def in scope",
+            help=(f"did you mean `{hint}`?",) if hint else (),
+            notes=("`dslc ops` lists the built-in operations and their signatures",)))
+
+    def _unknown(self, e: ast.Name) -> None:
+        notes: tuple[str, ...] = ()
+        helps: list[str] = []
+        later = self.later.get(e.name)
+        if later is not None and (later.line, later.col) > (e.span.line, e.span.col):
+            notes = (f"`{e.name}` is defined on line {later.line}, after this use",)
+        hint = suggest(e.name, list(self.scope))
+        if hint is not None:
+            helps.append(f"a value with a similar name exists: `{hint}` (defined on line "
+                         f"{self.scope[hint].line})")
+        if e.name in ("True", "False"):
+            helps.append(f"booleans are written `{e.name.lower()}`")
+        if e.name in OPS or e.name in self.ns.defs:
+            helps.append(f"`{e.name}` is an operation; call it: `{e.name}(...)`")
+        self.sink.report(Diagnostic(
+            "E0201", f"cannot find value `{e.name}` in this scope", e.span,
+            f"not found in {self.owner}", notes=notes, help=tuple(helps)))
+
+
+def _next_name(name: str) -> str:
+    stem = name.rstrip("0123456789")
+    digits = name[len(stem):]
+    return f"{stem}{int(digits) + 1}" if digits else f"{name}2"
+
+
+def _bound_names(stmt: ast.Stmt) -> list[ast.Ident]:
+    match stmt:
+        case ast.DimFixed(name=n) | ast.DimRange(name=n) | ast.Input(name=n) | ast.ParamStmt(name=n):
+            return [n]
+        case ast.Let(targets=targets):
+            return list(targets)
+        case ast.Output(name=n, rhs=rhs) if rhs is not None:
+            return [n]
+    return []
+
+
+def _report_cycles(program: Program, calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
+                   sink: Sink) -> None:
+    """E0701 once per cycle of the def call graph (Tarjan's strongly connected components)."""
+    index: dict[tuple[str, str], int] = {}
+    low: dict[tuple[str, str], int] = {}
+    stack: list[tuple[str, str]] = []
+    on_stack: set[tuple[str, str]] = set()
+    components: list[list[tuple[str, str]]] = []
+
+    def visit(v: tuple[str, str]) -> None:
+        # Iterative, so a long chain of defs cannot exhaust Python's recursion limit.
+        work = [(v, 0)]
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        while work:
+            node, i = work[-1]
+            edges = calls.get(node, [])
+            if i < len(edges):
+                work[-1] = (node, i + 1)
+                w = edges[i][0].key
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, 0))
+                elif w in on_stack:
+                    low[node] = min(low[node], index[w])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                components.append(comp)
+
+    for v in calls:
+        if v not in index:
+            visit(v)
+    for comp in components:
+        members = set(comp)
+        first = min(comp)
+        if len(comp) == 1 and not any(ref.key == first for ref, _ in calls.get(first, [])):
+            continue
+        path, spans = _shortest_cycle(first, members, calls)
+        names = [p[1] for p in path]
+        labels = tuple(Label(s, f"...which calls `{names[i + 1]}`" + (" again" if i + 2 == len(names)
+                                                                          else ""))
+                       for i, s in enumerate(spans[1:], start=1))
+        sink.report(Diagnostic(
+            "E0701", f"def `{names[0]}` calls itself: {' -> '.join(names)}", spans[0],
+            f"`{names[0]}` calls `{names[1]}` here", labels,
+            notes=("defs are expanded inline at compile time, so a call cycle never terminates",),
+            help=(f"to apply a block several times, use `repeat N {names[0]}(x)`",)))
+
+
+def _shortest_cycle(first: tuple[str, str], members: set[tuple[str, str]],
+                    calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
+                    ) -> tuple[list[tuple[str, str]], list[Span]]:
+    """Breadth-first: the shortest call path from `first` back to itself, with its call spans."""
+    previous: dict[tuple[str, str], tuple[tuple[str, str], Span]] = {}
+    frontier = [first]
+    while frontier and first not in previous:
+        reached: list[tuple[str, str]] = []
+        for node in frontier:
+            for ref, span in calls.get(node, []):
+                if ref.key in members and ref.key not in previous:
+                    previous[ref.key] = (node, span)
+                    reached.append(ref.key)
+        frontier = reached
+    path, spans = [first], []
+    node = first
+    while True:
+        prev, span = previous[node]
+        path.append(prev)
+        spans.append(span)
+        node = prev
+        if node == first:
+            break
+    return list(reversed(path)), list(reversed(spans))
+
+
+def _has_params(ref: DefRef, calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
+                memo: dict[tuple[str, str], bool], active: set[tuple[str, str]]) -> bool:
+    """Whether a def declares params, directly or through the defs it calls."""
+    key = ref.key
+    if key in memo:
+        return memo[key]
+    if key in active:
+        return False
+    active.add(key)
+    result = any(isinstance(s, ast.ParamStmt) for s in ref.node.body) or any(
+        _has_params(callee, calls, memo, active) for callee, _ in calls.get(key, []))
+    active.discard(key)
+    memo[key] = result
+    return result

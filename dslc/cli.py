@@ -1,0 +1,205 @@
+"""`dslc`: the command line. Exit codes: 0 success, 1 diagnostics with at least one error, 2 usage
+or I/O error, 3 backend failure, 4 internal error (a bug in dslc: please report it).
+
+Human diagnostics go to stderr; `--error-format json|github` write to stdout, where tools and
+GitHub Actions read them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from dslc.diag import codes
+from dslc.diag.diagnostic import Sink
+from dslc.diag.render import render
+from dslc.diag.span import SourceMap
+from dslc.parse.loader import ReadError
+from dslc.pipeline import FrontEnd, Options, front_end
+
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERNAL = 0, 1, 2, 3, 4
+
+
+class Output:
+    """Where diagnostics and results go, in the chosen format."""
+
+    def __init__(self, fmt: str, color: str, quiet: bool = False) -> None:
+        self.fmt = fmt
+        self.quiet = quiet
+        self.stream: TextIO = sys.stderr if fmt == "human" else sys.stdout
+        if color == "auto":
+            self.color = fmt == "human" and sys.stderr.isatty() and "NO_COLOR" not in os.environ
+        else:
+            self.color = color == "always"
+
+    def diagnostics(self, sink: Sink, sources: SourceMap) -> None:
+        self.stream.write(render(sink.diagnostics, self.fmt, sources, self.color))
+
+    def summary(self, sink: Sink, what: str) -> None:
+        if self.fmt != "human" or not sink.error_count:
+            return
+        warn = sink.warning_count
+        tail = f", {warn} warning{'s' if warn != 1 else ''}" if warn else ""
+        n = sink.error_count
+        sys.stderr.write(f"error: could not {what}: {n} error{'s' if n != 1 else ''}{tail}\n")
+
+    def info(self, text: str) -> None:
+        if not self.quiet:
+            print(text)
+
+
+def _add_diag_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-I", dest="include", action="append", default=[], metavar="DIR",
+                   type=Path, help="also look for imports in DIR")
+    p.add_argument("--error-format", choices=("human", "json", "github"), default="human")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    p.add_argument("--deny-warnings", action="store_true", help="treat warnings as errors")
+    p.add_argument("--allow", action="append", default=[], metavar="CODE",
+                   help="silence a warning code, e.g. --allow W0301")
+    p.add_argument("--max-errors", type=int, default=50, metavar="N")
+
+
+def _sink(args: argparse.Namespace) -> Sink:
+    return Sink(max_errors=max(args.max_errors, 1), allow=frozenset(a.upper() for a in args.allow),
+                deny_warnings=args.deny_warnings)
+
+
+def _front(path: Path, args: argparse.Namespace, sink: Sink) -> FrontEnd:
+    return front_end(path, Options(include_dirs=list(args.include)), sink)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    out = Output(args.error_format, args.color, args.quiet)
+    status = EXIT_OK
+    for path in args.files:
+        sink = _sink(args)
+        result = _front(path, args, sink)
+        out.diagnostics(sink, result.program.sources)
+        if sink.error_count:
+            out.summary(sink, f"check `{path}`")
+            status = EXIT_ERRORS
+            continue
+        if result.model is None:
+            n = len(result.module.defs) if result.module else 0
+            out.info(f"ok: {path}: library, {n} def{'s' if n != 1 else ''}")
+            continue
+        m = result.model
+        ops = sum(1 for n in m.graph.nodes if n.op not in ("input", "param"))
+        out.info(f"ok: {path}: model `{m.name}`, {ops} ops, {len(m.params)} params, "
+                 f"{len(m.buckets)} bucket{'s' if len(m.buckets) != 1 else ''}")
+    return status
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    out = Output(args.error_format, args.color)
+    sink = _sink(args)
+    result = _front(args.file, args, sink)
+    out.diagnostics(sink, result.program.sources)
+    if sink.error_count:
+        out.summary(sink, f"check `{args.file}`")
+        return EXIT_ERRORS
+    if result.model is None:
+        print(f"error: `{args.file}` declares no model", file=sys.stderr)
+        return EXIT_USAGE
+    params = result.model.params
+    if args.format == "json":
+        print(json.dumps({p.path: {"dtype": p.dtype, "shape": list(p.shape)} for p in params},
+                         indent=2))
+        return EXIT_OK
+    width = max((len(p.path) for p in params), default=4)
+    print(f"{'path':<{width}}  dtype  shape")
+    total = 0
+    for p in params:
+        count = 1
+        for d in p.shape:
+            count *= d
+        total += count
+        print(f"{p.path:<{width}}  {p.dtype:<5}  [{', '.join(map(str, p.shape))}]")
+    print(f"{len(params)} params, {total:,} values")
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    entry = codes.lookup(args.code)
+    if entry is None:
+        print(f"error: `{args.code}` is not a dslc diagnostic code", file=sys.stderr)
+        print("codes: " + ", ".join(codes.CODES), file=sys.stderr)
+        return EXIT_USAGE
+    text = codes.explanation(entry.code)
+    print(text if text else f"{entry.code}: {entry.title}\n")
+    return EXIT_OK
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from dslc.ops import OPS
+
+    family = None
+    for op in sorted(OPS.values(), key=lambda o: (o.family, o.name)):
+        if args.family and op.family != args.family:
+            continue
+        if op.family != family:
+            family = op.family
+            print(f"\n{family}:")
+        print(f"  {op.signature()}")
+        print(f"      {op.summary}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dslc", description="Compile .cgraph models into tuned "
+                                     "cuDNN artifacts.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("check", help="parse and type-check .cgraph files")
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    _add_diag_options(p)
+    p.set_defaults(run=cmd_check)
+
+    p = sub.add_parser("params", help="list the parameters a model loads")
+    p.add_argument("file", type=Path, metavar="FILE")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    _add_diag_options(p)
+    p.set_defaults(run=cmd_params)
+
+    p = sub.add_parser("explain", help="explain a diagnostic code, e.g. E0301")
+    p.add_argument("code")
+    p.set_defaults(run=cmd_explain)
+
+    p = sub.add_parser("ops", help="list the built-in operations and their signatures")
+    p.add_argument("--family", help="only this family (conv, matmul, pointwise, ...)")
+    p.set_defaults(run=cmd_ops)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except ReadError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as err:  # a bug in dslc; never show a traceback for the user's input
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: internal error in dslc ({type(err).__name__}: {err})", file=sys.stderr)
+        print("note: this is a bug in dslc, not in your model; rerun with --debug and report it",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

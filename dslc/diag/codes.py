@@ -1,0 +1,100 @@
+"""The registry of diagnostic codes: one line per code, its severity and title.
+
+Families: E01 syntax, E02 names and calls, E03 shapes, E04 dtypes, E05 layouts, E06 dims and
+buckets, E07 defs and imports, E08 backend support, W warnings, R runner errors at run time.
+The long explanation of each code (`dslc explain CODE`) is `explanations/CODE.md` beside this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+
+@dataclass(frozen=True, slots=True)
+class Code:
+    code: str
+    title: str
+
+    @property
+    def severity(self) -> str:
+        return "warning" if self.code.startswith("W") else "error"
+
+
+_TABLE = """
+E0101 syntax error
+E0102 a declaration is written with `=` where a type is expected
+E0103 a statement is not allowed in this kind of block
+E0104 arguments in the wrong order, or a keyword given twice
+E0105 unsupported language version
+E0201 cannot find a value in this scope
+E0202 a name is defined twice
+E0203 unknown operation
+E0204 wrong arguments to a call
+E0205 two unnamed instances in one `let`
+E0206 an unqualified import clashes with another name
+E0207 a value is used where its `when` condition is false
+E0208 invalid instance path, or a parameter path declared twice
+E0209 a value of the wrong kind
+E0210 wrong number of names in a tuple binding
+E0301 incompatible shapes
+E0302 the inner dimensions of `matmul` differ
+E0303 a `repeat` body changes the type it passes on
+E0304 invalid axis or permutation
+E0305 invalid attribute value
+E0401 unsupported dtype for this operation
+E0402 implicit mix of integer and float values
+E0403 compute precision narrower than the operation needs
+E0501 a layout tag that does not fit the tensor
+E0502 an operation's layout requirement is not met
+E0503 a reshape that is not a view
+E0601 a tune bucket outside its dim's range
+E0602 a division that is not exact for every admissible value
+E0603 an output size below 1
+E0604 a compile-time condition that depends on a dynamic dim
+E0605 a parameter shape that depends on a dynamic dim
+E0606 an invalid `dim` or `buckets` declaration
+E0607 a slice out of bounds
+E0701 a def that calls itself
+E0702 an import cycle
+E0703 import not found
+E0704 a def or model that is incomplete or repeated
+E0801 no cuDNN engine supports a fused group
+E0802 an operation the target device cannot run
+W0201 a value that is never used
+W0301 a rank-1 operand broadcast onto the width axis
+W0302 an attention head dimension above 128
+W0401 narrowing to fp8 without a scale
+W0501 a reduced-precision convolution on NCHW data
+W0602 many buckets
+R0201 missing or unexpected input
+R0202 weights missing or not matching the model
+R0301 an input of the wrong shape
+R0401 an input of the wrong dtype
+R0501 an input of the wrong layout or device
+R0601 a dynamic dim outside its declared range
+R0602 a dynamic dim not a multiple of its alignment
+R0801 no usable GPU or cuDNN
+R0802 a saved plan could not be used
+"""
+
+CODES: dict[str, Code] = {}
+for _line in _TABLE.strip().splitlines():
+    _code, _title = _line.split(" ", 1)
+    CODES[_code] = Code(_code, _title)
+
+
+def lookup(code: str) -> Code | None:
+    return CODES.get(code.strip().upper())
+
+
+def explanation(code: str) -> str | None:
+    """The long explanation of `code`, or None when the code is unknown."""
+    entry = lookup(code)
+    if entry is None:
+        return None
+    path = resources.files("dslc.diag").joinpath("explanations", f"{entry.code}.md")
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,73 @@
+"""The typed single-assignment graph: frozen `Node`s in topological order.
+
+A node has one result, named like the value it computes (`layer1.0.conv1`), so a message about a
+node or a cuDNN tensor maps straight back to the `.cgraph` source through its span and path.
+Users are computed, never stored. Graph inputs and params are nodes (`input`, `param`) too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dslc.check.types import PrecisionSpec, TensorType
+from dslc.diag.span import Span
+
+
+class Attrs(Mapping[str, Any]):
+    """An immutable, hashable mapping of attribute values (ints, floats, dims, tuples, strs)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        self._items = tuple(sorted((items or {}).items()))
+
+    def __getitem__(self, key: str) -> Any:
+        for k, v in self._items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Attrs) and self._items == other._items
+
+    def __repr__(self) -> str:
+        return "Attrs(" + ", ".join(f"{k}={v!r}" for k, v in self._items) + ")"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    attrs: Attrs
+    type: TensorType
+    span: Span
+    path: str  # the instance path of the def instance it came from; "" at model level
+    precision: PrecisionSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    nodes: tuple[Node, ...]
+    outputs: tuple[tuple[str, str], ...]  # (output name, value name)
+
+    def by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def users(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                out[i].append(n)
+        return out

@@ -1,0 +1,12 @@
+"""The built-in ops: one `OpDef` per op, one module per family; `OPS` maps name -> OpDef."""
+
+from __future__ import annotations
+
+from dslc.ops import attention, conv, layout, matmul, norm, pointwise, pool, reduce
+from dslc.ops.opdef import OpDef
+
+OPS: dict[str, OpDef] = {
+    op.name: op
+    for family in (conv, matmul, pointwise, norm, reduce, attention, pool, layout)
+    for op in family.OPS
+}

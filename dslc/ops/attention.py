@@ -1,0 +1,101 @@
+"""`sdpa`: scaled dot-product attention (cuDNN SDPA, flash-attention engines).
+
+q [B, Hq, Sq, Dk], k [B, Hk, Skv, Dk], v [B, Hk, Skv, Dv] -> [B, Hq, Sq, Dv], with Hq a
+multiple of Hk (MHA, GQA, MQA); f16 or bf16; head dims multiples of 8 up to 256.
+"""
+
+from __future__ import annotations
+
+from dslc.check import dims
+from dslc.check.types import TensorType
+from dslc.diag.diagnostic import Label
+from dslc.ops import common
+from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+
+
+def _head_dim(ctx: InferCtx, name: str, d: dims.Dim) -> bool:
+    if not isinstance(d, int):
+        ctx.error("E0305", "the head dimension of `sdpa` must be static", at=name,
+                  label=f"{dims.format_dim(d)} varies")
+        return False
+    if d % 8 != 0 or d > 256:
+        ctx.error("E0305", f"head dimension {d} is not supported by `sdpa`", at=name,
+                  label=f"head dimension {d}",
+                  notes=("cuDNN SDPA needs head dimensions that are multiples of 8, at most 256",))
+        return False
+    if d > 128:
+        ctx.error("W0302", f"head dimension {d} is above 128", at=name,
+                  notes=("some architectures and modes support at most 128",))
+    return True
+
+
+def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
+    q, k, v = a.t("q"), a.t("k"), a.t("v")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.rank != 4:
+            ctx.error("E0301", "`sdpa` expects rank-4 q, k and v: [B, H, S, D]", at=name,
+                      label=f"{common.fmt(t)} has rank {t.rank}")
+            return None
+    bad = [t.dtype for t in (q, k, v) if t.dtype not in ("f16", "bf16")]
+    if bad:
+        labels: tuple[Label, ...] = ()
+        origin = ctx.precision_origin("io")
+        if origin is not None and bad[0] == ctx.precision.io:
+            labels = (Label(origin, f"tensors default to {bad[0]} because of this"),)
+        ctx.error("E0401", f"`sdpa` does not support {bad[0]} inputs", at=None,
+                  label=f"q, k and v are {'/'.join(sorted({q.dtype, k.dtype, v.dtype}))} here",
+                  labels=labels,
+                  notes=("cuDNN SDPA takes f16 or bf16",),
+                  help=("use `precision io=bf16`, or cast the inputs: `cast(q, bf16)`",))
+        return None
+    if not common.require_same_dtype(ctx, "sdpa", "q", q, "k", k) or \
+            not common.require_same_dtype(ctx, "sdpa", "q", q, "v", v):
+        return None
+    b, hq, sq, dk = q.shape
+    checks = [("k", k.shape[0], b, "batch"), ("v", v.shape[0], b, "batch"),
+              ("k", k.shape[3], dk, "head dimension"), ("v", v.shape[1], k.shape[1], "head count"),
+              ("v", v.shape[2], k.shape[2], "sequence length")]
+    for name, got, want, what in checks:
+        if got != want:
+            t = a.t(name)
+            ctx.error("E0301", f"the {what} of `{name}` does not match", at=name,
+                      label=common.fmt(t), labels=(ctx.label("q", common.fmt(q)),),
+                      notes=(f"expected {dims.format_dim(want)}, found {dims.format_dim(got)}",))
+            return None
+    if dims.div_exact(hq, k.shape[1], ctx.env) is None:
+        ctx.error("E0301", "the query heads must be a multiple of the key/value heads", at="k",
+                  label=common.fmt(k), labels=(ctx.label("q", common.fmt(q)),))
+        return None
+    if not (_head_dim(ctx, "q", dk) and _head_dim(ctx, "v", v.shape[3])):
+        return None
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.layout is not None and t.layout.innermost() != 3:
+            ctx.error("E0502", f"`{name}` of `sdpa` must have its last axis contiguous", at=name,
+                      label=common.fmt(t), notes=("q, k, v and the output are BHSD or BSHD",),
+                      help=(f"use `contiguous({name})`",))
+            return None
+    bias = a.opt("bias")
+    out = TensorType(q.dtype, (b, hq, sq, v.shape[3]))
+    if bias is not None:
+        scores = TensorType(q.dtype, (b, hq, sq, k.shape[2]))
+        if common.broadcast(ctx, scores, bias, "q", "bias", "sdpa") is None:
+            return None
+    window = a.get("window")
+    if window is not None and window < 1:
+        ctx.error("E0305", "`window` of `sdpa` must be at least 1", at="window")
+        return None
+    if not common.check_compute(ctx, "sdpa", [q, k, v], need_f32=True):
+        return None
+    scale = a.get("scale")
+    ctx.set_attr("scale", float(scale) if scale is not None else None)
+    return out
+
+
+OPS = [
+    OpDef("sdpa", "attention",
+          (Param("q", Kind.TENSOR), Param("k", Kind.TENSOR), Param("v", Kind.TENSOR),
+           Param("scale", Kind.OPT_FLOAT, None), Param("causal", Kind.BOOL, False),
+           Param("bias", Kind.OPT_TENSOR, None), Param("window", Kind.OPT_INT, None)),
+          _sdpa, "[B, Hq, Sq, Dv]",
+          "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk)", fusion="anchor"),
+]

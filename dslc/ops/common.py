@@ -1,0 +1,179 @@
+"""Checks shared by the type rules of several op families: broadcasting, dtype classes, compute
+precision, per-axis attributes, axes lists and output sizes."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from dslc.check import dims
+from dslc.check.dims import Dim
+from dslc.check.types import BITS, TensorType, format_shape, format_type, is_float, is_int
+from dslc.ops.opdef import InferCtx
+
+
+def fmt(t: TensorType) -> str:
+    return format_type(t)
+
+
+def broadcast(ctx: InferCtx, a: TensorType, b: TensorType, aname: str, bname: str,
+              what: str) -> tuple[Dim, ...] | None:
+    """Right-aligned broadcasting: each axis pair equal, or one side the literal 1 (a dynamic dim
+    never broadcasts). Reports E0301 and returns None on a mismatch."""
+    ra, rb = a.rank, b.rank
+    out: list[Dim] = []
+    for i in range(1, max(ra, rb) + 1):
+        da = a.shape[ra - i] if i <= ra else 1
+        db = b.shape[rb - i] if i <= rb else 1
+        if da == db or db == 1:
+            out.append(da)
+        elif da == 1:
+            out.append(db)
+        else:
+            axis = max(ra, rb) - i
+            ctx.error(
+                "E0301", f"the operands of `{what}` have incompatible shapes", at=aname,
+                label=fmt(a), labels=(ctx.label(bname, fmt(b)),),
+                notes=(f"axis {axis} differs: {dims.format_dim(da)} vs {dims.format_dim(db)}; "
+                       "each axis must be equal or 1 to broadcast",),
+            )
+            return None
+    return tuple(reversed(out))
+
+
+def broadcast_all(ctx: InferCtx, named: list[tuple[str, TensorType]], what: str,
+                  ) -> tuple[Dim, ...] | None:
+    shape_t = named[0][1]
+    name0 = named[0][0]
+    for name, t in named[1:]:
+        shape = broadcast(ctx, shape_t, t, name0, name, what)
+        if shape is None:
+            return None
+        shape_t = TensorType(shape_t.dtype, shape)
+    return shape_t.shape
+
+
+def require_float(ctx: InferCtx, op: str, arg: str, t: TensorType) -> bool:
+    if is_float(t.dtype):
+        return True
+    ctx.error("E0401", f"`{op}` does not support {t.dtype} inputs", at=arg,
+              label=f"{arg} is {t.dtype} here",
+              notes=(f"`{op}` takes floating-point tensors (f32, f16, bf16)",),
+              help=(f"convert first: `cast({arg}, f32)`",))
+    return False
+
+
+def require_same_dtype(ctx: InferCtx, op: str, a: str, ta: TensorType, b: str,
+                       tb: TensorType) -> bool:
+    if ta.dtype == tb.dtype:
+        return True
+    ctx.error("E0401", f"the operands of `{op}` have different dtypes", at=b,
+              label=f"{b} is {tb.dtype}", labels=(ctx.label(a, f"{a} is {ta.dtype}"),),
+              help=(f"cast one of them: `cast({b}, {ta.dtype})`",))
+    return False
+
+
+def check_mixed_numeric(ctx: InferCtx, op: str, named: list[tuple[str, TensorType]]) -> bool:
+    """Mixing float and integer (or bool) tensors needs an explicit cast (E0402)."""
+    floats = [(n, t) for n, t in named if is_float(t.dtype)]
+    others = [(n, t) for n, t in named if not is_float(t.dtype)]
+    if floats and others:
+        (fn, ft), (on, ot) = floats[0], others[0]
+        ctx.error("E0402", f"`{op}` mixes {ft.dtype} and {ot.dtype} operands", at=on,
+                  label=f"{ot.dtype}", labels=(ctx.label(fn, ft.dtype),),
+                  notes=("integer and float tensors are never converted implicitly",),
+                  help=(f"convert explicitly: `cast(..., {ft.dtype})`",))
+        return False
+    return True
+
+
+def result_dtype(ctx: InferCtx, types: list[TensorType]) -> str:
+    """Equal dtypes keep theirs; mixed floats are stored in the `io` dtype in effect."""
+    kinds = {t.dtype for t in types}
+    if len(kinds) == 1:
+        return types[0].dtype
+    return ctx.precision.io
+
+
+def check_compute(ctx: InferCtx, op: str, types: list[TensorType], need_f32: bool = False) -> bool:
+    """E0403: compute narrower than the widest float input, or not f32 where the op needs it."""
+    compute = ctx.compute
+    widest = max((BITS[t.dtype] for t in types if is_float(t.dtype)), default=0)
+    if is_int(compute) or compute == "bool":
+        if any(is_float(t.dtype) for t in types):
+            ctx.error("E0403", f"`{op}` cannot compute in {compute} on float inputs",
+                      help=("use `compute=f32`",))
+            return False
+        return True
+    if need_f32 and compute != "f32":
+        ctx.error("E0403", f"`{op}` needs compute=f32, but compute is {compute} here",
+                  notes=(f"cuDNN runs `{op}` with f32 math",),
+                  help=("set `precision compute=f32`, or pass `compute=f32` to this call",))
+        return False
+    if BITS.get(compute, 32) < widest:
+        ctx.error("E0403", f"compute {compute} is narrower than the inputs of `{op}`",
+                  notes=(f"the widest input has {widest} bits",),
+                  help=("use `compute=f32`",))
+        return False
+    return True
+
+
+def per_axis(ctx: InferCtx, op: str, arg: str, value: Any, n: int, minimum: int) -> tuple[int, ...] | None:
+    """An int or a list of `n` ints, each at least `minimum` (E0305 otherwise)."""
+    values = (value,) * n if isinstance(value, int) else tuple(value)
+    if len(values) != n:
+        ctx.error("E0305", f"`{arg}` of `{op}` needs {n} values, one per spatial axis", at=arg,
+                  label=f"{len(values)} given")
+        return None
+    for v in values:
+        if not isinstance(v, int) or v < minimum:
+            ctx.error("E0305", f"`{arg}` of `{op}` must be at least {minimum}", at=arg,
+                      label=f"{v} here")
+            return None
+    return values
+
+
+def at_least_one(ctx: InferCtx, op: str, size: Dim, axis: int, arg: str) -> bool:
+    """E0603 when an output size can be below 1 for an admissible input size."""
+    lo, _ = dims.interval(size, ctx.env)
+    if lo >= 1:
+        return True
+    if isinstance(size, int):
+        text = f"is {size}"
+    else:
+        text = f"can be as small as {_show(lo)} ({dims.format_dim(size)})"
+    ctx.error("E0603", f"the output of `{op}` has size below 1 on axis {axis}", at=arg,
+              label=f"output size {text}",
+              notes=("every output size must be at least 1 for every admissible input size",),
+              help=("use a smaller kernel or stride, more padding, or raise the dim's lower bound",))
+    return False
+
+
+def _show(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else str(x)
+
+
+def norm_axes(ctx: InferCtx, op: str, arg: str, axes: Any, rank: int) -> tuple[int, ...] | None:
+    """Axes as non-negative, unique, in-range ints (negative counts from the end); E0304."""
+    values = (axes,) if isinstance(axes, int) else tuple(axes)
+    out: list[int] = []
+    for a in values:
+        if not isinstance(a, int) or not -rank <= a < rank:
+            ctx.error("E0304", f"axis {a} is out of range for a rank-{rank} tensor", at=arg,
+                      label=f"valid axes are 0..{rank - 1} (or -{rank}..-1)")
+            return None
+        a = a % rank
+        if a in out:
+            ctx.error("E0304", f"axis {a} is given twice", at=arg, label="repeated axis")
+            return None
+        out.append(a)
+    return tuple(out)
+
+
+def same_shape(ctx: InferCtx, op: str, arg: str, t: TensorType, expected: tuple[Dim, ...],
+               what: str) -> bool:
+    if t.shape == expected:
+        return True
+    ctx.error("E0301", f"`{arg}` of `{op}` must have shape {format_shape(expected)}", at=arg,
+              label=fmt(t), notes=(f"{what}",))
+    return False

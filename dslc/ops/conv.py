@@ -1,0 +1,167 @@
+"""Convolutions: `conv` (cuDNN conv_fprop) and `conv_transpose` (cuDNN conv_dgrad).
+
+Shapes follow PyTorch: x [N, C, *S], w [K, C/groups, *R] -> [N, K, *O] with
+O = floor((S + pre + post - d*(R-1) - 1) / s) + 1; transposed: O = (S-1)*s - pre - post +
+d*(R-1) + 1 + output_pad.
+"""
+
+from __future__ import annotations
+
+from dslc.check import dims
+from dslc.check.dims import Dim
+from dslc.check.types import FP8, TensorType, is_float
+from dslc.ops import common
+from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+
+
+def spatial_rank(ctx: InferCtx, op: str, x: TensorType, what: str = "x [N, C, *S]") -> int | None:
+    n = x.rank - 2
+    if not 1 <= n <= 3:
+        ctx.error("E0301", f"`{op}` expects {what} with 1 to 3 spatial axes", at="x",
+                  label=f"{common.fmt(x)} has rank {x.rank}",
+                  notes=("the first two axes are batch and channels",))
+        return None
+    return n
+
+
+def conv_out_size(ctx: InferCtx, size: Dim, pre: int, post: int, dilation: int, kernel: Dim,
+                  stride: int) -> Dim:
+    """floor((S + pre + post - d*(R-1) - 1) / s) + 1, simplified symbolically."""
+    span = dims.sub(dims.add(size, pre + post), dims.add(dims.mul(dilation, dims.sub(kernel, 1)), 1))
+    return dims.add(dims.floordiv(span, stride, ctx.env), 1)
+
+
+def _pads(ctx: InferCtx, op: str, a: Args, n: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    pad = common.per_axis(ctx, op, "pad", a["pad"], n, 0)
+    pre = pad if a.get("pre_pad") is None else common.per_axis(ctx, op, "pre_pad", a["pre_pad"], n, 0)
+    post = pad if a.get("post_pad") is None else common.per_axis(ctx, op, "post_pad", a["post_pad"], n, 0)
+    if pre is None or post is None:
+        return None
+    return pre, post
+
+
+def _conv_dtypes(ctx: InferCtx, op: str, x: TensorType, w: TensorType) -> str | None:
+    """The result dtype: floats keep theirs, fp8 gives the io dtype, i8 gives i32."""
+    if x.dtype == "i8" and w.dtype == "i8":
+        return "i32"
+    if x.dtype in FP8 and w.dtype in FP8:
+        return ctx.precision.io if is_float(ctx.precision.io) and ctx.precision.io not in FP8 else "f32"
+    if not common.require_float(ctx, op, "x", x) or not common.require_same_dtype(ctx, op, "x", x, "w", w):
+        return None
+    return x.dtype
+
+
+def _warn_nchw(ctx: InferCtx, op: str, x: TensorType) -> None:
+    if x.rank == 4 and x.layout is not None and x.layout.is_row_major and x.dtype in ("f16", "bf16", *FP8):
+        ctx.error("W0501", f"{x.dtype} `{op}` on NCHW data", at="x", label=f"{common.fmt(x)} is NCHW",
+                  notes=("tensor-core convolutions run on channels-last data; NCHW costs a "
+                         "transpose or a slower engine",),
+                  help=("declare the input `@NHWC`, or set `layout NHWC` in the model",))
+
+
+def _conv(ctx: InferCtx, a: Args) -> TensorType | None:
+    x, w = a.t("x"), a.t("w")
+    n = spatial_rank(ctx, "conv", x)
+    if n is None:
+        return None
+    if w.rank != x.rank:
+        ctx.error("E0301", f"the weight of `conv` must have rank {x.rank}", at="w",
+                  label=common.fmt(w), labels=(ctx.label("x", common.fmt(x)),),
+                  notes=("w is [K, C / groups, *R], one kernel axis per spatial axis of x",))
+        return None
+    dtype = _conv_dtypes(ctx, "conv", x, w)
+    if dtype is None or not common.check_compute(ctx, "conv", [x, w], need_f32=dtype != "i32"):
+        return None
+    groups = a["groups"]
+    if not isinstance(groups, int) or groups < 1:
+        ctx.error("E0305", "`groups` of `conv` must be at least 1", at="groups")
+        return None
+    c, k = x.shape[1], w.shape[0]
+    per_group = dims.div_exact(c, groups, ctx.env)
+    if per_group is None or dims.div_exact(k, groups, ctx.env) is None:
+        ctx.error("E0301", f"`groups={groups}` must divide both the input and output channels",
+                  at="groups", labels=(ctx.label("x", common.fmt(x)), ctx.label("w", common.fmt(w))),
+                  notes=(f"C = {dims.format_dim(c)}, K = {dims.format_dim(k)}",))
+        return None
+    if w.shape[1] != per_group:
+        ctx.error("E0301", "the weight's input channels do not match the input", at="w",
+                  label=common.fmt(w), labels=(ctx.label("x", common.fmt(x)),),
+                  notes=(f"axis 1 of w must be C / groups = {dims.format_dim(per_group)}, "
+                         f"found {dims.format_dim(w.shape[1])}",))
+        return None
+    stride = common.per_axis(ctx, "conv", "stride", a["stride"], n, 1)
+    dilation = common.per_axis(ctx, "conv", "dilation", a["dilation"], n, 1)
+    pads = _pads(ctx, "conv", a, n)
+    if stride is None or dilation is None or pads is None:
+        return None
+    pre, post = pads
+    out: list[Dim] = [x.shape[0], k]
+    for i in range(n):
+        size = conv_out_size(ctx, x.shape[2 + i], pre[i], post[i], dilation[i], w.shape[2 + i], stride[i])
+        if not common.at_least_one(ctx, "conv", size, 2 + i, "x"):
+            return None
+        out.append(size)
+    _warn_nchw(ctx, "conv", x)
+    for key, value in (("stride", stride), ("dilation", dilation), ("pre_pad", pre), ("post_pad", post)):
+        ctx.set_attr(key, value)
+    ctx.set_attr("pad", None)
+    return TensorType(dtype, tuple(out))
+
+
+def _conv_transpose(ctx: InferCtx, a: Args) -> TensorType | None:
+    x, w = a.t("x"), a.t("w")
+    n = spatial_rank(ctx, "conv_transpose", x, "x [N, K, *S]")
+    if n is None:
+        return None
+    if w.rank != x.rank:
+        ctx.error("E0301", f"the weight of `conv_transpose` must have rank {x.rank}", at="w",
+                  label=common.fmt(w), notes=("w is [K, C, *R] (PyTorch's ConvTranspose layout)",))
+        return None
+    dtype = _conv_dtypes(ctx, "conv_transpose", x, w)
+    if dtype is None or not common.check_compute(ctx, "conv_transpose", [x, w], need_f32=True):
+        return None
+    if w.shape[0] != x.shape[1]:
+        ctx.error("E0301", "the weight's first axis must match the input channels", at="w",
+                  label=common.fmt(w), labels=(ctx.label("x", common.fmt(x)),),
+                  notes=(f"x has {dims.format_dim(x.shape[1])} channels, w.shape[0] is "
+                         f"{dims.format_dim(w.shape[0])}",))
+        return None
+    stride = common.per_axis(ctx, "conv_transpose", "stride", a["stride"], n, 1)
+    dilation = common.per_axis(ctx, "conv_transpose", "dilation", a["dilation"], n, 1)
+    pad = common.per_axis(ctx, "conv_transpose", "pad", a["pad"], n, 0)
+    opad = common.per_axis(ctx, "conv_transpose", "output_pad", a["output_pad"], n, 0)
+    if stride is None or dilation is None or pad is None or opad is None:
+        return None
+    for i in range(n):
+        if opad[i] >= max(stride[i], dilation[i]):
+            ctx.error("E0305", "`output_pad` must be smaller than the stride or the dilation",
+                      at="output_pad", label=f"{opad[i]} here")
+            return None
+    out: list[Dim] = [x.shape[0], w.shape[1]]
+    for i in range(n):
+        # (S - 1) * s - 2 * pad + d * (R - 1) + 1 + output_pad
+        size = dims.add(dims.mul(dims.sub(x.shape[2 + i], 1), stride[i]),
+                        dims.mul(dilation[i], dims.sub(w.shape[2 + i], 1)))
+        size = dims.add(size, 1 + opad[i] - 2 * pad[i])
+        if not common.at_least_one(ctx, "conv_transpose", size, 2 + i, "x"):
+            return None
+        out.append(size)
+    for key, value in (("stride", stride), ("dilation", dilation), ("pad", pad), ("output_pad", opad)):
+        ctx.set_attr(key, value)
+    return TensorType(dtype, tuple(out))
+
+
+OPS = [
+    OpDef("conv", "conv",
+          (Param("x", Kind.TENSOR), Param("w", Kind.TENSOR), Param("stride", Kind.INTS, 1),
+           Param("pad", Kind.INTS, 0), Param("pre_pad", Kind.INTS, None),
+           Param("post_pad", Kind.INTS, None), Param("dilation", Kind.INTS, 1),
+           Param("groups", Kind.INT, 1)),
+          _conv, "[N, K, *O]", "convolution (cross-correlation, as PyTorch)", fusion="anchor"),
+    OpDef("conv_transpose", "conv",
+          (Param("x", Kind.TENSOR), Param("w", Kind.TENSOR), Param("stride", Kind.INTS, 1),
+           Param("pad", Kind.INTS, 0), Param("dilation", Kind.INTS, 1),
+           Param("output_pad", Kind.INTS, 0)),
+          _conv_transpose, "[N, C, *O]", "transposed convolution (gradient of conv wrt its input)",
+          fusion="anchor"),
+]

@@ -1,0 +1,51 @@
+"""`matmul`: a [*Ba, M, K] x b [*Bb, K, N] -> [broadcast(Ba, Bb), M, N] (cuDNN matmul, rank padded
+to 3). The last two axes of either operand may be row- or column-major, so a transposed param or
+input folds into its strides."""
+
+from __future__ import annotations
+
+from dslc.check import dims
+from dslc.check.types import FP8, TensorType
+from dslc.ops import common
+from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+
+
+def _matmul(ctx: InferCtx, a: Args) -> TensorType | None:
+    x, y = a.t("a"), a.t("b")
+    for name, t in (("a", x), ("b", y)):
+        if t.rank < 2:
+            ctx.error("E0301", "`matmul` needs operands of rank 2 or more", at=name,
+                      label=f"{common.fmt(t)} has rank {t.rank}",
+                      help=("reshape a vector to a matrix first, e.g. `reshape(v, [1, K])`",))
+            return None
+    if x.shape[-1] != y.shape[-2]:
+        kx, ky = dims.format_dim(x.shape[-1]), dims.format_dim(y.shape[-2])
+        ctx.error("E0302", "the inner dimensions of `matmul` differ", at="b",
+                  label=f"{common.fmt(y)}: K = {ky} (axis {y.rank - 2})",
+                  labels=(ctx.label("a", f"{common.fmt(x)}: K = {kx} (last axis)"),),
+                  notes=(f"a is [.., M, K] and b is [.., K, N]; here {kx} vs {ky}",),
+                  help=("if b is stored [N, K] (as PyTorch's Linear weight), use "
+                        "`transpose(b, [1, 0])`, which costs nothing",))
+        return None
+    if x.dtype == "i8" and y.dtype == "i8":
+        dtype = "i32"
+    elif x.dtype in FP8 and y.dtype in FP8:
+        dtype = "f32"
+    else:
+        if not (common.require_float(ctx, "matmul", "a", x)
+                and common.require_same_dtype(ctx, "matmul", "a", x, "b", y)):
+            return None
+        dtype = x.dtype
+    if not common.check_compute(ctx, "matmul", [x, y], need_f32=dtype != "i32"):
+        return None
+    batch = common.broadcast(ctx, TensorType(x.dtype, x.shape[:-2]), TensorType(y.dtype, y.shape[:-2]),
+                             "a", "b", "matmul")
+    if batch is None:
+        return None
+    return TensorType(dtype, (*batch, x.shape[-2], y.shape[-1]))
+
+
+OPS = [
+    OpDef("matmul", "matmul", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)), _matmul,
+          "[*B, M, N]", "matrix product, batched over leading axes", fusion="anchor"),
+]

@@ -1,0 +1,110 @@
+"""Normalisations: batchnorm (inference statistics), layernorm, rmsnorm, instancenorm.
+
+All need compute=f32. `layernorm`'s normalised axes are the trailing axes covered by `scale`, and
+they must be innermost in memory (cuDNN sees the tensor as [prod(L), prod(D), 1, 1]).
+"""
+
+from __future__ import annotations
+
+from dslc.check.types import TensorType
+from dslc.ops import common
+from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+
+
+def _stats(ctx: InferCtx, op: str, x: TensorType, a: Args, names: tuple[str, ...]) -> bool:
+    c = x.shape[1]
+    for name in names:
+        t = a.opt(name)
+        if t is None:
+            continue
+        if not common.require_float(ctx, op, name, t):
+            return False
+        if t.shape != (c,):
+            ctx.error("E0301", f"`{name}` of `{op}` must be a vector of the {c} channels", at=name,
+                      label=common.fmt(t), labels=(ctx.label("x", common.fmt(x)),),
+                      notes=("per-channel statistics have shape [C], C being axis 1 of x",))
+            return False
+    return True
+
+
+def _batchnorm(ctx: InferCtx, a: Args) -> TensorType | None:
+    x = a.t("x")
+    if x.rank < 2:
+        ctx.error("E0301", "`batchnorm` expects x [N, C, *S]", at="x", label=common.fmt(x))
+        return None
+    if not common.require_float(ctx, "batchnorm", "x", x):
+        return None
+    if not _stats(ctx, "batchnorm", x, a, ("mean", "var", "scale", "bias")):
+        return None
+    if not common.check_compute(ctx, "batchnorm", [x], need_f32=True):
+        return None
+    return TensorType(x.dtype, x.shape, x.layout)
+
+
+def _instancenorm(ctx: InferCtx, a: Args) -> TensorType | None:
+    x = a.t("x")
+    if x.rank < 3:
+        ctx.error("E0301", "`instancenorm` expects x [N, C, *S] with spatial axes", at="x",
+                  label=common.fmt(x))
+        return None
+    if not common.require_float(ctx, "instancenorm", "x", x):
+        return None
+    if not _stats(ctx, "instancenorm", x, a, ("scale", "bias")):
+        return None
+    if not common.check_compute(ctx, "instancenorm", [x], need_f32=True):
+        return None
+    return TensorType(x.dtype, x.shape, x.layout)
+
+
+def _feature_norm(op: str):  # type: ignore[no-untyped-def]
+    def infer(ctx: InferCtx, a: Args) -> TensorType | None:
+        x, scale = a.t("x"), a.t("scale")
+        if not common.require_float(ctx, op, "x", x):
+            return None
+        r = scale.rank
+        if r < 1 or r > x.rank or x.shape[x.rank - r:] != scale.shape:
+            ctx.error("E0301", f"the scale of `{op}` must match the trailing axes of x", at="scale",
+                      label=common.fmt(scale), labels=(ctx.label("x", common.fmt(x)),),
+                      notes=("the rank of `scale` picks the normalised axes: x [*L, *D], "
+                             "scale [*D]",))
+            return None
+        bias = a.opt("bias")
+        if bias is not None and bias.shape != scale.shape:
+            ctx.error("E0301", f"the bias of `{op}` must have the shape of its scale", at="bias",
+                      label=common.fmt(bias), labels=(ctx.label("scale", common.fmt(scale)),))
+            return None
+        if x.layout is not None and tuple(sorted(x.layout.order[x.rank - r:])) != tuple(
+                range(x.rank - r, x.rank)):
+            ctx.error("E0502", f"`{op}` needs the normalised axes innermost in memory", at="x",
+                      label=f"{common.fmt(x)}",
+                      notes=(f"the last {r} axes must be the fastest-varying ones",),
+                      help=("make it contiguous first: `contiguous(x)`",))
+            return None
+        if not common.check_compute(ctx, op, [x], need_f32=True):
+            return None
+        ctx.set_attr("axes", tuple(range(x.rank - r, x.rank)))
+        return TensorType(x.dtype, x.shape, x.layout)
+
+    return infer
+
+
+EPS = Param("eps", Kind.FLOAT, 1e-5)
+OPS = [
+    OpDef("batchnorm", "norm",
+          (Param("x", Kind.TENSOR), Param("mean", Kind.TENSOR), Param("var", Kind.TENSOR),
+           Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
+          _batchnorm, "shape of x", "batch normalisation with running statistics (inference)",
+          fusion="norm"),
+    OpDef("layernorm", "norm",
+          (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
+          _feature_norm("layernorm"), "shape of x", "layer normalisation over the trailing axes",
+          fusion="norm"),
+    OpDef("rmsnorm", "norm",
+          (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), EPS,
+           Param("bias", Kind.OPT_TENSOR, None)),
+          _feature_norm("rmsnorm"), "shape of x", "root-mean-square normalisation", fusion="norm"),
+    OpDef("instancenorm", "norm",
+          (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
+          _instancenorm, "shape of x", "normalisation over the spatial axes of each channel",
+          fusion="norm"),
+]

@@ -1,0 +1,151 @@
+"""`OpDef`: everything about one built-in op in one place: its parameters, its type rule
+(`infer`), and (added by later stages) its numpy reference, cuDNN lowering and fusion role.
+
+A type rule sees its arguments through `InferCtx`, which the checker implements: it reports
+diagnostics at the argument's source span and knows the precision and dims in effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+from dslc.check.dims import Dim, DimEnv
+from dslc.check.types import PrecisionSpec, TensorType
+from dslc.diag.diagnostic import Label
+from dslc.diag.span import Span
+
+
+class Kind(Enum):
+    """What a parameter accepts; `.value` is how signatures show it (OPT_ kinds may be none)."""
+
+    TENSOR = ("tensor", False)
+    OPT_TENSOR = ("tensor", True)
+    TENSORS = ("[tensor, ...]", False)
+    INT = ("int", False)
+    OPT_INT = ("int", True)
+    INTS = ("int | [int, ...]", False)  # one per spatial axis, or one for all
+    AXES = ("[int, ...]", False)
+    SHAPE = ("[dim, ...]", False)
+    FLOAT = ("float", False)
+    OPT_FLOAT = ("float", True)
+    BOOL = ("bool", False)
+    STR = ("str", False)
+    DTYPE = ("dtype", False)
+
+    @property
+    def shown(self) -> str:
+        return self.value[0]
+
+
+REQUIRED: Any = object()
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: Kind
+    default: Any = REQUIRED
+    choices: tuple[str, ...] = ()
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.kind in (Kind.TENSOR, Kind.OPT_TENSOR, Kind.TENSORS)
+
+    def __str__(self) -> str:
+        kind = self.kind.shown
+        if self.choices:
+            kind = " | ".join(f'"{c}"' for c in self.choices)
+        text = f"{self.name}: {kind}"
+        if self.default is not REQUIRED:
+            text += f" = {_show_default(self.default)}"
+        return text
+
+
+def _show_default(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return str(v)
+
+
+class InferCtx(Protocol):
+    """What a type rule may ask of the checker."""
+
+    env: DimEnv
+    precision: PrecisionSpec
+
+    @property
+    def compute(self) -> str: ...
+
+    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+              labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
+              help: tuple[str, ...] = ()) -> None: ...
+
+    def span(self, arg: str) -> Span: ...
+
+    def label(self, arg: str, text: str) -> Label: ...
+
+    def producer(self, arg: str) -> str | None: ...
+
+    def set_attr(self, name: str, value: Any) -> None: ...
+
+    def precision_origin(self, key: str) -> Span | None: ...
+
+
+class Args:
+    """The bound arguments of one call: tensors by parameter name, and compile-time values."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+    def t(self, name: str) -> TensorType:
+        value = self.values[name]
+        assert isinstance(value, TensorType), name
+        return value
+
+    def opt(self, name: str) -> TensorType | None:
+        value = self.values.get(name)
+        return value if isinstance(value, TensorType) else None
+
+
+InferFn = Callable[[InferCtx, Args], TensorType | tuple[TensorType, ...] | None]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    family: str  # conv, matmul, pointwise, norm, reduce, attention, pool, layout
+    params: tuple[Param, ...]
+    infer: InferFn
+    returns: str  # the result's shape in signature notation, for `dslc ops`
+    summary: str
+    scalars_as_tensors: bool = False  # a compile-time number may stand for a tensor operand
+    fusion: str = "none"  # anchor | epilogue | norm | reduce | view | none
+
+    def param(self, name: str) -> Param | None:
+        for p in self.params:
+            if p.name == name:
+                return p
+        return None
+
+    @property
+    def tensor_params(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.is_tensor)
+
+    def signature(self) -> str:
+        return f"{self.name}({', '.join(str(p) for p in self.params)}) -> {self.returns}"
+
+
+DimList = tuple[Dim, ...]

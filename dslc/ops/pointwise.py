@@ -1,0 +1,194 @@
+"""Pointwise ops, as tables: unary activations and math, binary arithmetic, comparisons, select,
+bias and scale along an axis, casts. One row per op; the type rules are shared."""
+
+from __future__ import annotations
+
+from dslc.check import dims
+from dslc.check.types import DTYPES, TensorType
+from dslc.ops import common
+from dslc.ops.opdef import REQUIRED, Args, InferCtx, Kind, OpDef, Param
+
+# Unary ops: name -> (extra scalar params, float only, summary).
+UNARY: dict[str, tuple[tuple[Param, ...], bool, str]] = {
+    "relu": ((), True, "max(x, 0)"),
+    "leaky_relu": ((Param("slope", Kind.FLOAT, 0.01),), True, "x if x > 0 else slope * x"),
+    "clamp": ((Param("lo", Kind.OPT_FLOAT, None), Param("hi", Kind.OPT_FLOAT, None)), True,
+              "min(max(x, lo), hi)"),
+    "gelu": ((), True, "x * Phi(x), erf form"),
+    "gelu_tanh": ((), True, "gelu, tanh approximation"),
+    "silu": ((), True, "x * sigmoid(x)"),
+    "swish": ((Param("beta", Kind.FLOAT, 1.0),), True, "x * sigmoid(beta * x)"),
+    "sigmoid": ((), True, "1 / (1 + exp(-x))"),
+    "tanh": ((), True, "tanh(x)"),
+    "elu": ((Param("alpha", Kind.FLOAT, 1.0),), True, "x if x > 0 else alpha * (exp(x) - 1)"),
+    "softplus": ((), True, "log(1 + exp(x))"),
+    "exp": ((), True, "e ** x"),
+    "log": ((), True, "natural logarithm"),
+    "sqrt": ((), True, "square root"),
+    "rsqrt": ((), True, "1 / sqrt(x)"),
+    "reciprocal": ((), True, "1 / x"),
+    "erf": ((), True, "error function"),
+    "sin": ((), True, "sine"),
+    "cos": ((), True, "cosine"),
+    "floor": ((), True, "round down"),
+    "ceil": ((), True, "round up"),
+    "abs": ((), False, "absolute value"),
+    "neg": ((), False, "-x"),
+}
+
+# Binary ops: name -> (operator spelling or None, float only, summary).
+BINARY: dict[str, tuple[str | None, bool, str]] = {
+    "add": ("+", False, "a + b"),
+    "sub": ("-", False, "a - b"),
+    "mul": ("*", False, "a * b"),
+    "div": ("/", False, "a / b"),
+    "max": (None, False, "elementwise maximum"),
+    "min": (None, False, "elementwise minimum"),
+    "pow": (None, True, "a ** b"),
+}
+
+COMPARE: dict[str, str] = {"cmp_lt": "<", "cmp_le": "<=", "cmp_gt": ">", "cmp_ge": ">=",
+                           "cmp_eq": "==", "cmp_ne": "!="}
+OPERATOR_OPS = {spelling: name for name, (spelling, _, _) in BINARY.items() if spelling}
+OPERATOR_OPS.update({spelling: name for name, spelling in COMPARE.items()})
+
+
+def _unary_rule(name: str, float_only: bool):  # type: ignore[no-untyped-def]
+    def infer(ctx: InferCtx, a: Args) -> TensorType | None:
+        x = a.t("x")
+        if float_only and not common.require_float(ctx, name, "x", x):
+            return None
+        if name == "clamp" and a["lo"] is not None and a["hi"] is not None and a["lo"] > a["hi"]:
+            ctx.error("E0305", "`clamp` needs lo <= hi", at="hi",
+                      label=f"hi={a['hi']} is below lo={a['lo']}")
+            return None
+        if not common.check_compute(ctx, name, [x]):
+            return None
+        return TensorType(x.dtype, x.shape, x.layout)
+
+    return infer
+
+
+def _binary_rule(name: str, float_only: bool, compare: bool):  # type: ignore[no-untyped-def]
+    what = OPERATOR_OPS_INV.get(name, name)
+
+    def infer(ctx: InferCtx, a: Args) -> TensorType | None:
+        x, y = a.t("a"), a.t("b")
+        if not common.check_mixed_numeric(ctx, what, [("a", x), ("b", y)]):
+            return None
+        if float_only and not (common.require_float(ctx, name, "a", x)
+                               and common.require_float(ctx, name, "b", y)):
+            return None
+        shape = common.broadcast(ctx, x, y, "a", "b", what)
+        if shape is None:
+            return None
+        _warn_width_bias(ctx, x, y)
+        if not common.check_compute(ctx, what, [x, y]):
+            return None
+        dtype = "bool" if compare else common.result_dtype(ctx, [x, y])
+        layout = x.layout if x.shape == shape else (y.layout if y.shape == shape else None)
+        return TensorType(dtype, shape, layout)
+
+    return infer
+
+
+OPERATOR_OPS_INV = {v: k for k, v in OPERATOR_OPS.items()}
+
+_CONV_FAMILY = {"conv", "conv_transpose", "maxpool", "avgpool", "batchnorm", "upsample",
+                "instancenorm", "bias_add"}
+
+
+def _warn_width_bias(ctx: InferCtx, x: TensorType, y: TensorType) -> None:
+    """W0301: `conv_out + bias` with a rank-1 bias broadcasts onto W, not C."""
+    for big, small, small_name, big_name in ((x, y, "b", "a"), (y, x, "a", "b")):
+        if small.rank == 1 and big.rank >= 3 and ctx.producer(big_name) in _CONV_FAMILY:
+            c, w = big.shape[1], big.shape[-1]
+            if small.shape[0] == w == c and w != 1:
+                ctx.error(
+                    "W0301", "rank-1 operand lines up with the width axis, not the channel axis",
+                    at=small_name, label=f"{common.fmt(small)}: broadcast onto W",
+                    labels=(ctx.label(big_name, f"{common.fmt(big)}  (N, C, H, W)"),),
+                    notes=("this broadcast is only legal because W == C in this instance; "
+                           "another input size would fail",),
+                    help=("use `bias_add(x, b)`, or declare the bias as `[C, 1, 1]`",),
+                )
+
+
+def _select(ctx: InferCtx, a: Args) -> TensorType | None:
+    mask, x, y = a.t("mask"), a.t("a"), a.t("b")
+    if mask.dtype != "bool":
+        ctx.error("E0401", "the mask of `select` must be bool", at="mask", label=mask.dtype,
+                  help=("build the mask with a comparison, e.g. `x > 0`",))
+        return None
+    if not common.check_mixed_numeric(ctx, "select", [("a", x), ("b", y)]):
+        return None
+    shape = common.broadcast_all(ctx, [("mask", mask), ("a", x), ("b", y)], "select")
+    if shape is None:
+        return None
+    return TensorType(common.result_dtype(ctx, [x, y]), shape)
+
+
+def _along_axis(name: str):  # type: ignore[no-untyped-def]
+    def infer(ctx: InferCtx, a: Args) -> TensorType | None:
+        x, b = a.t("x"), a.t("b")
+        axes = common.norm_axes(ctx, name, "axis", a["axis"], x.rank)
+        if axes is None:
+            return None
+        axis = axes[0]
+        if not (common.require_float(ctx, name, "x", x) and common.require_float(ctx, name, "b", b)):
+            return None
+        if b.rank == 1:
+            if b.shape[0] != x.shape[axis] and b.shape[0] != 1:
+                ctx.error("E0301", f"`{name}` needs a vector of {dims.format_dim(x.shape[axis])} "
+                          f"values along axis {axis}", at="b", label=common.fmt(b),
+                          labels=(ctx.label("x", common.fmt(x)),),
+                          notes=(f"axis {axis} of x has size {dims.format_dim(x.shape[axis])}",))
+                return None
+        elif common.broadcast(ctx, x, b, "x", "b", name) is None:
+            return None
+        ctx.set_attr("axis", axis)
+        return TensorType(x.dtype, x.shape, x.layout)
+
+    return infer
+
+
+def _cast(ctx: InferCtx, a: Args) -> TensorType | None:
+    x = a.t("x")
+    return TensorType(a["dtype"], x.shape, x.layout)
+
+
+def _contiguous(ctx: InferCtx, a: Args) -> TensorType | None:
+    x = a.t("x")
+    return TensorType(x.dtype, x.shape, None)
+
+
+def _ops() -> list[OpDef]:
+    out = []
+    for name, (extra, float_only, summary) in UNARY.items():
+        out.append(OpDef(name, "pointwise", (Param("x", Kind.TENSOR), *extra),
+                         _unary_rule(name, float_only), "shape of x", summary, fusion="epilogue"))
+    for name, (_, float_only, summary) in BINARY.items():
+        out.append(OpDef(name, "pointwise", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
+                         _binary_rule(name, float_only, False), "broadcast(a, b)", summary,
+                         scalars_as_tensors=True, fusion="epilogue"))
+    for name, spelling in COMPARE.items():
+        out.append(OpDef(name, "pointwise", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
+                         _binary_rule(name, False, True), "bool broadcast(a, b)", f"a {spelling} b",
+                         scalars_as_tensors=True, fusion="epilogue"))
+    out.append(OpDef("select", "pointwise",
+                     (Param("mask", Kind.TENSOR), Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
+                     _select, "broadcast(mask, a, b)", "a where mask else b",
+                     scalars_as_tensors=True, fusion="epilogue"))
+    for name, summary in (("bias_add", "x + b along `axis`"), ("scale_mul", "x * b along `axis`")):
+        out.append(OpDef(name, "pointwise",
+                         (Param("x", Kind.TENSOR), Param("b", Kind.TENSOR), Param("axis", Kind.INT, 1)),
+                         _along_axis(name), "shape of x", summary, fusion="epilogue"))
+    out.append(OpDef("cast", "pointwise",
+                     (Param("x", Kind.TENSOR), Param("dtype", Kind.DTYPE, REQUIRED, DTYPES)),
+                     _cast, "shape of x", "convert to another dtype", fusion="epilogue"))
+    out.append(OpDef("contiguous", "pointwise", (Param("x", Kind.TENSOR),), _contiguous,
+                     "shape of x", "copy into a new layout", fusion="epilogue"))
+    return out
+
+
+OPS = _ops()

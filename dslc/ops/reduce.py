@@ -1,0 +1,66 @@
+"""Reductions over chosen axes (cuDNN reduction node), and `genstats` (per-channel sum and sum of
+squares, the statistics cuDNN's genstats node produces)."""
+
+from __future__ import annotations
+
+from dslc.check.types import TensorType
+from dslc.ops import common
+from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+
+# name -> (cuDNN reduction mode, summary)
+REDUCTIONS = {
+    "reduce_sum": ("ADD", "sum"),
+    "reduce_mean": ("AVG", "mean"),
+    "reduce_max": ("MAX", "maximum"),
+    "reduce_min": ("MIN", "minimum"),
+    "reduce_amax": ("AMAX", "maximum of absolute values"),
+    "reduce_prod": ("MUL", "product"),
+    "reduce_l1": ("NORM1", "sum of absolute values"),
+    "reduce_l2": ("NORM2", "square root of the sum of squares"),
+}
+
+
+def _reduce(op: str):  # type: ignore[no-untyped-def]
+    def infer(ctx: InferCtx, a: Args) -> TensorType | None:
+        x = a.t("x")
+        if not common.require_float(ctx, op, "x", x):
+            return None
+        axes = common.norm_axes(ctx, op, "axes", a["axes"], x.rank)
+        if axes is None:
+            return None
+        if not axes:
+            ctx.error("E0304", f"`{op}` needs at least one axis", at="axes")
+            return None
+        if not common.check_compute(ctx, op, [x], need_f32=True):
+            return None
+        ctx.set_attr("axes", tuple(sorted(axes)))
+        if a["keepdims"]:
+            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        return TensorType(x.dtype, shape)
+
+    return infer
+
+
+def _genstats(ctx: InferCtx, a: Args) -> tuple[TensorType, ...] | None:
+    x = a.t("x")
+    if x.rank < 2:
+        ctx.error("E0301", "`genstats` expects x [N, C, *S]", at="x", label=common.fmt(x))
+        return None
+    if not common.require_float(ctx, "genstats", "x", x):
+        return None
+    stat = TensorType("f32", (1, x.shape[1], *([1] * (x.rank - 2))))
+    return (stat, stat)
+
+
+OPS = [
+    OpDef(name, "reduce",
+          (Param("x", Kind.TENSOR), Param("axes", Kind.AXES), Param("keepdims", Kind.BOOL, False)),
+          _reduce(name), "x without `axes` (kept as 1 with keepdims)", summary, fusion="reduce")
+    for name, (_, summary) in REDUCTIONS.items()
+] + [
+    OpDef("genstats", "reduce", (Param("x", Kind.TENSOR),), _genstats,
+          "(f32[1, C, 1...], f32[1, C, 1...])", "per-channel sum and sum of squares",
+          fusion="reduce"),
+]
