@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 from dslc.check import dims
 from dslc.check.context import is_dim
 from dslc.check.resolve import DefRef, suggest
-from dslc.check.types import Layout, TensorType, format_type
+from dslc.check.types import FP8, Layout, TensorType, format_type
 from dslc.check.values import ERROR, Binding, DType, ListVal, Scope, TensorVal, TupleVal, kind_of, show
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
+from dslc.ops.pointwise import SCALING_OPS
 from dslc.parse import ast
 
 if TYPE_CHECKING:
@@ -272,6 +273,11 @@ def conform(el: Elaborator, value: Any, t: ast.TensorTypeExpr, scope: Scope, wha
     if dtype == value.type.dtype and layout == value.type.layout:
         return value
     new = TensorType(dtype, value.type.shape, layout)
+    producer = el.producers[value.node].op
+    if dtype in FP8 and value.type.dtype not in FP8 and producer not in SCALING_OPS:
+        el.report("W0401", f"narrowing {value.type.dtype} to {dtype} without a scale", t.span,
+                  "stored as fp8 here", frame=scope.frame,
+                  help=("multiply by a scale first, e.g. `x * s`",))
     if fresh and (value.type.layout is None or layout == value.type.layout):
         return el.retype(value, new)
     op = "cast" if dtype != value.type.dtype else "contiguous"

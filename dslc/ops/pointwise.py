@@ -4,7 +4,7 @@ bias and scale along an axis, casts. One row per op; the type rules are shared."
 from __future__ import annotations
 
 from dslc.check import dims
-from dslc.check.types import DTYPES, TensorType
+from dslc.check.types import DTYPES, FP8, TensorType
 from dslc.ops import common
 from dslc.ops.opdef import REQUIRED, Args, InferCtx, Kind, OpDef, Param
 
@@ -152,8 +152,17 @@ def _along_axis(name: str):  # type: ignore[no-untyped-def]
     return infer
 
 
+SCALING_OPS = ("mul", "div", "scale_mul")
+
+
 def _cast(ctx: InferCtx, a: Args) -> TensorType | None:
     x = a.t("x")
+    if a["dtype"] in FP8 and x.dtype not in FP8 and ctx.producer("x") not in SCALING_OPS:
+        ctx.error("W0401", f"narrowing {x.dtype} to {a['dtype']} without a scale", at="x",
+                  label="not scaled first",
+                  notes=(f"{a['dtype']} saturates early; values outside its range clip",),
+                  help=("multiply by a scale before the cast: `cast(x * s, "
+                        f"{a['dtype']})`",))
     return TensorType(a["dtype"], x.shape, x.layout)
 
 
