@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dslc.check import CheckedModel, check
+from dslc.check.checker import CheckedModel, check
 from dslc.diag.diagnostic import Failed, Sink
 from dslc.parse import ast
 from dslc.parse.loader import Program, load

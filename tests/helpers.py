@@ -8,7 +8,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-from dslc.check import CheckedModel
+from dslc.check.checker import CheckedModel
 from dslc.cli import main
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.pipeline import FrontEnd, Options, front_end

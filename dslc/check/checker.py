@@ -1,0 +1,118 @@
+"""Resolve names, elaborate the model symbolically, then re-check every tune bucket
+with concrete sizes (parsed program -> `CheckedModel`, or diagnostics).
+
+`CheckedModel` is the elaborated, typed model: every op instance as an IR node with its type,
+instance path and span, plus the manifest (inputs, outputs, params, dims, buckets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from dslc.check.context import ParamSpec, TooLarge
+from dslc.check.dims import DimEnv
+from dslc.check.elaborate import DimDecl, Elaborator, IOSpec, model_metadata
+from dslc.check.resolve import Resolved, resolve
+from dslc.check.types import PrecisionSpec
+from dslc.diag.diagnostic import Diagnostic, Sink
+from dslc.diag.span import Span
+from dslc.ir.graph import Graph
+from dslc.parse import ast
+from dslc.parse.loader import Program
+
+MAX_BUCKETS = 64  # above this, W0602: each bucket is a graph to build and tune
+
+
+@dataclass(frozen=True)
+class CheckedModel:
+    name: str
+    file: str
+    span: Span
+    metadata: dict[str, Any]
+    dims: tuple[DimDecl, ...]
+    buckets: tuple[dict[str, int], ...]
+    inputs: tuple[IOSpec, ...]
+    outputs: tuple[IOSpec, ...]
+    params: tuple[ParamSpec, ...]
+    graph: Graph
+    env: DimEnv
+    precision: PrecisionSpec
+
+    @property
+    def dynamic_dims(self) -> tuple[DimDecl, ...]:
+        return tuple(d for d in self.dims if d.dynamic)
+
+
+def check(program: Program, module: ast.Module, sink: Sink) -> CheckedModel | None:
+    """Check `module` (and what it imports). Returns None for a library file (no model) or when
+    errors were reported."""
+    resolved = resolve(program, sink)
+    if not module.models:
+        return None
+    model = module.models[0]
+    el = Elaborator(program, resolved, sink)
+    try:
+        scope = el.model(module, model)
+        metadata = model_metadata(el, model, scope)
+    except TooLarge:
+        return None
+    if sink.error_count:
+        return None
+    buckets = enumerate_buckets(el, sink)
+    for bucket in buckets[:MAX_BUCKETS]:
+        recheck(program, resolved, module, model, bucket, sink)
+    if sink.error_count:
+        return None
+    return CheckedModel(
+        name=model.name.name, file=module.file, span=model.name.span, metadata=metadata,
+        dims=tuple(el.dims), buckets=tuple(buckets), inputs=tuple(el.inputs),
+        outputs=tuple(el.outputs), params=tuple(el.params.values()),
+        graph=Graph(tuple(el.nodes), tuple((o.name, o.node) for o in el.outputs)),
+        env=el.env, precision=scope.precision,
+    )
+
+
+def enumerate_buckets(el: Elaborator, sink: Sink) -> list[dict[str, int]]:
+    """Explicit `buckets` rows, crossed with the `tune` lists of the other dynamic dims (a dim
+    without `tune` contributes its upper bound)."""
+    dynamic = [d for d in el.dims if d.dynamic]
+    if not dynamic:
+        return [{}]
+    listed: tuple[str, ...] = ()
+    rows: list[tuple[int, ...]] = [()]
+    if el.bucket_rows is not None:
+        listed, rows = el.bucket_rows
+    others = [d for d in dynamic if d.name not in listed]
+    choices = [list(d.tune) if d.tune else [(d.hi // d.align) * d.align] for d in others]
+    out = []
+    for row in rows:
+        for combo in itertools.product(*choices):
+            bucket = dict(zip(listed, row, strict=True))
+            bucket.update(zip((d.name for d in others), combo, strict=True))
+            out.append({d.name: bucket[d.name] for d in dynamic})
+    if len(out) > MAX_BUCKETS:
+        first = dynamic[0]
+        sink.report(Diagnostic(
+            "W0602", f"{len(out)} buckets: each is a graph to build and tune", first.span,
+            "the dynamic dims multiply",
+            notes=(f"only the first {MAX_BUCKETS} are re-checked with concrete sizes",),
+            help=("list the combinations you need with `buckets (...) = [...]`",)))
+    return out
+
+
+def recheck(program: Program, resolved: Resolved, module: ast.Module, model: ast.Model,
+            bucket: dict[str, int], sink: Sink) -> None:
+    """Elaborate again with concrete sizes: a range can hide a bad corner value. Each new
+    (code, span) is reported once, for the first bucket that shows it."""
+    local = Sink(max_errors=sink.max_errors)
+    el = Elaborator(program, resolved, local, bucket=bucket)
+    with contextlib.suppress(TooLarge):
+        el.model(module, model)
+    seen = {(d.code, d.span) for d in sink.diagnostics}
+    for d in local.diagnostics:
+        if d.is_error and (d.code, d.span) not in seen:
+            sink.report(d)
+            seen.add((d.code, d.span))
