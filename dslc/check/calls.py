@@ -131,14 +131,15 @@ class CallEval(ExprEval):
             attrs["operands"] = tuple(operands)
         if precision.compute != scope.precision.compute:
             attrs["compute"] = precision.compute
-        base = self.node_name(scope.frame, hint or name)
+        # Named `<let>.<op>` for now; the `let` renames the node that ends up as its value.
+        base = self.node_name(scope.frame, f"{hint}.{name}" if hint else name)
         if isinstance(result, tuple):
             return TupleVal(tuple(
                 self.add_node(name, tuple(inputs), {**attrs, "output": i}, t, call_span,
                               scope.frame, precision, f"{base}.{i}")
                 for i, t in enumerate(result)))
         return self.add_node(name, tuple(inputs), attrs, result, call_span, scope.frame, precision,
-                             base if hint else self.node_name(scope.frame, name))
+                             base)
 
     def _bind_op(self, op: OpDef, call_span: Span, func_span: Span, pos: list[Arg],
                  kws: dict[str, Arg], scope: Scope) -> dict[str, Arg] | None:

@@ -4,7 +4,7 @@ statement layers of the elaborator (`exprs`, `calls`, `elaborate`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dslc.check.dims import DimEnv, Poly
@@ -103,16 +103,27 @@ class Context:
         self.producers[node.name] = node
         return TensorVal(node.name, type_)
 
+    def _replace(self, old: Node, new: Node) -> None:
+        index = len(self.nodes) - 1 - self.nodes[::-1].index(old)
+        self.nodes[index] = new
+        del self.producers[old.name]
+        self.producers[new.name] = new
+
     def retype(self, value: TensorVal, type_: TensorType) -> TensorVal:
         """Give a node created for the current statement a new type (an ascription)."""
         node = self.producers[value.node]
-        from dataclasses import replace
-
-        new = replace(node, type=type_)
-        index = len(self.nodes) - 1 - self.nodes[::-1].index(node)
-        self.nodes[index] = new
-        self.producers[node.name] = new
+        self._replace(node, replace(node, type=type_))
         return TensorVal(node.name, type_)
+
+    def rename(self, value: TensorVal, name: str) -> TensorVal:
+        """Name the node a statement just created after the value it binds (`let h1 = ...`).
+        Nothing reads it yet, so no operand needs updating."""
+        node = self.producers[value.node]
+        if node.name == name:
+            return value
+        new = replace(node, name=self.unique(name))
+        self._replace(node, new)
+        return TensorVal(new.name, value.type)
 
     def node_name(self, frame: Frame, hint: str) -> str:
         return f"{frame.prefix}.{hint}" if frame.prefix else hint

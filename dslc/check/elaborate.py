@@ -309,13 +309,15 @@ class Elaborator(CallEval):
             t.name for t in stmt.targets)
         before = len(self.nodes)
         value = self.rhs(stmt.rhs, scope, hint, stmt.targets[0].name)
+        fresh = isinstance(value, TensorVal) and self.node_index(value.node) >= before
         if stmt.type is not None and value is not ERROR:
-            fresh = isinstance(value, TensorVal) and self.node_index(value.node) >= before
             value = conform(self, value, stmt.type, scope,
                             f"`{stmt.targets[0].name}`", fresh=fresh)
         if stmt.is_tuple:
             self.bind_tuple(stmt, value, scope)
             return
+        if fresh and isinstance(value, TensorVal):
+            value = self.rename(value, self.node_name(scope.frame, stmt.targets[0].name))
         self.bind(stmt.targets[0], value, scope, "let")
         if scope.is_model and isinstance(value, TensorVal):
             self.lets.append((value.node, stmt.targets[0].name, stmt.targets[0].span))
@@ -482,6 +484,8 @@ class Elaborator(CallEval):
                           else None))
         if out is ERROR:
             return
+        if fresh or out is not value:
+            out = self.rename(out, name)
         self.used.add(out.node)
         self.used.add(value.node)
         self.outputs.append(IOSpec(name, out.type, out.node, stmt.span))

@@ -6,6 +6,13 @@ multiple of Hk (MHA, GQA, MQA); f16 or bf16; head dims multiples of 8 up to 256.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from scipy import special
+
 from dslc.check import dims
 from dslc.check.types import TensorType
 from dslc.diag.diagnostic import Label
@@ -91,11 +98,35 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
     return out
 
 
+def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    """softmax(q k^T * scale + bias) v, heads of k and v repeated for GQA; `causal` masks keys
+    after the query (top-left aligned), `window` keeps only the last `window` keys up to it."""
+    operands = a.get("operands") or ("q", "k", "v")
+    named = dict(zip(operands, xs, strict=True))
+    q, k, v = named["q"], named["k"], named["v"]
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(q.shape[-1])
+    scores = np.matmul(q, k.swapaxes(-1, -2)) * np.float32(scale)
+    if "bias" in named:
+        scores = scores + named["bias"]
+    i = np.arange(q.shape[2])[:, None]
+    j = np.arange(k.shape[2])[None, :]
+    mask = np.zeros((q.shape[2], k.shape[2]), dtype=bool)
+    if a["causal"]:
+        mask |= j > i
+    if a["window"] is not None:
+        mask |= j <= i - a["window"]
+    scores = np.where(mask, -np.inf, scores)
+    return np.matmul(special.softmax(scores, axis=-1).astype(q.dtype), v)
+
+
 OPS = [
     OpDef("sdpa", "attention",
           (Param("q", Kind.TENSOR), Param("k", Kind.TENSOR), Param("v", Kind.TENSOR),
            Param("scale", Kind.OPT_FLOAT, None), Param("causal", Kind.BOOL, False),
            Param("bias", Kind.OPT_TENSOR, None), Param("window", Kind.OPT_INT, None)),
           _sdpa, "[B, Hq, Sq, Dv]",
-          "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk)", fusion="anchor"),
+          "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk)", fusion="anchor",
+          reference=_sdpa_ref),
 ]

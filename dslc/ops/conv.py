@@ -11,6 +11,7 @@ from dslc.check import dims
 from dslc.check.dims import Dim
 from dslc.check.types import FP8, TensorType, is_float
 from dslc.ops import common
+from dslc.ops import reference_conv as ref
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
 
 
@@ -32,7 +33,8 @@ def conv_out_size(ctx: InferCtx, size: Dim, pre: int, post: int, dilation: int, 
 
 
 def _pads(ctx: InferCtx, op: str, a: Args, n: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    pad = common.per_axis(ctx, op, "pad", a["pad"], n, 0)
+    # After checking, `pad` is recorded as None and the sides as pre_pad and post_pad.
+    pad = common.per_axis(ctx, op, "pad", a["pad"] if a["pad"] is not None else 0, n, 0)
     pre = pad if a.get("pre_pad") is None else common.per_axis(ctx, op, "pre_pad", a["pre_pad"], n, 0)
     post = pad if a.get("post_pad") is None else common.per_axis(ctx, op, "post_pad", a["post_pad"], n, 0)
     if pre is None or post is None:
@@ -157,11 +159,15 @@ OPS = [
            Param("pad", Kind.INTS, 0), Param("pre_pad", Kind.INTS, None),
            Param("post_pad", Kind.INTS, None), Param("dilation", Kind.INTS, 1),
            Param("groups", Kind.INT, 1)),
-          _conv, "[N, K, *O]", "convolution (cross-correlation, as PyTorch)", fusion="anchor"),
+          _conv, "[N, K, *O]", "convolution (cross-correlation, as PyTorch)", fusion="anchor",
+          reference=lambda xs, a: ref.conv(xs[0], xs[1], a["stride"], a["pre_pad"], a["post_pad"],
+                                           a["dilation"], a["groups"])),
     OpDef("conv_transpose", "conv",
           (Param("x", Kind.TENSOR), Param("w", Kind.TENSOR), Param("stride", Kind.INTS, 1),
            Param("pad", Kind.INTS, 0), Param("dilation", Kind.INTS, 1),
            Param("output_pad", Kind.INTS, 0)),
           _conv_transpose, "[N, C, *O]", "transposed convolution (gradient of conv wrt its input)",
-          fusion="anchor"),
+          fusion="anchor",
+          reference=lambda xs, a: ref.conv_transpose(xs[0], xs[1], a["stride"], a["pad"],
+                                                     a["dilation"], a["output_pad"])),
 ]

@@ -8,7 +8,10 @@ where the merged axes are adjacent in memory (E0503); a free layout is chosen la
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from dslc.check import dims
 from dslc.check.dims import Dim
@@ -201,16 +204,22 @@ def _concat(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(first.dtype, shape)
 
 
+def _slice_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    return xs[0][tuple(slice(s, e) for s, e in zip(a["starts"], a["ends"], strict=True))]
+
+
 OPS = [
     OpDef("reshape", "layout", (Param("x", Kind.TENSOR), Param("shape", Kind.SHAPE)), _reshape,
           "shape", "same elements, new shape (a view where the layout allows; one -1 is inferred)",
-          fusion="view"),
+          fusion="view", reference=lambda xs, a: xs[0].reshape(a["shape"])),
     OpDef("transpose", "layout", (Param("x", Kind.TENSOR), Param("perm", Kind.AXES)), _transpose,
-          "[x.shape[perm[i]]]", "permute axes (a view)", fusion="view"),
+          "[x.shape[perm[i]]]", "permute axes (a view)", fusion="view",
+          reference=lambda xs, a: xs[0].transpose(a["perm"])),
     OpDef("slice", "layout",
           (Param("x", Kind.TENSOR), Param("starts", Kind.SHAPE), Param("ends", Kind.SHAPE)),
           _slice, "[stop - start per axis]", "the sub-tensor x[starts:ends] (a view); also "
-          "written `x[a:b, ...]`", fusion="view"),
+          "written `x[a:b, ...]`", fusion="view", reference=_slice_ref),
     OpDef("concat", "layout", (Param("xs", Kind.TENSORS), Param("axis", Kind.INT, 0)), _concat,
-          "axes summed along `axis`", "join tensors along an axis"),
+          "axes summed along `axis`", "join tensors along an axis",
+          reference=lambda xs, a: np.concatenate(xs, axis=a["axis"])),
 ]

@@ -4,6 +4,8 @@ input folds into its strides."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from dslc.check import dims
 from dslc.check.types import FP8, TensorType
 from dslc.ops import common
@@ -47,5 +49,6 @@ def _matmul(ctx: InferCtx, a: Args) -> TensorType | None:
 
 OPS = [
     OpDef("matmul", "matmul", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)), _matmul,
-          "[*B, M, N]", "matrix product, batched over leading axes", fusion="anchor"),
+          "[*B, M, N]", "matrix product, batched over leading axes", fusion="anchor",
+          reference=lambda xs, a: np.matmul(xs[0], xs[1])),
 ]

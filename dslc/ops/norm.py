@@ -6,6 +6,11 @@ they must be innermost in memory (cuDNN sees the tensor as [prod(L), prod(D), 1,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
 from dslc.check.types import TensorType
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
@@ -88,23 +93,58 @@ def _feature_norm(op: str):  # type: ignore[no-untyped-def]
     return infer
 
 
+def _channel(v: np.ndarray, ndim: int) -> np.ndarray:
+    return v.reshape([1, -1] + [1] * (ndim - 2))
+
+
+def _batchnorm_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    x, mean, var, scale, bias = xs
+    inv = 1 / np.sqrt(var + np.float32(a["eps"]))
+    return (x - _channel(mean, x.ndim)) * _channel(inv * scale, x.ndim) + _channel(bias, x.ndim)
+
+
+def _normalise(x: np.ndarray, axes: tuple[int, ...], eps: float, rms: bool) -> np.ndarray:
+    if rms:
+        return x / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + np.float32(eps))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean((x - mean) ** 2, axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(var + np.float32(eps))
+
+
+def _feature_norm_ref(rms: bool):  # type: ignore[no-untyped-def]
+    def reference(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+        operands = a.get("operands") or ("x", "scale", "bias")
+        named = dict(zip(operands, xs, strict=True))
+        y = _normalise(named["x"], tuple(a["axes"]), a["eps"], rms) * named["scale"]
+        return y + named["bias"] if "bias" in named else y
+
+    return reference
+
+
+def _instancenorm_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    x, scale, bias = xs
+    y = _normalise(x, tuple(range(2, x.ndim)), a["eps"], rms=False)
+    return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+
 EPS = Param("eps", Kind.FLOAT, 1e-5)
 OPS = [
     OpDef("batchnorm", "norm",
           (Param("x", Kind.TENSOR), Param("mean", Kind.TENSOR), Param("var", Kind.TENSOR),
            Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
           _batchnorm, "shape of x", "batch normalisation with running statistics (inference)",
-          fusion="norm"),
+          fusion="norm", reference=_batchnorm_ref),
     OpDef("layernorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
           _feature_norm("layernorm"), "shape of x", "layer normalisation over the trailing axes",
-          fusion="norm"),
+          fusion="norm", reference=_feature_norm_ref(rms=False)),
     OpDef("rmsnorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), EPS,
            Param("bias", Kind.OPT_TENSOR, None)),
-          _feature_norm("rmsnorm"), "shape of x", "root-mean-square normalisation", fusion="norm"),
+          _feature_norm("rmsnorm"), "shape of x", "root-mean-square normalisation", fusion="norm",
+          reference=_feature_norm_ref(rms=True)),
     OpDef("instancenorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
           _instancenorm, "shape of x", "normalisation over the spatial axes of each channel",
-          fusion="norm"),
+          fusion="norm", reference=_instancenorm_ref),
 ]

@@ -7,10 +7,12 @@ diagnostics at the argument's source span and knows the precision and dims in ef
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
+
+import numpy as np
 
 from dslc.check.dims import Dim, DimEnv
 from dslc.check.types import PrecisionSpec, TensorType
@@ -122,6 +124,10 @@ class Args:
 
 InferFn = Callable[[InferCtx, Args], TensorType | tuple[TensorType, ...] | None]
 
+# The numpy reference: operands (already converted to the compute dtype) and the node's attrs with
+# every dim made concrete -> the result, still in the compute dtype (the caller rounds it).
+RefFn = Callable[[list[np.ndarray], Mapping[str, Any]], np.ndarray]
+
 
 @dataclass(frozen=True)
 class OpDef:
@@ -133,6 +139,7 @@ class OpDef:
     summary: str
     scalars_as_tensors: bool = False  # a compile-time number may stand for a tensor operand
     fusion: str = "none"  # anchor | epilogue | norm | reduce | view | none
+    reference: RefFn | None = None
 
     def param(self, name: str) -> Param | None:
         for p in self.params:

@@ -3,10 +3,87 @@ bias and scale along an axis, casts. One row per op; the type rules are shared."
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from scipy import special
+
 from dslc.check import dims
 from dslc.check.types import DTYPES, FP8, TensorType
 from dslc.ops import common
-from dslc.ops.opdef import REQUIRED, Args, InferCtx, Kind, OpDef, Param
+from dslc.ops.opdef import REQUIRED, Args, InferCtx, Kind, OpDef, Param, RefFn
+
+Array = np.ndarray
+_SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
+
+
+def _sigmoid(x: Array) -> Array:
+    return np.asarray(special.expit(x), dtype=x.dtype)
+
+
+def _clamp(x: Array, a: Mapping[str, Any]) -> Array:
+    lo = -np.inf if a["lo"] is None else a["lo"]
+    hi = np.inf if a["hi"] is None else a["hi"]
+    return np.clip(x, lo, hi).astype(x.dtype)
+
+
+# name -> numpy reference of the unary ops (x in the compute dtype, attrs).
+UNARY_REF: dict[str, Callable[[Array, Mapping[str, Any]], Array]] = {
+    "relu": lambda x, a: np.maximum(x, 0),
+    "leaky_relu": lambda x, a: np.where(x > 0, x, x * a["slope"]),
+    "clamp": _clamp,
+    "gelu": lambda x, a: 0.5 * x * (1 + special.erf(x / np.sqrt(2.0))),
+    "gelu_tanh": lambda x, a: 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))),
+    "silu": lambda x, a: x * _sigmoid(x),
+    "swish": lambda x, a: x * _sigmoid(x * a["beta"]),
+    "sigmoid": lambda x, a: _sigmoid(x),
+    "tanh": lambda x, a: np.tanh(x),
+    "elu": lambda x, a: np.where(x > 0, x, a["alpha"] * np.expm1(np.minimum(x, 0))),
+    "softplus": lambda x, a: np.logaddexp(0, x),
+    "exp": lambda x, a: np.exp(x),
+    "log": lambda x, a: np.log(x),
+    "sqrt": lambda x, a: np.sqrt(x),
+    "rsqrt": lambda x, a: 1 / np.sqrt(x),
+    "reciprocal": lambda x, a: 1 / x,
+    "erf": lambda x, a: special.erf(x),
+    "sin": lambda x, a: np.sin(x),
+    "cos": lambda x, a: np.cos(x),
+    "floor": lambda x, a: np.floor(x),
+    "ceil": lambda x, a: np.ceil(x),
+    "abs": lambda x, a: np.abs(x),
+    "neg": lambda x, a: -x,
+}
+
+BINARY_REF: dict[str, Callable[[Array, Array], Array]] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "max": np.maximum, "min": np.minimum, "pow": np.power,
+    "cmp_lt": np.less, "cmp_le": np.less_equal, "cmp_gt": np.greater, "cmp_ge": np.greater_equal,
+    "cmp_eq": np.equal, "cmp_ne": np.not_equal,
+}
+
+
+def _unary_ref(name: str) -> RefFn:
+    fn = UNARY_REF[name]
+    return lambda xs, a: np.asarray(fn(xs[0], a))
+
+
+def _binary_ref(name: str) -> RefFn:
+    fn = BINARY_REF[name]
+    return lambda xs, a: np.asarray(fn(xs[0], xs[1]))
+
+
+def along_axis(v: Array, ndim: int, axis: int) -> Array:
+    """A vector placed on `axis` of a rank-`ndim` tensor (other shapes broadcast as they are)."""
+    if v.ndim != 1:
+        return v
+    shape = [1] * ndim
+    shape[axis] = v.shape[0]
+    return v.reshape(shape)
+
+
+def _along_ref(fn: Callable[[Array, Array], Array]) -> RefFn:
+    return lambda xs, a: np.asarray(fn(xs[0], along_axis(xs[1], xs[0].ndim, a["axis"])))
 
 # Unary ops: name -> (extra scalar params, float only, summary).
 UNARY: dict[str, tuple[tuple[Param, ...], bool, str]] = {
@@ -175,28 +252,34 @@ def _ops() -> list[OpDef]:
     out = []
     for name, (extra, float_only, summary) in UNARY.items():
         out.append(OpDef(name, "pointwise", (Param("x", Kind.TENSOR), *extra),
-                         _unary_rule(name, float_only), "shape of x", summary, fusion="epilogue"))
+                         _unary_rule(name, float_only), "shape of x", summary, fusion="epilogue",
+                         reference=_unary_ref(name)))
     for name, (_, float_only, summary) in BINARY.items():
         out.append(OpDef(name, "pointwise", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
                          _binary_rule(name, float_only, False), "broadcast(a, b)", summary,
-                         scalars_as_tensors=True, fusion="epilogue"))
+                         scalars_as_tensors=True, fusion="epilogue", reference=_binary_ref(name)))
     for name, spelling in COMPARE.items():
         out.append(OpDef(name, "pointwise", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
                          _binary_rule(name, False, True), "bool broadcast(a, b)", f"a {spelling} b",
-                         scalars_as_tensors=True, fusion="epilogue"))
+                         scalars_as_tensors=True, fusion="epilogue", reference=_binary_ref(name)))
     out.append(OpDef("select", "pointwise",
                      (Param("mask", Kind.TENSOR), Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
                      _select, "broadcast(mask, a, b)", "a where mask else b",
-                     scalars_as_tensors=True, fusion="epilogue"))
-    for name, summary in (("bias_add", "x + b along `axis`"), ("scale_mul", "x * b along `axis`")):
+                     scalars_as_tensors=True, fusion="epilogue",
+                     reference=lambda xs, a: np.where(xs[0].astype(bool), xs[1], xs[2])))
+    for name, summary, fn in (("bias_add", "x + b along `axis`", np.add),
+                              ("scale_mul", "x * b along `axis`", np.multiply)):
         out.append(OpDef(name, "pointwise",
                          (Param("x", Kind.TENSOR), Param("b", Kind.TENSOR), Param("axis", Kind.INT, 1)),
-                         _along_axis(name), "shape of x", summary, fusion="epilogue"))
+                         _along_axis(name), "shape of x", summary, fusion="epilogue",
+                         reference=_along_ref(fn)))
     out.append(OpDef("cast", "pointwise",
                      (Param("x", Kind.TENSOR), Param("dtype", Kind.DTYPE, REQUIRED, DTYPES)),
-                     _cast, "shape of x", "convert to another dtype", fusion="epilogue"))
+                     _cast, "shape of x", "convert to another dtype", fusion="epilogue",
+                     reference=lambda xs, a: xs[0]))  # the caller rounds to the new dtype
     out.append(OpDef("contiguous", "pointwise", (Param("x", Kind.TENSOR),), _contiguous,
-                     "shape of x", "copy into a new layout", fusion="epilogue"))
+                     "shape of x", "copy into a new layout", fusion="epilogue",
+                     reference=lambda xs, a: xs[0]))
     return out
 
 

@@ -9,6 +9,7 @@ from dslc.check import dims
 from dslc.check.dims import Dim
 from dslc.check.types import TensorType
 from dslc.ops import common
+from dslc.ops import reference_conv as ref
 from dslc.ops.conv import conv_out_size, spatial_rank
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
 
@@ -62,12 +63,15 @@ _POOL_PARAMS = (Param("x", Kind.TENSOR), Param("window", Kind.INTS),
                 Param("stride", Kind.INTS, None), Param("pad", Kind.INTS, 0))
 OPS = [
     OpDef("maxpool", "pool", _POOL_PARAMS, _pool("maxpool"), "[N, C, *O]",
-          "maximum over each window (padding never wins)"),
+          "maximum over each window (padding never wins)",
+          reference=lambda xs, a: ref.pool(xs[0], a, "max")),
     OpDef("avgpool", "pool", (*_POOL_PARAMS, Param("count_pad", Kind.BOOL, False)),
           _pool("avgpool"), "[N, C, *O]",
-          "mean over each window; count_pad counts padded zeros in the divisor"),
+          "mean over each window; count_pad counts padded zeros in the divisor",
+          reference=lambda xs, a: ref.pool(xs[0], a, "avg")),
     OpDef("upsample", "pool",
           (Param("x", Kind.TENSOR), Param("factor", Kind.INTS),
            Param("mode", Kind.STR, "nearest", ("nearest", "bilinear"))),
-          _upsample, "[N, C, *S * factor]", "nearest or bilinear upsampling by an integer factor"),
+          _upsample, "[N, C, *S * factor]", "nearest or bilinear upsampling by an integer factor",
+          reference=lambda xs, a: ref.upsample(xs[0], a)),
 ]

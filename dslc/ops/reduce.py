@@ -3,6 +3,11 @@ squares, the statistics cuDNN's genstats node produces)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
 from dslc.check.types import TensorType
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
@@ -18,6 +23,33 @@ REDUCTIONS = {
     "reduce_l1": ("NORM1", "sum of absolute values"),
     "reduce_l2": ("NORM2", "square root of the sum of squares"),
 }
+
+
+_REDUCE_REF = {
+    "reduce_sum": lambda x, ax: np.sum(x, axis=ax, keepdims=True),
+    "reduce_mean": lambda x, ax: np.mean(x, axis=ax, keepdims=True),
+    "reduce_max": lambda x, ax: np.max(x, axis=ax, keepdims=True),
+    "reduce_min": lambda x, ax: np.min(x, axis=ax, keepdims=True),
+    "reduce_amax": lambda x, ax: np.max(np.abs(x), axis=ax, keepdims=True),
+    "reduce_prod": lambda x, ax: np.prod(x, axis=ax, keepdims=True),
+    "reduce_l1": lambda x, ax: np.sum(np.abs(x), axis=ax, keepdims=True),
+    "reduce_l2": lambda x, ax: np.sqrt(np.sum(x * x, axis=ax, keepdims=True)),
+}
+
+
+def _reduce_ref(op: str):  # type: ignore[no-untyped-def]
+    def reference(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+        axes = tuple(a["axes"])
+        out = _REDUCE_REF[op](xs[0], axes)
+        return out if a["keepdims"] else np.squeeze(out, axis=axes)
+
+    return reference
+
+
+def _genstats_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    x = xs[0]
+    axes = (0, *range(2, x.ndim))
+    return np.sum(x if a.get("output", 0) == 0 else x * x, axis=axes, keepdims=True)
 
 
 def _reduce(op: str):  # type: ignore[no-untyped-def]
@@ -57,10 +89,11 @@ def _genstats(ctx: InferCtx, a: Args) -> tuple[TensorType, ...] | None:
 OPS = [
     OpDef(name, "reduce",
           (Param("x", Kind.TENSOR), Param("axes", Kind.AXES), Param("keepdims", Kind.BOOL, False)),
-          _reduce(name), "x without `axes` (kept as 1 with keepdims)", summary, fusion="reduce")
+          _reduce(name), "x without `axes` (kept as 1 with keepdims)", summary, fusion="reduce",
+          reference=_reduce_ref(name))
     for name, (_, summary) in REDUCTIONS.items()
 ] + [
     OpDef("genstats", "reduce", (Param("x", Kind.TENSOR),), _genstats,
           "(f32[1, C, 1...], f32[1, C, 1...])", "per-channel sum and sum of squares",
-          fusion="reduce"),
+          fusion="reduce", reference=_genstats_ref),
 ]

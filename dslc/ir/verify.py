@@ -1,0 +1,119 @@
+"""The IR verifier: names unique, inputs defined before use, ops known with the right operand
+count, outputs defined, and every node's type what its op's type rule gives for its inputs.
+
+Run after every pass in the tests; returns the problems found (empty when the graph is sound).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dslc.check.dims import DimEnv
+from dslc.check.types import TensorType, format_type
+from dslc.diag.diagnostic import Label
+from dslc.diag.span import Span
+from dslc.ir.graph import Graph, Node
+from dslc.ops import OPS
+from dslc.ops.opdef import Args, Kind
+
+SOURCES = {"input", "param", "scalar"}  # nodes without operands
+IR_ONLY = {"view"}  # ops that exist only after lowering (no type rule in `dslc.ops`)
+
+
+class _Ctx:
+    """A silent `InferCtx`: records the first error instead of reporting it."""
+
+    def __init__(self, env: DimEnv, node: Node, producers: dict[str, str]) -> None:
+        self.env = env
+        self.precision = node.precision
+        self.node = node
+        self.errors: list[str] = []
+        self.attrs: dict[str, Any] = {}
+        self._producers = producers
+
+    @property
+    def compute(self) -> str:
+        return str(self.node.attrs.get("compute", self.precision.compute))
+
+    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+              labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
+              help: tuple[str, ...] = ()) -> None:
+        if not code.startswith("W"):
+            self.errors.append(f"{code} {message}")
+
+    def span(self, arg: str) -> Span:
+        return self.node.span
+
+    def label(self, arg: str, text: str) -> Label:
+        return Label(self.node.span, text)
+
+    def producer(self, arg: str) -> str | None:
+        return self._producers.get(arg)
+
+    def set_attr(self, name: str, value: Any) -> None:
+        self.attrs[name] = value
+
+    def precision_origin(self, key: str) -> Span | None:
+        return None
+
+
+def verify(graph: Graph, env: DimEnv | None = None) -> list[str]:
+    env = env or DimEnv()
+    problems: list[str] = []
+    types: dict[str, TensorType] = {}
+    ops: dict[str, str] = {}
+    for node in graph.nodes:
+        where = f"%{node.name} ({node.op})"
+        if node.name in types:
+            problems.append(f"{where}: defined twice")
+        for i in node.inputs:
+            if i not in types:
+                problems.append(f"{where}: uses %{i} before it is defined")
+        if node.op in SOURCES:
+            if node.inputs:
+                problems.append(f"{where}: a {node.op} takes no operands")
+        elif node.op not in OPS and node.op not in IR_ONLY:
+            problems.append(f"{where}: unknown op")
+        elif node.op in OPS and all(i in types for i in node.inputs):
+            problems.extend(f"{where}: {p}" for p in _retype(node, types, ops, env))
+        types[node.name] = node.type
+        ops[node.name] = node.op
+    for name, value in graph.outputs:
+        if value not in types:
+            problems.append(f"output {name}: %{value} is not defined")
+    return problems
+
+
+def _retype(node: Node, types: dict[str, TensorType], ops: dict[str, str], env: DimEnv,
+            ) -> list[str]:
+    """Re-run the op's type rule on the operand types; the result must have the node's shape."""
+    op = OPS[node.op]
+    operands = node.attrs.get("operands") or tuple(p.name for p in op.tensor_params
+                                                  if p.kind is Kind.TENSOR)
+    if len(operands) != len(node.inputs):
+        return [f"{len(node.inputs)} operands, expected {len(operands)}"]
+    values: dict[str, Any] = {p.name: node.attrs.get(p.name, p.default) for p in op.params
+                              if not p.is_tensor}
+    producers: dict[str, str] = {}
+    for pname, value in zip(operands, node.inputs, strict=True):
+        base = pname.split(".")[0]
+        if "." in pname:
+            values.setdefault(base, []).append(types[value])
+        else:
+            values[pname] = types[value]
+            producers[pname] = ops[value]
+    for p in op.params:
+        if p.kind is Kind.OPT_TENSOR:
+            values.setdefault(p.name, None)
+    ctx = _Ctx(env, node, producers)
+    result = op.infer(ctx, Args(values))
+    if ctx.errors:
+        return ctx.errors[:1]
+    if isinstance(result, tuple):
+        result = result[int(node.attrs.get("output", 0))]
+    if result is None:
+        return ["the type rule rejects its operands"]
+    # Shapes must agree; a dtype may differ, since an ascription fixes the storage dtype.
+    if result.shape != node.type.shape:
+        return [f"type {format_type(node.type)}, but its op gives {format_type(result)}"]
+    return []
