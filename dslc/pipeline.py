@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dslc.check.checker import CheckedModel, check
+from dslc.check.types import PrecisionSpec
 from dslc.diag.diagnostic import Failed, Sink
+from dslc.fuse import FusionPlan, fuse
+from dslc.ir.graph import Graph
+from dslc.lower import lower
 from dslc.parse import ast
 from dslc.parse.loader import Program, load
 
@@ -17,6 +21,8 @@ from dslc.parse.loader import Program, load
 @dataclass
 class Options:
     include_dirs: list[Path] = field(default_factory=list)
+    precision: PrecisionSpec | None = None  # overrides the model's precision statements
+    backend: str = "cudnn"  # "reference" lifts cuDNN's support limits (any well-typed model runs)
 
 
 @dataclass
@@ -45,5 +51,11 @@ def _front_end(path: Path, options: Options, sink: Sink, program: Program) -> Fr
     blocking = {"E0101", "E0102", "E0702", "E0703"}
     if module is None or any(d.code in blocking for d in sink.diagnostics):
         return FrontEnd(program, module, None)
-    model = check(program, module, sink)
+    model = check(program, module, sink, options.precision, options.backend)
     return FrontEnd(program, module, model)
+
+
+def middle_end(model: CheckedModel) -> tuple[Graph, FusionPlan]:
+    """Checked model -> lowered IR and its fusion plan."""
+    lowered = lower(model.graph)
+    return lowered, fuse(lowered)

@@ -95,7 +95,7 @@ def test_internal_error_is_reported_without_traceback(monkeypatch: pytest.Monkey
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated")
 
-    monkeypatch.setattr(dslc.cli, "front_end", boom)
+    monkeypatch.setattr(dslc.cli.front, "front_end", boom)
     run = run_cli("check", "models/mlp.cgraph")
     assert run.code == 4
     assert "internal error" in run.stderr and "Traceback" not in run.stderr

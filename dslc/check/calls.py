@@ -35,6 +35,7 @@ class OpCtx:
         self.scope = scope
         self.env: DimEnv = el.env
         self.precision = precision
+        self.cudnn = el.backend == "cudnn"
         self.attrs: dict[str, Any] = {}
 
     @property

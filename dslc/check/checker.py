@@ -46,14 +46,17 @@ class CheckedModel:
         return tuple(d for d in self.dims if d.dynamic)
 
 
-def check(program: Program, module: ast.Module, sink: Sink) -> CheckedModel | None:
+def check(program: Program, module: ast.Module, sink: Sink,
+          precision: PrecisionSpec | None = None, backend: str = "cudnn") -> CheckedModel | None:
     """Check `module` (and what it imports). Returns None for a library file (no model) or when
-    errors were reported."""
+    errors were reported. `precision` overrides every `precision` statement (debugging numerics,
+    reference runs in f32); dtypes written on values still hold. With backend="reference", the
+    limits of cuDNN (e.g. sdpa only in f16/bf16) are not applied."""
     resolved = resolve(program, sink)
     if not module.models:
         return None
     model = module.models[0]
-    el = Elaborator(program, resolved, sink)
+    el = Elaborator(program, resolved, sink, precision_override=precision, backend=backend)
     try:
         scope = el.model(module, model)
         metadata = model_metadata(el, model, scope)
@@ -63,7 +66,7 @@ def check(program: Program, module: ast.Module, sink: Sink) -> CheckedModel | No
         return None
     buckets = enumerate_buckets(el, sink)
     for bucket in buckets[:MAX_BUCKETS]:
-        recheck(program, resolved, module, model, bucket, sink)
+        recheck(program, resolved, module, model, bucket, sink, precision, backend)
     if sink.error_count:
         return None
     return CheckedModel(
@@ -104,11 +107,13 @@ def enumerate_buckets(el: Elaborator, sink: Sink) -> list[dict[str, int]]:
 
 
 def recheck(program: Program, resolved: Resolved, module: ast.Module, model: ast.Model,
-            bucket: dict[str, int], sink: Sink) -> None:
+            bucket: dict[str, int], sink: Sink, precision: PrecisionSpec | None = None,
+            backend: str = "cudnn") -> None:
     """Elaborate again with concrete sizes: a range can hide a bad corner value. Each new
     (code, span) is reported once, for the first bucket that shows it."""
     local = Sink(max_errors=sink.max_errors)
-    el = Elaborator(program, resolved, local, bucket=bucket)
+    el = Elaborator(program, resolved, local, bucket=bucket, precision_override=precision,
+                    backend=backend)
     with contextlib.suppress(TooLarge):
         el.model(module, model)
     seen = {(d.code, d.span) for d in sink.diagnostics}

@@ -45,7 +45,10 @@ class TooLarge(Exception):
 
 class Context:
     def __init__(self, program: Program, resolved: Resolved, sink: Sink,
-                 bucket: dict[str, int] | None = None) -> None:
+                 bucket: dict[str, int] | None = None,
+                 precision_override: PrecisionSpec | None = None, backend: str = "cudnn") -> None:
+        self.precision_override = precision_override
+        self.backend = backend
         self.program = program
         self.resolved = resolved
         self.sink = sink

@@ -206,6 +206,8 @@ class Elaborator(CallEval):
         self.bucket_rows = (tuple(names), rows)
 
     def precision(self, stmt: ast.Precision, scope: Scope) -> None:
+        if self.precision_override is not None:
+            return
         current = {"io": scope.precision.io, "intermediate": scope.precision.intermediate,
                    "compute": scope.precision.compute}
         for kw in stmt.settings:
@@ -495,7 +497,8 @@ class Elaborator(CallEval):
     # -- the model -------------------------------------------------------------------------------
     def model(self, module: ast.Module, model: ast.Model) -> Scope:
         frame = Frame(None, model.name.name, None, "", "")
-        scope = Scope(module, frame, f"model `{model.name.name}`", PrecisionSpec(), is_model=True)
+        scope = Scope(module, frame, f"model `{model.name.name}`",
+                      self.precision_override or PrecisionSpec(), is_model=True)
         self.run_body(model.body, scope)
         if not self.outputs and self.bucket is None and self.sink.error_count == 0:
             self.report("E0704", f"model `{model.name.name}` has no output", model.name.span,

@@ -72,9 +72,15 @@ class Layout:
         return self.order[-1]
 
     def __str__(self) -> str:
-        if self.tag:
-            return f"@{self.tag}"
+        tag = self.tag or _COMMON_TAGS.get(self.order)
+        if tag:
+            return f"@{tag}"
         return "@[" + ", ".join(str(a) for a in self.order) + "]"
+
+
+# How a layout without a written tag prints: the usual name of its order.
+_COMMON_TAGS = {(0, 2, 1): "NWC", (0, 2, 3, 1): "NHWC", (0, 2, 3, 4, 1): "NDHWC",
+                (0, 2, 1, 3): "BSHD"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from dslc.check.dims import DimEnv
-from dslc.check.types import TensorType, format_type
+from dslc.check.types import TensorType, format_shape, format_type
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.ir.graph import Graph, Node
+from dslc.ir.views import view_shape
 from dslc.ops import OPS
 from dslc.ops.opdef import Args, Kind
 
@@ -26,6 +27,7 @@ class _Ctx:
     def __init__(self, env: DimEnv, node: Node, producers: dict[str, str]) -> None:
         self.env = env
         self.precision = node.precision
+        self.cudnn = False  # the graph was checked already; only its shapes are compared
         self.node = node
         self.errors: list[str] = []
         self.attrs: dict[str, Any] = {}
@@ -76,6 +78,10 @@ def verify(graph: Graph, env: DimEnv | None = None) -> list[str]:
             problems.append(f"{where}: unknown op")
         elif node.op in OPS and all(i in types for i in node.inputs):
             problems.extend(f"{where}: {p}" for p in _retype(node, types, ops, env))
+        elif node.op == "view" and len(node.inputs) == 1 and node.inputs[0] in types:
+            shape = view_shape(types[node.inputs[0]].shape, tuple(node.attrs["steps"]))
+            if shape != node.type.shape:
+                problems.append(f"{where}: its steps give {format_shape(shape)}")
         types[node.name] = node.type
         ops[node.name] = node.op
     for name, value in graph.outputs:

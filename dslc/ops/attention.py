@@ -43,7 +43,7 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
             ctx.error("E0301", "`sdpa` expects rank-4 q, k and v: [B, H, S, D]", at=name,
                       label=f"{common.fmt(t)} has rank {t.rank}")
             return None
-    bad = [t.dtype for t in (q, k, v) if t.dtype not in ("f16", "bf16")]
+    bad = [t.dtype for t in (q, k, v) if t.dtype not in ("f16", "bf16") and ctx.cudnn]
     if bad:
         labels: tuple[Label, ...] = ()
         origin = ctx.precision_origin("io")
@@ -73,7 +73,7 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
         ctx.error("E0301", "the query heads must be a multiple of the key/value heads", at="k",
                   label=common.fmt(k), labels=(ctx.label("q", common.fmt(q)),))
         return None
-    if not (_head_dim(ctx, "q", dk) and _head_dim(ctx, "v", v.shape[3])):
+    if ctx.cudnn and not (_head_dim(ctx, "q", dk) and _head_dim(ctx, "v", v.shape[3])):
         return None
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.layout is not None and t.layout.innermost() != 3:

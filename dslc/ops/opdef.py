@@ -81,6 +81,7 @@ class InferCtx(Protocol):
 
     env: DimEnv
     precision: PrecisionSpec
+    cudnn: bool  # apply cuDNN's support limits too (off for the reference backend)
 
     @property
     def compute(self) -> str: ...

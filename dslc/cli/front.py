@@ -1,9 +1,5 @@
-"""`dslc`: the command line. Exit codes: 0 success, 1 diagnostics with at least one error, 2 usage
-or I/O error, 3 backend failure, 4 internal error (a bug in dslc: please report it).
-
-Human diagnostics go to stderr; `--error-format json|github` write to stdout, where tools and
-GitHub Actions read them.
-"""
+"""The front-end commands: `check`, `params`, `explain`, `ops`; and what all commands share:
+diagnostic options and output."""
 
 from __future__ import annotations
 
@@ -11,8 +7,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -20,7 +14,6 @@ from dslc.diag import codes
 from dslc.diag.diagnostic import Sink
 from dslc.diag.render import render
 from dslc.diag.span import SourceMap
-from dslc.parse.loader import ReadError
 from dslc.pipeline import FrontEnd, Options, front_end
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERNAL = 0, 1, 2, 3, 4
@@ -54,7 +47,7 @@ class Output:
             print(text)
 
 
-def _add_diag_options(p: argparse.ArgumentParser) -> None:
+def add_diag_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-I", dest="include", action="append", default=[], metavar="DIR",
                    type=Path, help="also look for imports in DIR")
     p.add_argument("--error-format", choices=("human", "json", "github"), default="human")
@@ -65,21 +58,27 @@ def _add_diag_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-errors", type=int, default=50, metavar="N")
 
 
-def _sink(args: argparse.Namespace) -> Sink:
+def make_sink(args: argparse.Namespace) -> Sink:
     return Sink(max_errors=max(args.max_errors, 1), allow=frozenset(a.upper() for a in args.allow),
                 deny_warnings=args.deny_warnings)
 
 
-def _front(path: Path, args: argparse.Namespace, sink: Sink) -> FrontEnd:
-    return front_end(path, Options(include_dirs=list(args.include)), sink)
+def options(args: argparse.Namespace) -> Options:
+    precision = getattr(args, "precision", None)
+    backend = getattr(args, "backend", "cudnn")
+    return Options(include_dirs=list(args.include), precision=precision, backend=backend)
+
+
+def front(path: Path, args: argparse.Namespace, sink: Sink) -> FrontEnd:
+    return front_end(path, options(args), sink)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     out = Output(args.error_format, args.color, args.quiet)
     status = EXIT_OK
     for path in args.files:
-        sink = _sink(args)
-        result = _front(path, args, sink)
+        sink = make_sink(args)
+        result = front(path, args, sink)
         out.diagnostics(sink, result.program.sources)
         if sink.error_count:
             out.summary(sink, f"check `{path}`")
@@ -98,8 +97,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_params(args: argparse.Namespace) -> int:
     out = Output(args.error_format, args.color)
-    sink = _sink(args)
-    result = _front(args.file, args, sink)
+    sink = make_sink(args)
+    result = front(args.file, args, sink)
     out.diagnostics(sink, result.program.sources)
     if sink.error_count:
         out.summary(sink, f"check `{args.file}`")
@@ -149,57 +148,3 @@ def cmd_ops(args: argparse.Namespace) -> int:
         print(f"  {op.signature()}")
         print(f"      {op.summary}")
     return EXIT_OK
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dslc", description="Compile .cgraph models into tuned "
-                                     "cuDNN artifacts.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("check", help="parse and type-check .cgraph files")
-    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
-    _add_diag_options(p)
-    p.set_defaults(run=cmd_check)
-
-    p = sub.add_parser("params", help="list the parameters a model loads")
-    p.add_argument("file", type=Path, metavar="FILE")
-    p.add_argument("--format", choices=("table", "json"), default="table")
-    _add_diag_options(p)
-    p.set_defaults(run=cmd_params)
-
-    p = sub.add_parser("explain", help="explain a diagnostic code, e.g. E0301")
-    p.add_argument("code")
-    p.set_defaults(run=cmd_explain)
-
-    p = sub.add_parser("ops", help="list the built-in operations and their signatures")
-    p.add_argument("--family", help="only this family (conv, matmul, pointwise, ...)")
-    p.set_defaults(run=cmd_ops)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    run: Callable[[argparse.Namespace], int] = args.run
-    try:
-        return run(args)
-    except ReadError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return EXIT_OK
-    except Exception as err:  # a bug in dslc; never show a traceback for the user's input
-        if args.debug:
-            traceback.print_exc()
-        print(f"error: internal error in dslc ({type(err).__name__}: {err})", file=sys.stderr)
-        print("note: this is a bug in dslc, not in your model; rerun with --debug and report it",
-              file=sys.stderr)
-        return EXIT_INTERNAL
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,86 @@
+"""`dslc`: the command line. Exit codes: 0 success, 1 diagnostics with at least one error, 2 usage
+or I/O error, 3 backend failure, 4 internal error (a bug in dslc: please report it).
+
+Human diagnostics go to stderr; `--error-format json|github` write to stdout, where tools and
+GitHub Actions read them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from dslc.cli import build as build
+from dslc.cli.front import (
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_diag_options,
+    cmd_check,
+    cmd_explain,
+    cmd_ops,
+    cmd_params,
+)
+from dslc.parse.loader import ReadError
+from dslc.pipeline import front_end
+from dslc.weights import WeightError
+
+__all__ = ["front_end", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dslc", description="Compile .cgraph models into tuned "
+                                     "cuDNN artifacts.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("check", help="parse and type-check .cgraph files")
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    add_diag_options(p)
+    p.set_defaults(run=cmd_check)
+
+    p = sub.add_parser("params", help="list the parameters a model loads")
+    p.add_argument("file", type=Path, metavar="FILE")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_diag_options(p)
+    p.set_defaults(run=cmd_params)
+
+    p = sub.add_parser("explain", help="explain a diagnostic code, e.g. E0301")
+    p.add_argument("code")
+    p.set_defaults(run=cmd_explain)
+
+    p = sub.add_parser("ops", help="list the built-in operations and their signatures")
+    p.add_argument("--family", help="only this family (conv, matmul, pointwise, ...)")
+    p.set_defaults(run=cmd_ops)
+    build.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except (ReadError, WeightError, build.UsageError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as err:  # a bug in dslc; never show a traceback for the user's input
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: internal error in dslc ({type(err).__name__}: {err})", file=sys.stderr)
+        print("note: this is a bug in dslc, not in your model; rerun with --debug and report it",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

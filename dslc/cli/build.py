@@ -1,0 +1,204 @@
+"""The build commands: `compile` (for now: front end, lowering, fusion, the stage dumps),
+`run` (the reference backend), `weights` (random test weights, PyTorch checkpoints)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dslc import fsutil, weights
+from dslc.check.dump import format_checked
+from dslc.check.types import DTYPES, PrecisionSpec
+from dslc.cli.front import EXIT_ERRORS, EXIT_OK, Output, add_diag_options, front, make_sink
+from dslc.diag.diagnostic import Sink
+from dslc.emit.manifest import build_manifest
+from dslc.fuse import format_plan
+from dslc.ir import interp
+from dslc.ir.printer import format_graph
+from dslc.parse.dump import format_module
+from dslc.pipeline import FrontEnd, middle_end
+from dslc.runtime.errors import RunnerError
+from dslc.runtime.inputs import bind_inputs
+
+STAGES = ("ast", "types", "ir", "fused")
+
+
+class UsageError(Exception):
+    """A wrong command line (exit code 2)."""
+
+
+def parse_precision(text: str) -> PrecisionSpec:
+    """`f32` (all three) or `io=f16,intermediate=f32,compute=f32`."""
+    if "=" not in text:
+        if text not in DTYPES:
+            raise argparse.ArgumentTypeError(f"not a dtype: {text}")
+        return PrecisionSpec(text, text, text)
+    values = {"io": "f32", "intermediate": "f32", "compute": "f32"}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in values or value.strip() not in DTYPES:
+            raise argparse.ArgumentTypeError(f"bad precision setting `{part}`")
+        values[key.strip()] = value.strip()
+    return PrecisionSpec(**values)
+
+
+def _checked(args: argparse.Namespace, out: Output) -> FrontEnd | None:
+    sink = make_sink(args)
+    result = front(args.file, args, sink)
+    out.diagnostics(sink, result.program.sources)
+    if sink.error_count:
+        out.summary(sink, f"compile `{args.file}`")
+        return None
+    if result.model is None:
+        print(f"error: `{args.file}` declares no model (it is a library of defs)", file=sys.stderr)
+        return None
+    return result
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    out = Output(args.error_format, args.color)
+    result = _checked(args, out)
+    if result is None or result.model is None or result.module is None:
+        return EXIT_ERRORS
+    model = result.model
+    lowered, plan = middle_end(model)
+    outdir: Path = args.output or Path("build") / model.name
+    stages = set(STAGES) if "all" in args.dump else set(args.dump)
+    module = result.module
+    texts = {"ast": lambda: format_module(module),
+             "types": lambda: format_checked(model),
+             "ir": lambda: format_graph(lowered, with_source=True),
+             "fused": lambda: format_plan(plan)}
+    for number, stage in enumerate(STAGES, start=1):
+        if stage in stages:
+            text = texts[stage]()
+            fsutil.write_text(outdir / f"{number}.{stage}.txt", text)
+            if len(stages) > 1:
+                print(f"==> {number}.{stage}.txt <==")
+            print(text, end="")
+    distinct = len(plan.shared_signatures())
+    print(f"compiled {args.file}: model `{model.name}`, {len(plan.groups)} fused groups "
+          f"({distinct} distinct), {len(model.buckets)} buckets -> {outdir}/", file=sys.stderr)
+    return EXIT_OK
+
+
+def _inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    arrays = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise UsageError(f"`--input {spec}`: write NAME=FILE.npy")
+        try:
+            arrays[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"cannot read input `{name}` from `{path}`: {err}") from err
+    return arrays
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    out = Output(args.error_format, args.color)
+    result = _checked(args, out)
+    if result is None or result.model is None:
+        return EXIT_ERRORS
+    model = result.model
+    lowered, plan = middle_end(model)
+    sink = Sink()
+    params = weights.validate(weights.load(args.weights), model.params, sink, f"`{args.weights}`")
+    out.diagnostics(sink, result.program.sources)
+    if sink.error_count:
+        out.summary(sink, f"load the weights of `{model.name}`")
+        return EXIT_ERRORS
+    arrays = _inputs(args.input)
+    manifest = build_manifest(model)
+    try:
+        bind_inputs(manifest, {k: (tuple(v.shape), _dtype(v)) for k, v in arrays.items()})
+    except RunnerError as err:
+        print(err, file=sys.stderr)
+        return EXIT_ERRORS
+    if args.backend != "reference":
+        raise UsageError(f"backend `{args.backend}` is not available in this build")
+    outputs = interp.run(lowered, arrays, params, model.env, virtual=plan.virtual())
+    target: Path = args.output
+    fsutil.atomic_write(target, lambda tmp: _savez(tmp, outputs))
+    for name, value in outputs.items():
+        v = value.astype(np.float64)
+        print(f"{name}: {_dtype(value)}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}"
+              f"  mean {v.mean():.6g}")
+    print(f"wrote {target}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:
+    with open(tmp, "wb") as f:
+        np.savez(f, **outputs)  # type: ignore[arg-type]
+
+
+def _dtype(a: np.ndarray) -> str:
+    for name, dt in interp.NUMPY_DTYPES.items():
+        if a.dtype == np.dtype(dt):
+            return name
+    return str(a.dtype)
+
+
+def cmd_weights(args: argparse.Namespace) -> int:
+    out = Output(args.error_format, args.color)
+    result = _checked(args, out)
+    if result is None or result.model is None:
+        return EXIT_ERRORS
+    model = result.model
+    if args.action == "random":
+        tensors = weights.random_weights(model.params, args.seed)
+    else:
+        sink = Sink()
+        tensors = weights.validate(weights.from_torch(args.checkpoint), model.params, sink,
+                                   f"`{args.checkpoint}`", convert=True)
+        out.diagnostics(sink, result.program.sources)
+        if sink.error_count:
+            out.summary(sink, f"convert `{args.checkpoint}`")
+            return EXIT_ERRORS
+    weights.save(args.output, tensors, {"model": model.name, "source": str(args.file)})
+    total = sum(int(a.size) for a in tensors.values())
+    print(f"wrote {args.output}: {len(tensors)} tensors, {total:,} values", file=sys.stderr)
+    return EXIT_OK
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("compile", help="compile a model (front end, lowering, fusion)")
+    p.add_argument("file", type=Path, metavar="FILE")
+    p.add_argument("-o", "--output", type=Path, metavar="DIR",
+                   help="output folder (default build/<model>)")
+    p.add_argument("--dump", action="append", default=[], choices=(*STAGES, "all"),
+                   help="print a stage's result and write it as N.<stage>.txt")
+    p.add_argument("--precision", type=parse_precision, metavar="P",
+                   help="override the model's precision: `f32` or `io=..,intermediate=..,compute=..`")
+    add_diag_options(p)
+    p.set_defaults(run=cmd_compile)
+
+    p = sub.add_parser("run", help="run a model on given inputs")
+    p.add_argument("file", type=Path, metavar="FILE")
+    p.add_argument("--backend", choices=("reference", "cudnn"), default="reference")
+    p.add_argument("--weights", type=Path, required=True, metavar="W.safetensors")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.npz")
+    p.add_argument("--precision", type=parse_precision, metavar="P")
+    add_diag_options(p)
+    p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("weights", help="make or convert weight files")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    r = actions.add_parser("random", help="random weights with realistic scales")
+    r.add_argument("file", type=Path, metavar="FILE")
+    r.add_argument("-o", "--output", type=Path, required=True, metavar="W.safetensors")
+    r.add_argument("--seed", type=int, default=0)
+    add_diag_options(r)
+    r.set_defaults(run=cmd_weights)
+    t = actions.add_parser("from-torch", help="a PyTorch state_dict, checked and converted")
+    t.add_argument("checkpoint", type=Path, metavar="CKPT")
+    t.add_argument("--model", dest="file", type=Path, required=True, metavar="FILE")
+    t.add_argument("-o", "--output", type=Path, required=True, metavar="W.safetensors")
+    add_diag_options(t)
+    t.set_defaults(run=cmd_weights)

@@ -1,0 +1,1 @@
+"""Emission: what a compiled model leaves on disk (the bundle, the runner, the manifest)."""

@@ -1,0 +1,49 @@
+"""The model manifest as plain data (msgpack- and JSON-friendly): inputs, outputs, params, dims,
+each with its source span, so the runtime can check what it is given without the compiler and
+point its errors at the `.cgraph` source."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from dslc.check.checker import CheckedModel
+from dslc.check.dims import Dim, Poly
+from dslc.check.types import TensorType
+from dslc.diag.span import Span
+
+
+def dim_data(d: Dim) -> Any:
+    """An int, or {"terms": [[[[symbol, power], ...], numerator, denominator], ...]}."""
+    if isinstance(d, int):
+        return d
+    assert isinstance(d, Poly)
+    return {"terms": [[[list(m) for m in mono], Fraction(c).numerator, Fraction(c).denominator]
+                      for mono, c in d.terms]}
+
+
+def span_data(s: Span) -> dict[str, Any]:
+    return {"file": s.file, "line": s.line, "col": s.col}
+
+
+def tensor_data(name: str, t: TensorType, span: Span) -> dict[str, Any]:
+    return {"name": name, "dtype": t.dtype, "shape": [dim_data(d) for d in t.shape],
+            "layout": list(t.layout.order) if t.layout is not None else None,
+            "span": span_data(span)}
+
+
+def build_manifest(model: CheckedModel) -> dict[str, Any]:
+    return {
+        "model": model.name,
+        "file": model.file,
+        "metadata": dict(model.metadata),
+        "inputs": [tensor_data(i.name, i.type, i.span) for i in model.inputs],
+        "outputs": [tensor_data(o.name, o.type, o.span) for o in model.outputs],
+        "params": [{"path": p.path, "dtype": p.dtype, "shape": list(p.shape),
+                    "layout": list(p.layout.order), "span": span_data(p.span)}
+                   for p in model.params],
+        "dims": [{"name": d.name, "dynamic": d.dynamic, "lo": d.lo, "hi": d.hi, "align": d.align,
+                  "tune": list(d.tune) if d.tune else None, "span": span_data(d.span)}
+                 for d in model.dims if d.dynamic],
+        "buckets": [dict(b) for b in model.buckets],
+    }

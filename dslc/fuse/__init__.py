@@ -1,0 +1,135 @@
+"""Fusion: the lowered IR -> a `FusionPlan`. Patterns are tried in priority order; each grows a
+chain from an anchor through ops whose input nobody else reads, and a support check may refuse
+it. Every op not fused with its neighbours gets the reason in the plan."""
+
+from __future__ import annotations
+
+from dslc.fuse.patterns import FALLBACK_REASONS, PATTERNS, FusionPattern
+from dslc.fuse.plan import FusionPlan, Group, format_plan, signature
+from dslc.ir.graph import Graph, Node
+from dslc.lower.canonical import load_time
+
+NOT_RUN = ("input", "param", "scalar", "view")
+
+
+class _Partition:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.nodes = graph.by_name()
+        self.index = {n.name: i for i, n in enumerate(graph.nodes)}
+        self.users = graph.users()
+        self.outputs = {v for _, v in graph.outputs}
+        self.constant = load_time(graph)
+        self.grouped: dict[str, int] = {}
+        self.groups: list[tuple[FusionPattern | None, list[str], str]] = []
+
+    def runs(self, node: Node) -> bool:
+        return node.op not in NOT_RUN and node.name not in self.constant
+
+    def _reaches(self, start: str, members: set[str], floor: int) -> bool:
+        """Whether `start` depends on a member (searching only nodes after index `floor`)."""
+        stack, seen = [start], set()
+        while stack:
+            name = stack.pop()
+            if name in members:
+                return True
+            if name in seen or self.index[name] <= floor:
+                continue
+            seen.add(name)
+            stack.extend(self.nodes[name].inputs)
+        return False
+
+    def grow(self, anchor: Node, pattern: FusionPattern) -> list[str]:
+        members = [anchor.name]
+        value = anchor
+        floor = self.index[anchor.name]
+        while value.name not in self.outputs:
+            users = self.users[value.name]
+            if len(users) != 1:
+                break
+            user = users[0]
+            if (user.op not in pattern.epilogue or user.name in self.grouped
+                    or user.type.shape != value.type.shape):
+                break
+            others = [i for i in user.inputs if i != value.name]
+            if any(self._reaches(i, set(members), floor) for i in others):
+                break
+            members.append(user.name)
+            value = user
+        return members
+
+    def run(self) -> None:
+        for pattern in PATTERNS:
+            for node in self.graph.nodes:
+                if node.name in self.grouped or node.op not in pattern.anchors or not self.runs(node):
+                    continue
+                members = self.grow(node, pattern)
+                while members and pattern.check([self.nodes[m] for m in members]) is not None:
+                    members.pop()  # the support check refuses: try the shorter chain
+                if not members:
+                    continue
+                self.add(pattern, members, "")
+        for node in self.graph.nodes:
+            if self.runs(node) and node.name not in self.grouped:
+                self.add(None, [node.name], FALLBACK_REASONS.get(node.op, "no fusion pattern "
+                                                                 "starts with this op"))
+
+    def add(self, pattern: FusionPattern | None, members: list[str], reason: str) -> None:
+        for m in members:
+            self.grouped[m] = len(self.groups)
+        self.groups.append((pattern, members, reason))
+
+    def why_alone(self, node: Node) -> str:
+        """Why a single pointwise op did not join the graph of the op before it."""
+        for name in node.inputs:
+            p = self.nodes[name]
+            if p.op in ("param", "scalar") or name in self.constant:
+                continue
+            if p.op == "input":
+                return f"it reads the model input %{name}; no op runs before it"
+            if p.op == "view":
+                return f"it reads the view %{name}, whose base must be stored"
+            if name in self.outputs:
+                return f"%{name} is a model output, so it is stored"
+            readers = [u.name for u in self.users[name] if u.name != node.name]
+            if readers:
+                return f"%{name} is also read by %{readers[0]}, so it is stored and this op " \
+                       "starts a new graph"
+            if p.name in self.grouped:
+                return f"no fusion pattern continues the group of %{p.name} ({p.op}) with {node.op}"
+        return "nothing before it to fuse with"
+
+    def plan(self) -> FusionPlan:
+        groups: list[Group] = []
+        order = sorted(range(len(self.groups)),
+                       key=lambda g: max(self.index[m] for m in self.groups[g][1]))
+        for gi in order:
+            pattern, members, reason = self.groups[gi]
+            member_set = set(members)
+            inputs: list[str] = []
+            for m in members:
+                for i in self.nodes[m].inputs:
+                    if i not in member_set and i not in inputs:
+                        inputs.append(i)
+            outputs = tuple(m for m in members if m in self.outputs
+                            or any(u.name not in member_set for u in self.users[m]))
+            name = pattern.name if pattern else "single"
+            if len(members) == 1 and not reason:
+                reason = self.why_alone(self.nodes[members[0]])
+            groups.append(Group(members[-1], name, tuple(members), members[0], tuple(inputs),
+                                outputs, signature(self.nodes, tuple(members), tuple(inputs), name),
+                                reason))
+        views = tuple(n.name for n in self.graph.nodes if n.op == "view"
+                      and n.name not in self.constant)
+        constant = tuple(n.name for n in self.graph.nodes if n.name in self.constant)
+        return FusionPlan(self.graph, tuple(groups), constant, views)
+
+
+def fuse(graph: Graph) -> FusionPlan:
+    """Lowered IR -> FusionPlan (groups in execution order, with reasons)."""
+    part = _Partition(graph)
+    part.run()
+    return part.plan()
+
+
+__all__ = ["FusionPlan", "Group", "format_plan", "fuse"]

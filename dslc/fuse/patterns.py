@@ -1,0 +1,66 @@
+"""The fusion pattern table, in priority order: an anchor op, the pointwise ops that may follow
+it inside one cuDNN graph, and a support check that names what cuDNN cannot take."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dslc.ir.graph import Node
+from dslc.ops.pointwise import BINARY, UNARY
+from dslc.ops.reduce import REDUCTIONS
+
+# Pointwise ops that cuDNN runs as an epilogue (its pointwise modes, `bias`, `scale`, identity).
+EPILOGUE = frozenset({*UNARY, *BINARY, "bias_add", "scale_mul", "cast"})
+FALLBACK_REASONS = {
+    "maxpool": "cuDNN's resample node (pooling) is not exposed by the Python frontend; "
+               "a fallback kernel runs it",
+    "avgpool": "cuDNN's resample node (pooling) is not exposed by the Python frontend; "
+               "a fallback kernel runs it",
+    "upsample": "cuDNN's resample node is not exposed by the Python frontend; "
+                "a fallback kernel runs it",
+    "concat": "a concatenation is a copy into one buffer; it runs on its own",
+    "genstats": "genstats runs as its own graph",
+    "contiguous": "a copy into a new layout runs on its own",
+}
+
+Check = Callable[[list[Node]], str | None]
+
+
+@dataclass(frozen=True)
+class FusionPattern:
+    name: str
+    anchors: frozenset[str]
+    epilogue: frozenset[str]
+    check: Check  # None when cuDNN takes the group, else the reason it cannot
+
+
+def _float_io(nodes: list[Node]) -> str | None:
+    for n in nodes:
+        if n.type.dtype in ("i64", "u8"):
+            return f"cuDNN graphs do not take {n.type.dtype} tensors (%{n.name})"
+    return None
+
+
+def _matmul_epilogue(nodes: list[Node]) -> str | None:
+    anchor = nodes[0]
+    if anchor.type.rank > 4:
+        return f"cuDNN matmul takes at most 3 batch axes; %{anchor.name} has rank {anchor.type.rank}"
+    return _float_io(nodes)
+
+
+PATTERNS: tuple[FusionPattern, ...] = (
+    # Attention: one flash-attention graph; cuDNN SDPA takes no epilogue.
+    FusionPattern("sdpa", frozenset({"sdpa"}), frozenset(), _float_io),
+    # conv + bias + scale + residual add + activation: the classic conv epilogue.
+    FusionPattern("conv_epilogue", frozenset({"conv", "conv_transpose"}), EPILOGUE, _float_io),
+    # matmul + bias + activation (+ residual add): projections and MLPs.
+    FusionPattern("matmul_epilogue", frozenset({"matmul"}), EPILOGUE, _matmul_epilogue),
+    # norm + pointwise: layernorm / rmsnorm / instancenorm / batchnorm and what follows.
+    FusionPattern("norm_epilogue", frozenset({"layernorm", "rmsnorm", "instancenorm",
+                                              "batchnorm"}), EPILOGUE, _float_io),
+    # reduction + pointwise on the reduced value.
+    FusionPattern("reduce_epilogue", frozenset(REDUCTIONS), EPILOGUE, _float_io),
+    # what is left of pointwise chains: one graph per chain.
+    FusionPattern("pointwise", EPILOGUE, EPILOGUE, _float_io),
+)

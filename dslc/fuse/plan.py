@@ -1,0 +1,89 @@
+"""The result of fusion: groups of IR nodes that each become one cuDNN graph, in an order that
+respects their dependencies, and the reason for every op that runs on its own."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+from dslc.check.types import format_type
+from dslc.ir.graph import Graph, Node
+from dslc.ir.printer import format_node, format_value
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    pattern: str  # a FusionPattern's name, or "single"
+    nodes: tuple[str, ...]  # in topological order
+    anchor: str
+    inputs: tuple[str, ...]  # values read from outside the group
+    outputs: tuple[str, ...]  # values stored for later groups or as model outputs
+    signature: str  # equal for groups that compile to the same cuDNN graph
+    reason: str = ""  # for a single op: why it runs on its own
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    graph: Graph
+    groups: tuple[Group, ...]  # in execution order
+    load_time: tuple[str, ...]  # values computed once from the params, at load
+    views: tuple[str, ...]  # values that are strides over another value: nothing runs
+
+    def group_of(self) -> dict[str, Group]:
+        return {n: g for g in self.groups for n in g.nodes}
+
+    def virtual(self) -> set[str]:
+        """Values that stay inside their group (cuDNN virtual tensors)."""
+        out: set[str] = set()
+        for g in self.groups:
+            out.update(n for n in g.nodes if n not in g.outputs)
+        return out
+
+    def shared_signatures(self) -> Counter[str]:
+        return Counter(g.signature for g in self.groups)
+
+
+def signature(graph_nodes: dict[str, Node], nodes: tuple[str, ...], inputs: tuple[str, ...],
+              pattern: str) -> str:
+    """A digest of what the group computes, blind to value names and spans: identical blocks
+    (ResNet's repeated bottlenecks) get identical signatures and share one plan."""
+    index = {name: f"in{i}" for i, name in enumerate(inputs)}
+    index.update({name: f"n{i}" for i, name in enumerate(nodes)})
+    parts = [pattern]
+    for name in inputs:
+        n = graph_nodes[name]
+        strides = n.attrs.get("strides") if n.op == "view" else None
+        value = n.attrs["value"] if n.op == "scalar" else None
+        parts.append(f"{format_type(n.type)} {format_value(strides)} {value}")
+    for name in nodes:
+        n = graph_nodes[name]
+        operands = ",".join(index[i] for i in n.inputs)
+        attrs = format_value(tuple(n.attrs.items()))
+        parts.append(f"{n.op}({operands}) {attrs} {format_type(n.type)} {n.precision}")
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def format_plan(plan: FusionPlan) -> str:
+    nodes = plan.graph.by_name()
+    counts = plan.shared_signatures()
+    lines = [f"# {len(plan.groups)} groups ({len(counts)} distinct), "
+             f"{len(plan.load_time)} load-time values, {len(plan.views)} views"]
+    for i, g in enumerate(plan.groups):
+        shared = f", shared by {counts[g.signature]} groups" if counts[g.signature] > 1 else ""
+        lines.append(f"\ngroup {i} {g.name}: {g.pattern} [{g.signature}{shared}]")
+        if g.reason:
+            lines.append(f"  why alone: {g.reason}")
+        for name in g.nodes:
+            mark = "  out " if name in g.outputs else "      "
+            lines.append(mark + format_node(nodes[name]))
+        lines.append("  reads: " + ", ".join(f"%{v}" for v in g.inputs))
+    if plan.views:
+        lines.append("\nviews (strides over their base, nothing runs):")
+        lines.extend("  " + format_node(nodes[v]) for v in plan.views)
+    if plan.load_time:
+        lines.append("\nload-time (computed once from the params when the weights load):")
+        lines.extend("  " + format_node(nodes[v]) for v in plan.load_time
+                     if nodes[v].op not in ("param", "scalar"))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,82 @@
+"""Views: a chain of transpose / reshape / slice steps read straight from a materialised base.
+
+The steps keep the logical meaning (what the interpreter applies); `strides` turns them into
+element strides and an offset into the base's memory, given the base's layout, or says that a
+reshape step cannot be a view of that memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from dslc.check import dims
+from dslc.check.dims import Dim
+from dslc.check.types import Layout
+from dslc.ops.layout import reshape_groups
+
+Step = tuple[Any, ...]  # ("transpose", perm) | ("reshape", shape) | ("slice", starts, ends)
+
+
+def layout_strides(shape: tuple[Dim, ...], layout: Layout) -> tuple[Dim, ...]:
+    """Dense strides of a tensor stored in `layout` order (outermost axis first)."""
+    strides: list[Dim] = [0] * len(shape)
+    running: Dim = 1
+    for axis in reversed(layout.order):
+        strides[axis] = running
+        running = dims.mul(running, shape[axis])
+    return tuple(strides)
+
+
+def step_shape(shape: tuple[Dim, ...], step: Step) -> tuple[Dim, ...]:
+    if step[0] == "transpose":
+        return tuple(shape[p] for p in step[1])
+    if step[0] == "reshape":
+        return tuple(step[1])
+    return tuple(dims.sub(e, s) for s, e in zip(step[1], step[2], strict=True))
+
+
+def view_shape(shape: tuple[Dim, ...], steps: tuple[Step, ...]) -> tuple[Dim, ...]:
+    for step in steps:
+        shape = step_shape(shape, step)
+    return shape
+
+
+def _reshape_strides(shape: tuple[Dim, ...], strides: tuple[Dim, ...], new: tuple[Dim, ...],
+                     ) -> tuple[Dim, ...] | None:
+    """Strides of `new` as a view of (shape, strides), or None (PyTorch's computeStride,
+    on symbolic dims: within each group of merged axes the old strides must chain)."""
+    groups = reshape_groups(shape, new)
+    if groups is None:
+        return None
+    out: list[Dim] = [0] * len(new)
+    for olds, news in groups:
+        real = [a for a in olds if shape[a] != 1]
+        for outer, inner in itertools.pairwise(real):
+            if strides[outer] != dims.mul(strides[inner], shape[inner]):
+                return None
+        running: Dim = strides[real[-1]] if real else 1
+        for axis in reversed(news):
+            out[axis] = running
+            running = dims.mul(running, new[axis])
+    return tuple(out)
+
+
+def strides(shape: tuple[Dim, ...], layout: Layout, steps: tuple[Step, ...],
+            ) -> tuple[tuple[Dim, ...], Dim] | None:
+    """(strides, offset) of the view in the base's memory; None if some reshape is no view."""
+    st = layout_strides(shape, layout)
+    offset: Dim = 0
+    for step in steps:
+        if step[0] == "transpose":
+            st = tuple(st[p] for p in step[1])
+        elif step[0] == "slice":
+            for s, stride in zip(step[1], st, strict=True):
+                offset = dims.add(offset, dims.mul(s, stride))
+        else:
+            found = _reshape_strides(shape, st, tuple(step[1]))
+            if found is None:
+                return None
+            st = found
+        shape = step_shape(shape, step)
+    return st, offset

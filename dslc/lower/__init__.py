@@ -1,0 +1,61 @@
+"""Lowering: the checked model's op graph -> the canonical IR that fusion and cuDNN take.
+
+Each pass is a plain function with the reason it exists; they run in this order, and the tests
+run the IR verifier after each one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dslc.ir.graph import Graph
+from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
+from dslc.lower.canonical import fold_scalars, load_time, make_bias_rule, remove_dead
+from dslc.lower.rewrite import Rule, rewrite
+from dslc.lower.views import assign_layouts, make_views
+
+Pass = Callable[[Graph], Graph]
+
+
+def _each(rule: Rule) -> Pass:
+    def run(graph: Graph) -> Graph:
+        return rewrite(graph, rule)
+
+    run.__name__ = rule.__name__
+    run.__doc__ = rule.__doc__
+    return run
+
+
+def bias_from_add(graph: Graph) -> Graph:
+    """x + b with a load-time channel vector b -> bias_add (and x * b -> scale_mul)."""
+    return rewrite(graph, make_bias_rule(graph))
+
+
+PASSES: list[Pass] = [
+    # BN after a conv with a param weight folds into the conv's weight and a bias (load time).
+    remove_dead,
+    _each(fold_batchnorm),
+    # The other BNs: a per-channel scale and shift, also computed at load time.
+    _each(batchnorm_to_affine),
+    # Channel-vector adds and multiplies as bias / scale: what conv and matmul epilogues take.
+    bias_from_add,
+    # x + 0, x * 1, same-dtype casts, scalar arithmetic: nothing to run.
+    _each(fold_scalars),
+    # Reshape / transpose / slice chains read their base in place: no copy, no kernel.
+    _each(make_views),
+    # Every materialised value gets a layout; views get strides (or a copy where needed).
+    remove_dead,
+    _each(assign_layouts),
+]
+
+
+def lower(graph: Graph, after_each: Callable[[str, Graph], None] | None = None) -> Graph:
+    """Run the passes in order; `after_each(name, graph)` sees every intermediate graph."""
+    for p in PASSES:
+        graph = p(graph)
+        if after_each is not None:
+            after_each(p.__name__, graph)
+    return graph
+
+
+__all__ = ["PASSES", "load_time", "lower"]

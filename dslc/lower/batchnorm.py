@@ -1,0 +1,69 @@
+"""Batchnorm in inference: folded into the conv before it, or turned into a per-channel scale
+and shift. Either way its arithmetic on params becomes a load-time subgraph (see `load_time`)."""
+
+from __future__ import annotations
+
+from dslc.check.types import PrecisionSpec, TensorType
+from dslc.ir.graph import Node
+from dslc.lower.rewrite import Rewriter
+
+F32 = PrecisionSpec("f32", "f32", "f32")  # folding is done in f32, then cast (LANGUAGE.md 5.3)
+
+
+def _scale_and_shift(rw: Rewriter, bn: Node, shift_in: str | None) -> tuple[str, str]:
+    """s = scale / sqrt(var + eps); t = bias - (mean - shift_in) * s, all [C] in f32."""
+    _, mean, var, scale, bias = bn.inputs
+    c = rw.node(mean).type.shape
+    vec = TensorType("f32", c)
+    eps = rw.new("scalar", (), {"value": float(bn.attrs["eps"])}, TensorType("f32", ()), bn,
+                 f"{bn.name}.eps", F32)
+    var_eps = rw.new("add", (var, eps), {}, vec, bn, f"{bn.name}.var_eps", F32)
+    inv = rw.new("rsqrt", (var_eps,), {}, vec, bn, f"{bn.name}.inv_std", F32)
+    s = rw.new("mul", (scale, inv), {}, vec, bn, f"{bn.name}.scale", F32)
+    centred = mean
+    if shift_in is not None:  # a conv bias before the batchnorm moves the mean
+        centred = rw.new("sub", (mean, shift_in), {}, vec, bn, f"{bn.name}.centred", F32)
+    moved = rw.new("mul", (centred, s), {}, vec, bn, f"{bn.name}.moved", F32)
+    t = rw.new("sub", (bias, moved), {}, vec, bn, f"{bn.name}.shift", F32)
+    return s, t
+
+
+def fold_batchnorm(rw: Rewriter, node: Node) -> str | None:
+    """conv(x, w) [+ bias_add(b)] -> batchnorm becomes conv(x, w * s) + bias_add(t): the weight
+    transform runs once at load time, and the conv keeps a plain bias epilogue to fuse."""
+    if node.op != "batchnorm":
+        return None
+    x = rw.node(node.inputs[0])
+    conv_bias = None
+    conv = x
+    if x.op == "bias_add" and x.attrs["axis"] == 1 and len(rw.users_of(x.name)) == 1:
+        conv_bias, conv = x.inputs[1], rw.node(x.inputs[0])
+    if conv.op != "conv" or len(rw.users_of(conv.name)) != 1:
+        return None
+    weight = rw.node(conv.inputs[1])
+    if weight.op != "param":
+        return None
+    s, t = _scale_and_shift(rw, node, conv_bias)
+    k = weight.type.shape[0]
+    rank = weight.type.rank
+    s_col = rw.new("reshape", (s,), {"shape": (k,) + (1,) * (rank - 1)},
+                   TensorType("f32", (k,) + (1,) * (rank - 1)), node, f"{node.name}.scale_col", F32)
+    w32 = TensorType("f32", weight.type.shape)
+    scaled = rw.new("mul", (weight.name, s_col), {}, w32, node, f"{conv.name}.folded_weight.f32", F32)
+    folded = rw.new("cast", (scaled,), {"dtype": weight.type.dtype}, weight.type, node,
+                    f"{conv.name}.folded_weight", F32)
+    for old in (x.name, conv.name) if conv_bias is not None else (conv.name,):
+        rw.drop(old)
+    new_conv = rw.new("conv", (conv.inputs[0], folded), dict(conv.attrs), conv.type, conv,
+                      conv.name)
+    return rw.new("bias_add", (new_conv, t), {"axis": 1}, node.type, node, node.name)
+
+
+def batchnorm_to_affine(rw: Rewriter, node: Node) -> str | None:
+    """A batchnorm that cannot fold: x * s + t per channel, s and t computed at load time."""
+    if node.op != "batchnorm":
+        return None
+    s, t = _scale_and_shift(rw, node, None)
+    scaled = rw.new("scale_mul", (node.inputs[0], s), {"axis": 1}, node.type, node,
+                    f"{node.name}.scaled")
+    return rw.new("bias_add", (scaled, t), {"axis": 1}, node.type, node, node.name)

@@ -1,0 +1,94 @@
+"""Canonical forms: channel-vector adds and multiplies as `bias_add` / `scale_mul`, identity
+ops and scalar arithmetic folded, dead values removed; and which values are load-time."""
+
+from __future__ import annotations
+
+from dslc.check.types import TensorType
+from dslc.ir.graph import Graph, Node
+from dslc.lower.rewrite import Rewriter
+
+SOURCES = ("param", "scalar")
+
+
+def load_time(graph: Graph) -> set[str]:
+    """Values computed from params and constants only: evaluated once, when the weights load."""
+    out: set[str] = set()
+    for node in graph.nodes:
+        if node.op in SOURCES or (node.inputs and node.op != "input"
+                                  and all(i in out for i in node.inputs)):
+            out.add(node.name)
+    return out
+
+
+def _channel_axis(x: TensorType, b: TensorType) -> int | None:
+    """The one axis of x that b (right-aligned) varies along, when b is a vector there."""
+    if b.rank > x.rank or b.rank == 0:
+        return None
+    padded = (1,) * (x.rank - b.rank) + b.shape
+    varying = [i for i, d in enumerate(padded) if d != 1]
+    if len(varying) != 1 or padded[varying[0]] != x.shape[varying[0]]:
+        return None
+    return varying[0]
+
+
+def make_bias_rule(graph: Graph):  # type: ignore[no-untyped-def]
+    constants = load_time(graph)
+
+    def bias_from_add(rw: Rewriter, node: Node) -> str | None:
+        """x + b and x * b with a load-time channel vector b become bias_add / scale_mul: the
+        form conv and matmul epilogues fuse, with b stored as a plain [C] vector."""
+        if node.op not in ("add", "mul") or len(node.inputs) != 2:
+            return None
+        for xi, bi in (node.inputs, node.inputs[::-1]):
+            x, b = rw.node(xi), rw.node(bi)
+            if bi not in constants or x.type.shape != node.type.shape or xi in constants:
+                continue
+            axis = _channel_axis(x.type, b.type)
+            if axis is None:
+                continue
+            if b.type.rank != 1:
+                size = x.type.shape[axis]
+                bi = rw.new("reshape", (bi,), {"shape": (size,)},
+                            TensorType(b.type.dtype, (size,)), node, f"{bi}.vector",
+                            b.precision)
+            op = "bias_add" if node.op == "add" else "scale_mul"
+            return rw.new(op, (xi, bi), {"axis": axis}, node.type, node, node.name)
+        return None
+
+    return bias_from_add
+
+
+_IDENTITY = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0}
+
+
+def fold_scalars(rw: Rewriter, node: Node) -> str | None:
+    """Identities (x + 0, x * 1, a cast to the same dtype, a copy into the same layout) vanish;
+    arithmetic on two scalars is done now."""
+    if node.op in ("cast", "contiguous"):
+        src = rw.node(node.inputs[0])
+        if src.type == node.type and (node.op == "cast" or src.type.layout is not None):
+            return src.name
+        return None
+    if node.op not in _IDENTITY or len(node.inputs) != 2:
+        return None
+    a, b = rw.node(node.inputs[0]), rw.node(node.inputs[1])
+    if a.op == "scalar" and b.op == "scalar":
+        u, v = float(a.attrs["value"]), float(b.attrs["value"])
+        value = {"add": u + v, "sub": u - v, "mul": u * v,
+                 "div": u / v if v else float("nan")}[node.op]
+        return rw.new("scalar", (), {"value": value}, node.type, node, node.name)
+    if b.op == "scalar" and b.attrs["value"] == _IDENTITY[node.op] and a.type == node.type:
+        return a.name
+    if (node.op in ("add", "mul") and a.op == "scalar" and a.attrs["value"] == _IDENTITY[node.op]
+            and b.type == node.type):
+        return b.name
+    return None
+
+
+def remove_dead(graph: Graph) -> Graph:
+    """Drop every value no output depends on."""
+    live = {v for _, v in graph.outputs}
+    for node in reversed(graph.nodes):
+        if node.name in live:
+            live.update(node.inputs)
+    return Graph(tuple(n for n in graph.nodes if n.name in live), graph.outputs)

@@ -1,0 +1,72 @@
+"""The one mechanism every lowering pass uses: walk the nodes in order and, per node, keep it,
+replace it by an existing value, or emit new nodes whose last is its replacement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from dslc.check.types import PrecisionSpec, TensorType
+from dslc.ir.graph import Attrs, Graph, Node
+
+
+class Rewriter:
+    def __init__(self, graph: Graph) -> None:
+        self.old = graph
+        self.old_users = graph.users()
+        self.nodes: list[Node] = []
+        self.by_name: dict[str, Node] = {}
+        self.renamed: dict[str, str] = {}
+
+    def node(self, name: str) -> Node:
+        """A node of the graph being built (operand names are already the new ones)."""
+        return self.by_name[name]
+
+    def users_of(self, old_name: str) -> list[Node]:
+        return self.old_users.get(old_name, [])
+
+    def emit(self, node: Node) -> str:
+        name = node.name
+        k = 1
+        while name in self.by_name:
+            name = f"{node.name}_{k}"
+            k += 1
+        if name != node.name:
+            node = replace(node, name=name)
+        self.nodes.append(node)
+        self.by_name[name] = node
+        return name
+
+    def drop(self, name: str) -> None:
+        """Take back an emitted node that nothing emitted so far reads (its name is reused)."""
+        assert not any(name in n.inputs for n in self.nodes), name
+        self.nodes.remove(self.by_name.pop(name))
+
+    def new(self, op: str, inputs: tuple[str, ...], attrs: dict[str, Any], type_: TensorType,
+            like: Node, name: str, precision: PrecisionSpec | None = None) -> str:
+        """A node derived from `like` (its span, instance path and precision)."""
+        return self.emit(Node(name, op, inputs, Attrs(attrs), type_, like.span, like.path,
+                              precision or like.precision))
+
+    def finish(self) -> Graph:
+        outputs = tuple((n, self.renamed.get(v, v)) for n, v in self.old.outputs)
+        return Graph(tuple(self.nodes), outputs)
+
+
+# A rule sees a node (operands already renamed): None keeps it, a name replaces it by that value.
+Rule = Callable[[Rewriter, Node], str | None]
+
+
+def rewrite(graph: Graph, rule: Rule) -> Graph:
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        node = replace(node, inputs=tuple(rw.renamed.get(i, i) for i in node.inputs))
+        result = rule(rw, node)
+        if result is None:
+            name = rw.emit(node)
+            if name != node.name:
+                rw.renamed[node.name] = name
+        else:
+            rw.renamed[node.name] = result
+    return rw.finish()

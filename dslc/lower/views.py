@@ -1,0 +1,89 @@
+"""Views and layouts: reshape / transpose / slice chains become one `view` of a materialised
+base; every other value gets a memory layout (fixed by the user, or chosen: channels-last for
+convolution chains, BSHD for attention outputs, row-major elsewhere); each view gets its strides
+in its base, with a row-major copy inserted where a reshape cannot be a view."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dslc.check.types import Layout, TensorType
+from dslc.ir import views
+from dslc.ir.graph import Attrs, Node
+from dslc.lower.rewrite import Rewriter
+
+VIEW_OPS = ("reshape", "transpose", "slice")
+CHANNELS_LAST = {3: (0, 2, 1), 4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
+_SPATIAL = ("conv", "conv_transpose", "maxpool", "avgpool", "upsample")
+
+
+def _step(node: Node) -> tuple[object, ...]:
+    if node.op == "transpose":
+        return ("transpose", tuple(node.attrs["perm"]))
+    if node.op == "reshape":
+        return ("reshape", tuple(node.attrs["shape"]))
+    return ("slice", tuple(node.attrs["starts"]), tuple(node.attrs["ends"]))
+
+
+def make_views(rw: Rewriter, node: Node) -> str | None:
+    """A view op becomes a `view` of the nearest value that is not itself a view."""
+    if node.op not in VIEW_OPS:
+        return None
+    x = rw.node(node.inputs[0])
+    base, steps = (x.inputs[0], x.attrs["steps"]) if x.op == "view" else (x.name, ())
+    typ = TensorType(node.type.dtype, node.type.shape, None)
+    return rw.new("view", (base,), {"steps": (*steps, _step(node))}, typ, node, node.name)
+
+
+def _chosen_layout(rw: Rewriter, node: Node) -> Layout:
+    rank = node.type.rank
+    if node.op in _SPATIAL and rank in CHANNELS_LAST:
+        return Layout(CHANNELS_LAST[rank])
+    if node.op == "sdpa":
+        return Layout((0, 2, 1, 3), "BSHD")  # the merge of the heads back is then a view
+    if node.op not in ("matmul", "reduce_sum", "concat") and node.inputs:
+        first = rw.node(node.inputs[0])
+        if first.type.shape == node.type.shape and first.type.layout is not None:
+            return first.type.layout
+    if node.op == "concat":
+        first = rw.node(node.inputs[0])
+        if first.type.layout is not None and first.type.rank == rank:
+            return first.type.layout
+    return Layout.row_major(rank)
+
+
+def assign_layouts(rw: Rewriter, node: Node) -> str | None:
+    if node.op == "view":
+        return _place_view(rw, node, node.inputs[0], tuple(node.attrs["steps"]))
+    if node.type.layout is not None:
+        return None
+    layout = _chosen_layout(rw, node)
+    return rw.emit(replace(node, type=TensorType(node.type.dtype, node.type.shape, layout)))
+
+
+def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, ...], ...],
+                ) -> str:
+    """Emit the view with strides; where a step is no view of the base's memory, copy the
+    longest prefix that is into a row-major tensor and continue from the copy."""
+    b = rw.node(base)
+    assert b.type.layout is not None, b.name
+    for cut in range(len(steps), -1, -1):
+        found = views.strides(b.type.shape, b.type.layout, steps[:cut])
+        if found is None:
+            continue
+        if cut == len(steps):
+            st, offset = found
+            attrs = {**dict(node.attrs), "strides": st, "offset": offset}
+            return rw.emit(replace(node, inputs=(base,), attrs=Attrs(attrs)))
+        head = base
+        shape = views.view_shape(b.type.shape, steps[:cut])
+        if cut:
+            st, offset = found
+            head = rw.new("view", (base,), {"steps": steps[:cut], "strides": st,
+                                            "offset": offset},
+                          TensorType(b.type.dtype, shape), node, f"{node.name}.part")
+        copy = rw.new("contiguous", (head,), {},
+                      TensorType(b.type.dtype, shape, Layout.row_major(len(shape))), node,
+                      f"{node.name}.copy")
+        return _place_view(rw, node, copy, steps[cut:])
+    raise AssertionError("an empty chain of steps is always a view")

@@ -1,0 +1,111 @@
+"""Check the tensors given to a model against its manifest and read off the dynamic dims
+(R0201 missing or unexpected input, R0301 shape, R0401 dtype, R0601 range, R0602 alignment)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any
+
+from dslc.runtime.errors import RunnerError
+
+
+def evaluate(d: Any, dims: Mapping[str, int]) -> int | None:
+    """A manifest dim at the given dim values; None if a symbol is not known yet."""
+    if isinstance(d, int):
+        return d
+    total = Fraction(0)
+    for mono, num, den in d["terms"]:
+        term = Fraction(num, den)
+        for sym, power in mono:
+            if sym not in dims:
+                return None
+            term *= dims[sym] ** power
+        total += term
+    return int(total)
+
+
+def _solve(d: Any, got: int, dims: dict[str, int]) -> bool:
+    """Bind the one unknown symbol of a linear dim `c * S + k` to make it equal `got`."""
+    terms = d["terms"]
+    unknown = {s for mono, _, _ in terms for s, _ in mono if s not in dims}
+    if len(unknown) != 1:
+        return False
+    (sym,) = unknown
+    k = Fraction(0)
+    c = None
+    for mono, num, den in terms:
+        if mono == [[sym, 1]]:
+            c = Fraction(num, den)
+        elif not mono:
+            k += Fraction(num, den)
+        else:
+            return False
+    if c is None:
+        return False
+    value = (got - k) / c
+    if value.denominator != 1:
+        return False
+    dims[sym] = int(value)
+    return True
+
+
+def _show(d: Any) -> str:
+    if isinstance(d, int):
+        return str(d)
+    parts = []
+    for mono, num, den in d["terms"]:
+        body = " * ".join(s for s, p in mono for _ in range(p))
+        coeff = f"{num}" if den == 1 else f"{num}/{den}"
+        parts.append(body if (num, den) == (1, 1) and body else f"{coeff} * {body}" if body
+                     else coeff)
+    return " + ".join(parts)
+
+
+def bind_inputs(manifest: Mapping[str, Any], given: Mapping[str, tuple[tuple[int, ...], str]],
+                ) -> dict[str, int]:
+    """`given`: input name -> (shape, dtype name). Returns the values of the dynamic dims."""
+    inputs = {i["name"]: i for i in manifest["inputs"]}
+    for name in given:
+        if name not in inputs:
+            raise RunnerError("R0201", f"`{manifest['model']}` has no input `{name}`; its inputs "
+                              f"are {', '.join(inputs)}")
+    dims: dict[str, int] = {}
+    pending: list[tuple[dict[str, Any], int, Any, int]] = []
+    for name, spec in inputs.items():
+        if name not in given:
+            raise RunnerError("R0201", f"input `{name}` is missing", spec["span"])
+        shape, dtype = given[name]
+        if dtype != spec["dtype"]:
+            raise RunnerError("R0401", f"input `{name}` is {dtype}, expected {spec['dtype']}",
+                              spec["span"])
+        if len(shape) != len(spec["shape"]):
+            raise RunnerError("R0301", f"input `{name}` has rank {len(shape)}, expected "
+                              f"{len(spec['shape'])}", spec["span"])
+        for axis, (want, got) in enumerate(zip(spec["shape"], shape, strict=True)):
+            if isinstance(want, int):
+                if want != got:
+                    raise RunnerError("R0301", f"input `{name}` has size {got} on axis {axis}, "
+                                      f"expected {want}", spec["span"])
+            elif not _solve(want, got, dims):
+                pending.append((spec, axis, want, got))
+    _check_ranges(manifest, dims)
+    for spec, axis, want, got in pending:
+        value = evaluate(want, dims)
+        if value != got:
+            raise RunnerError("R0301", f"input `{spec['name']}` has size {got} on axis {axis}, "
+                              f"expected {_show(want)} = {value}", spec["span"])
+    return dims
+
+
+def _check_ranges(manifest: Mapping[str, Any], dims: Mapping[str, int]) -> None:
+    for d in manifest["dims"]:
+        value = dims.get(d["name"])
+        if value is None:
+            continue
+        if not d["lo"] <= value <= d["hi"]:
+            raise RunnerError("R0601", f"dim `{d['name']}` is {value}, outside "
+                              f"{d['lo']}..{d['hi']}", d["span"])
+        if value % d["align"]:
+            raise RunnerError("R0602", f"dim `{d['name']}` is {value}, not a multiple of "
+                              f"{d['align']}", d["span"])

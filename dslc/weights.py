@@ -1,0 +1,140 @@
+"""Weights: safetensors in and out, matched against a model's parameter manifest.
+
+A mismatch (missing, unexpected, wrong shape, wrong dtype) is an R0202 diagnostic naming the
+parameter path and pointing at the `param` declaration. `from_torch` converts a PyTorch
+`state_dict` (any float dtype) to the manifest's dtypes; `random_weights` makes test weights
+with sensible scales (fan-in for kernels, positive variances for batchnorm).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from dslc import fsutil
+from dslc.check.context import ParamSpec
+from dslc.diag.diagnostic import Diagnostic, Sink
+from dslc.diag.span import NO_SPAN
+from dslc.ir.interp import NUMPY_DTYPES
+
+IGNORED_SUFFIXES = ("num_batches_tracked",)  # PyTorch bookkeeping buffers, not weights
+
+
+class WeightError(Exception):
+    """The weight file could not be read (a usage error, not a model mismatch)."""
+
+
+def load(path: Path) -> dict[str, np.ndarray]:
+    try:
+        return dict(load_file(str(path)))
+    except (OSError, ValueError) as err:
+        raise WeightError(f"cannot read weights `{path}`: {err}") from err
+    except Exception as err:  # safetensors raises its own error type for malformed files
+        raise WeightError(f"cannot read weights `{path}`: {err}") from err
+
+
+def save(path: Path, tensors: Mapping[str, np.ndarray], metadata: dict[str, str] | None = None,
+         ) -> None:
+    """Write atomically: a failed or interrupted write leaves the previous file intact."""
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    fsutil.atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata))
+
+
+def _dtype_name(a: np.ndarray) -> str:
+    for name, dt in NUMPY_DTYPES.items():
+        if a.dtype == np.dtype(dt):
+            return name
+    return str(a.dtype)
+
+
+def validate(tensors: Mapping[str, np.ndarray], params: tuple[ParamSpec, ...], sink: Sink,
+             source: str, convert: bool = False) -> dict[str, np.ndarray]:
+    """Match `tensors` to the manifest; report every mismatch. With `convert`, float tensors of
+    another float dtype are converted (PyTorch checkpoints are f32)."""
+    out: dict[str, np.ndarray] = {}
+    wanted = {p.path: p for p in params}
+    for p in params:
+        if p.path not in tensors:
+            sink.report(Diagnostic("R0202", f"weight `{p.path}` is missing from {source}", p.span,
+                                   "declared here", notes=(f"expected {p.dtype}{list(p.shape)}",)))
+            continue
+        a = tensors[p.path]
+        if tuple(a.shape) != p.shape:
+            sink.report(Diagnostic(
+                "R0202", f"weight `{p.path}` has shape {list(a.shape)} in {source}, but the "
+                f"model declares {list(p.shape)}", p.span, "declared here"))
+            continue
+        have = _dtype_name(a)
+        if have != p.dtype:
+            floats = np.issubdtype(a.dtype, np.floating) or have in ("bf16", "f8e4m3", "f8e5m2")
+            if not (convert and floats):
+                sink.report(Diagnostic(
+                    "R0202", f"weight `{p.path}` is {have} in {source}, but the model declares "
+                    f"{p.dtype}", p.span, "declared here",
+                    help=("convert the file with `dslc weights from-torch` (it casts floats to "
+                          "the declared dtypes)",)))
+                continue
+            a = a.astype(NUMPY_DTYPES[p.dtype])
+        out[p.path] = a
+    for name in tensors:
+        if name not in wanted and not name.endswith(IGNORED_SUFFIXES):
+            close = [p for p in wanted if p.rsplit(".", 1)[-1] == name.rsplit(".", 1)[-1]][:1]
+            sink.report(Diagnostic(
+                "R0202", f"{source} holds `{name}`, which the model does not declare",
+                params[0].span if params else NO_SPAN, "the model's parameters start here",
+                help=(f"parameter names are instance paths, e.g. `{close[0]}`",) if close else ()))
+    return out
+
+
+def random_weights(params: tuple[ParamSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:
+    """Weights with realistic scales, so deep models stay finite in f16."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for p in params:
+        leaf = p.path.rsplit(".", 1)[-1]
+        shape = p.shape
+        if leaf == "running_var":
+            a = rng.uniform(0.5, 1.5, shape)
+        elif leaf == "running_mean":
+            a = rng.normal(0.0, 0.1, shape)
+        elif len(shape) >= 2:
+            fan_in = math.prod(shape[1:])
+            a = rng.normal(0.0, 1.0 / math.sqrt(fan_in), shape)
+        elif leaf == "weight":  # norm scales
+            a = rng.uniform(0.8, 1.2, shape)
+        else:  # biases and shifts
+            a = rng.normal(0.0, 0.05, shape)
+        out[p.path] = a.astype(NUMPY_DTYPES[p.dtype])
+    return out
+
+
+def from_torch(path: Path) -> dict[str, np.ndarray]:
+    """A PyTorch checkpoint's state_dict as numpy arrays (nested under "state_dict" or "model"
+    is accepted). Needs torch."""
+    try:
+        import torch
+    except ImportError as err:
+        raise WeightError("reading a PyTorch checkpoint needs torch (`pip install torch`)") from err
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise WeightError(f"cannot read the PyTorch checkpoint `{path}`: {err}") from err
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise WeightError(f"`{path}` holds no state_dict")
+    out = {}
+    for name, t in state.items():
+        if not hasattr(t, "detach"):
+            continue
+        t = t.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            out[name] = t.float().numpy().astype(NUMPY_DTYPES["bf16"])
+        else:
+            out[name] = t.numpy()
+    return out
