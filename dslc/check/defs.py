@@ -280,6 +280,9 @@ def conform(el: Elaborator, value: Any, t: ast.TensorTypeExpr, scope: Scope, wha
                   help=("multiply by a scale first, e.g. `x * s`",))
     if fresh and (value.type.layout is None or layout == value.type.layout):
         return el.retype(value, new)
+    if value.type.layout is None and dtype == value.type.dtype:
+        # A free layout is dslc's to choose: choose the one asked for here, no copy needed.
+        return el.retype(value, new)
     op = "cast" if dtype != value.type.dtype else "contiguous"
     return el.add_node(op, (value.node,), {"dtype": dtype} if op == "cast" else {}, new, t.span,
                        scope.frame, scope.precision, f"{value.node}.{op}")

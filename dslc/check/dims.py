@@ -181,7 +181,8 @@ def div_exact(a: Dim, b: Dim, env: DimEnv) -> Dim | None:
         q = _scaled(a, Fraction(1, b))
         return q if is_integer_valued(q, env) and not isinstance(q, Fraction) else None
     if len(b.terms) != 1:
-        return a if a == b else None
+        q = _divide_polynomial(a, b)
+        return q if q is not None and is_integer_valued(q, env) else None
     (mono_b, coeff_b), = b.terms
     out: dict[Monomial, Coeff] = {}
     powers_b = dict(mono_b)
@@ -194,6 +195,34 @@ def div_exact(a: Dim, b: Dim, env: DimEnv) -> Dim | None:
         out[tuple(sorted((s, p) for s, p in powers.items() if p))] = Fraction(c) / coeff_b
     q = make(out)
     return q if is_integer_valued(q, env) and not isinstance(q, Fraction) else None
+
+
+def _order_key(mono: Monomial) -> tuple[int, Monomial]:
+    return (sum(p for _, p in mono), mono)  # graded lexicographic
+
+
+def _divide_polynomial(a: Dim, b: Poly) -> Dim | None:
+    """`a / b` by multivariate long division when the remainder is zero, else None."""
+    lead_mono, lead_coeff = max(b.terms, key=lambda t: _order_key(t[0]))
+    rest = _terms(a)
+    quotient: dict[Monomial, Coeff] = {}
+    while rest:  # each step cancels the leading term of `rest`, so this ends
+        mono, c = max(rest.items(), key=lambda t: _order_key(t[0]))
+        powers = dict(mono)
+        for s, p in lead_mono:
+            if powers.get(s, 0) < p:
+                return None  # the leading term does not divide: a remainder is left
+            powers[s] -= p
+        t_mono = tuple(sorted((s, p) for s, p in powers.items() if p))
+        t_coeff = _norm(Fraction(c) / lead_coeff)
+        quotient[t_mono] = quotient.get(t_mono, 0) + t_coeff
+        for m, v in b.terms:
+            key = _mono_mul(m, t_mono)
+            rest[key] = rest.get(key, 0) - v * t_coeff
+            if rest[key] == 0:
+                del rest[key]
+    q = make(quotient)
+    return None if isinstance(q, Fraction) else q
 
 
 def floordiv(a: Dim, c: int, env: DimEnv) -> Dim:

@@ -478,12 +478,13 @@ class Elaborator(CallEval):
             self.report("E0209", f"output `{name}` must be a tensor, found {kind_of(value)}",
                         stmt.span, frame=scope.frame)
             return
+        # An output is a contract with the caller: row-major unless tagged (or the model's
+        # `layout` for rank-4 tensors), whatever layout the value had inside the model.
         default_layout = self.model_layout if value.type.rank == 4 else None
         declared = stmt.type or ast.TensorTypeExpr(stmt.span, None, None, None)
         out = conform(self, value, declared, scope, f"output `{name}`", fresh=fresh,
-                      default_dtype=scope.precision.io, default_layout=default_layout
-                      or (Layout.row_major(value.type.rank) if value.type.layout is None
-                          else None))
+                      default_dtype=scope.precision.io,
+                      default_layout=default_layout or Layout.row_major(value.type.rank))
         if out is ERROR:
             return
         if fresh or out is not value:

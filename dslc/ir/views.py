@@ -59,6 +59,10 @@ def _reshape_strides(shape: tuple[Dim, ...], strides: tuple[Dim, ...], new: tupl
         for axis in reversed(news):
             out[axis] = running
             running = dims.mul(running, new[axis])
+    # A size-1 axis may have any stride; give it the dense one, as a contiguous tensor would.
+    for axis in range(len(new) - 2, -1, -1):
+        if new[axis] == 1:
+            out[axis] = dims.mul(out[axis + 1], new[axis + 1])
     return tuple(out)
 
 

@@ -46,6 +46,9 @@ PASSES: list[Pass] = [
     # Every materialised value gets a layout; views get strides (or a copy where needed).
     remove_dead,
     _each(assign_layouts),
+    # With layouts known, a copy into the layout a value already has is nothing to run.
+    _each(fold_scalars),
+    remove_dead,
 ]
 
 

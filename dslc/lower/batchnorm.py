@@ -49,9 +49,10 @@ def fold_batchnorm(rw: Rewriter, node: Node) -> str | None:
     s_col = rw.new("reshape", (s,), {"shape": (k,) + (1,) * (rank - 1)},
                    TensorType("f32", (k,) + (1,) * (rank - 1)), node, f"{node.name}.scale_col", F32)
     w32 = TensorType("f32", weight.type.shape)
-    scaled = rw.new("mul", (weight.name, s_col), {}, w32, node, f"{conv.name}.folded_weight.f32", F32)
-    folded = rw.new("cast", (scaled,), {"dtype": weight.type.dtype}, weight.type, node,
-                    f"{conv.name}.folded_weight", F32)
+    folded = rw.new("mul", (weight.name, s_col), {}, w32, node, f"{conv.name}.folded_weight", F32)
+    if weight.type.dtype != "f32":  # fold in f32, then store in the weight's dtype
+        folded = rw.new("cast", (folded,), {"dtype": weight.type.dtype}, weight.type, node,
+                        f"{conv.name}.folded_weight.{weight.type.dtype}", F32)
     for old in (x.name, conv.name) if conv_bias is not None else (conv.name,):
         rw.drop(old)
     new_conv = rw.new("conv", (conv.inputs[0], folded), dict(conv.attrs), conv.type, conv,

@@ -69,18 +69,24 @@ def fold_scalars(rw: Rewriter, node: Node) -> str | None:
         if src.type == node.type and (node.op == "cast" or src.type.layout is not None):
             return src.name
         return None
-    if node.op not in _IDENTITY or len(node.inputs) != 2:
-        return None
+    if node.op in _IDENTITY and len(node.inputs) == 2:
+        return _fold_arithmetic(rw, node)
+    return None
+
+
+def _fold_arithmetic(rw: Rewriter, node: Node) -> str | None:
     a, b = rw.node(node.inputs[0]), rw.node(node.inputs[1])
     if a.op == "scalar" and b.op == "scalar":
         u, v = float(a.attrs["value"]), float(b.attrs["value"])
         value = {"add": u + v, "sub": u - v, "mul": u * v,
                  "div": u / v if v else float("nan")}[node.op]
         return rw.new("scalar", (), {"value": value}, node.type, node, node.name)
-    if b.op == "scalar" and b.attrs["value"] == _IDENTITY[node.op] and a.type == node.type:
+    same = (node.type.dtype, node.type.shape)
+    if (b.op == "scalar" and b.attrs["value"] == _IDENTITY[node.op]
+            and (a.type.dtype, a.type.shape) == same):
         return a.name
     if (node.op in ("add", "mul") and a.op == "scalar" and a.attrs["value"] == _IDENTITY[node.op]
-            and b.type == node.type):
+            and (b.type.dtype, b.type.shape) == same):
         return b.name
     return None
 

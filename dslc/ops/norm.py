@@ -43,7 +43,7 @@ def _batchnorm(ctx: InferCtx, a: Args) -> TensorType | None:
         return None
     if not common.check_compute(ctx, "batchnorm", [x], need_f32=True):
         return None
-    return TensorType(x.dtype, x.shape, x.layout)
+    return TensorType(x.dtype, x.shape)
 
 
 def _instancenorm(ctx: InferCtx, a: Args) -> TensorType | None:
@@ -58,7 +58,7 @@ def _instancenorm(ctx: InferCtx, a: Args) -> TensorType | None:
         return None
     if not common.check_compute(ctx, "instancenorm", [x], need_f32=True):
         return None
-    return TensorType(x.dtype, x.shape, x.layout)
+    return TensorType(x.dtype, x.shape)
 
 
 def _feature_norm(op: str):  # type: ignore[no-untyped-def]
@@ -88,7 +88,7 @@ def _feature_norm(op: str):  # type: ignore[no-untyped-def]
         if not common.check_compute(ctx, op, [x], need_f32=True):
             return None
         ctx.set_attr("axes", tuple(range(x.rank - r, x.rank)))
-        return TensorType(x.dtype, x.shape, x.layout)
+        return TensorType(x.dtype, x.shape)
 
     return infer
 

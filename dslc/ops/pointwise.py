@@ -65,7 +65,8 @@ BINARY_REF: dict[str, Callable[[Array, Array], Array]] = {
 
 def _unary_ref(name: str) -> RefFn:
     fn = UNARY_REF[name]
-    return lambda xs, a: np.asarray(fn(xs[0], a))
+    # Keep the compute dtype (numpy and scipy promote to float64 in places).
+    return lambda xs, a: np.asarray(fn(xs[0], a)).astype(xs[0].dtype, copy=False)
 
 
 def _binary_ref(name: str) -> RefFn:
@@ -141,7 +142,7 @@ def _unary_rule(name: str, float_only: bool):  # type: ignore[no-untyped-def]
             return None
         if not common.check_compute(ctx, name, [x]):
             return None
-        return TensorType(x.dtype, x.shape, x.layout)
+        return TensorType(x.dtype, x.shape)
 
     return infer
 
@@ -163,8 +164,7 @@ def _binary_rule(name: str, float_only: bool, compare: bool):  # type: ignore[no
         if not common.check_compute(ctx, what, [x, y]):
             return None
         dtype = "bool" if compare else common.result_dtype(ctx, [x, y])
-        layout = x.layout if x.shape == shape else (y.layout if y.shape == shape else None)
-        return TensorType(dtype, shape, layout)
+        return TensorType(dtype, shape)  # a result's layout is dslc's choice (LANGUAGE 3.5)
 
     return infer
 
@@ -224,7 +224,7 @@ def _along_axis(name: str):  # type: ignore[no-untyped-def]
         elif common.broadcast(ctx, x, b, "x", "b", name) is None:
             return None
         ctx.set_attr("axis", axis)
-        return TensorType(x.dtype, x.shape, x.layout)
+        return TensorType(x.dtype, x.shape)
 
     return infer
 
@@ -237,10 +237,11 @@ def _cast(ctx: InferCtx, a: Args) -> TensorType | None:
     if a["dtype"] in FP8 and x.dtype not in FP8 and ctx.producer("x") not in SCALING_OPS:
         ctx.error("W0401", f"narrowing {x.dtype} to {a['dtype']} without a scale", at="x",
                   label="not scaled first",
-                  notes=(f"{a['dtype']} saturates early; values outside its range clip",),
+                  notes=(f"{a['dtype']} has a narrow range: larger values saturate (e4m3) or "
+                         "become infinite (e5m2)",),
                   help=("multiply by a scale before the cast: `cast(x * s, "
                         f"{a['dtype']})`",))
-    return TensorType(a["dtype"], x.shape, x.layout)
+    return TensorType(a["dtype"], x.shape)
 
 
 def _contiguous(ctx: InferCtx, a: Args) -> TensorType | None:

@@ -69,7 +69,8 @@ def conv_transpose(x: Array, w: Array, stride: Sequence[int], pad: Sequence[int]
 
 def pool(x: Array, a: Mapping[str, Any], mode: str) -> Array:
     window, stride, pad = a["window"], a["stride"], a["pad"]
-    fill = -np.inf if mode == "max" else 0.0
+    lowest = np.iinfo(x.dtype).min if np.issubdtype(x.dtype, np.integer) else -np.inf
+    fill = lowest if mode == "max" else 0
     pads = [(0, 0), (0, 0), *((p, p) for p in pad)]
     xp = np.pad(x, pads, constant_values=fill)
     win = _windows(xp, window, stride, [1] * len(window))

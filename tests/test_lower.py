@@ -1,0 +1,168 @@
+"""Lowering passes: `.cgraph` snippet in, expected IR text out; the verifier is clean after every
+pass on every example model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dslc.check.types import PrecisionSpec
+from dslc.diag.diagnostic import Sink
+from dslc.ir.printer import format_graph
+from dslc.ir.verify import verify
+from dslc.lower import PASSES, lower
+from dslc.pipeline import Options, front_end
+from tests.conftest import ROOT
+from tests.helpers import check_source
+
+
+def _lowered(src: str, tmp_path: Path) -> str:
+    model = check_source(src, tmp_path).model
+    graph = lower(model.graph, lambda name, g: _assert_sound(name, g, model.env))
+    return format_graph(graph)
+
+
+def _assert_sound(name: str, graph, env) -> None:  # type: ignore[no-untyped-def]
+    problems = verify(graph, env)
+    assert not problems, f"after {name}: {problems[:3]}"
+
+
+def test_batchnorm_after_conv_folds_into_weight_and_bias(tmp_path: Path) -> None:
+    src = """import "std/nn.cgraph"
+model m {
+  precision io=f16
+  input x: [1, 3, 8, 8] @NHWC
+  let c = conv2d(x, out=4, k=3, pad=1)
+  let b = batchnorm2d(c)
+  output y: [1, 4, 8, 8] @NHWC = relu(b)
+}"""
+    assert _lowered(src, tmp_path) == """\
+%x = input {name="x"} : f16[1, 3, 8, 8] @NHWC
+%c.weight = param {path="c.weight"} : f16[4, 3, 3, 3]
+%b.weight = param {path="b.weight"} : f32[4]
+%b.bias = param {path="b.bias"} : f32[4]
+%b.running_mean = param {path="b.running_mean"} : f32[4]
+%b.running_var = param {path="b.running_var"} : f32[4]
+%b.eps = scalar {value=1e-05} : f32[]
+%b.var_eps = add(%b.running_var, %b.eps) : f32[4]
+%b.inv_std = rsqrt(%b.var_eps) : f32[4]
+%b.scale = mul(%b.weight, %b.inv_std) : f32[4]
+%b.moved = mul(%b.running_mean, %b.scale) : f32[4]
+%b.shift = sub(%b.bias, %b.moved) : f32[4]
+%b.scale_col = view(%b.scale) {offset=0, steps=[["reshape", [4, 1, 1, 1]]], strides=[1, 1, 1, 1]} : f32[4, 1, 1, 1]
+%c.folded_weight = mul(%c.weight, %b.scale_col) : f32[4, 3, 3, 3]
+%c.folded_weight.f16 = cast(%c.folded_weight) {dtype="f16"} : f16[4, 3, 3, 3]
+%c = conv(%x, %c.folded_weight.f16) {dilation=[1, 1], groups=1, pad=none, post_pad=[1, 1], pre_pad=[1, 1], stride=[1, 1]} : f16[1, 4, 8, 8] @NHWC
+%b = bias_add(%c, %b.shift) {axis=1} : f16[1, 4, 8, 8] @NHWC
+%y = relu(%b) : f16[1, 4, 8, 8] @NHWC
+output y = %y
+"""
+
+
+def test_batchnorm_without_conv_becomes_scale_and_shift(tmp_path: Path) -> None:
+    src = """import "std/nn.cgraph"
+model m {
+  input x: f32[1, 4, 8, 8]
+  output y = batchnorm2d(x) as "bn"
+}"""
+    assert _lowered(src, tmp_path) == """\
+%x = input {name="x"} : f32[1, 4, 8, 8]
+%bn.weight = param {path="bn.weight"} : f32[4]
+%bn.bias = param {path="bn.bias"} : f32[4]
+%bn.running_mean = param {path="bn.running_mean"} : f32[4]
+%bn.running_var = param {path="bn.running_var"} : f32[4]
+%y.eps = scalar {value=1e-05} : f32[]
+%y.var_eps = add(%bn.running_var, %y.eps) : f32[4]
+%y.inv_std = rsqrt(%y.var_eps) : f32[4]
+%y.scale = mul(%bn.weight, %y.inv_std) : f32[4]
+%y.moved = mul(%bn.running_mean, %y.scale) : f32[4]
+%y.shift = sub(%bn.bias, %y.moved) : f32[4]
+%y.scaled = scale_mul(%x, %y.scale) {axis=1} : f32[1, 4, 8, 8]
+%y = bias_add(%y.scaled, %y.shift) {axis=1} : f32[1, 4, 8, 8]
+output y = %y
+"""
+
+
+def test_channel_vector_add_and_mul_become_bias_and_scale(tmp_path: Path) -> None:
+    src = """model m {
+  input x: f32[2, 16]
+  param w: f32[16, 8]
+  param b: f32[8]
+  param s: f32[8]
+  output y = matmul(x, w) * s + b
+}"""
+    assert _lowered(src, tmp_path) == """\
+%x = input {name="x"} : f32[2, 16]
+%w = param {path="w"} : f32[16, 8]
+%b = param {path="b"} : f32[8]
+%s = param {path="s"} : f32[8]
+%y.matmul = matmul(%x, %w) : f32[2, 8]
+%y.mul = scale_mul(%y.matmul, %s) {axis=1} : f32[2, 8]
+%y = bias_add(%y.mul, %b) {axis=1} : f32[2, 8]
+output y = %y
+"""
+
+
+def test_identities_and_scalar_arithmetic_fold_away(tmp_path: Path) -> None:
+    src = """model m {
+  input x: f32[2, 16]
+  output y = cast(x * 1.0 + 0.0, f32) * (2.0 * 0.5)
+}"""
+    assert _lowered(src, tmp_path) == '%x = input {name="x"} : f32[2, 16]\noutput y = %x\n'
+
+
+def test_reshape_transpose_slice_chain_is_one_strided_view(tmp_path: Path) -> None:
+    src = """model m {
+  dim S = 1..64 tune [8]
+  input x: f32[2, S, 12]
+  let h = transpose(reshape(x, [2, S, 3, 4]), [0, 2, 1, 3])
+  output y = relu(h[:, 1:3])
+}"""
+    assert _lowered(src, tmp_path) == """\
+%x = input {name="x"} : f32[2, S, 12]
+%y.slice = view(%x) {offset=4, steps=[["reshape", [2, S, 3, 4]], ["transpose", [0, 2, 1, 3]], ["slice", [0, 1, 0, 0], [2, 3, S, 4]]], strides=[12 * S, 4, 12, 1]} : f32[2, 2, S, 4]
+%y = relu(%y.slice) : f32[2, 2, S, 4]
+output y = %y
+"""
+
+
+def test_reshape_that_is_no_view_of_channels_last_gets_a_copy(tmp_path: Path) -> None:
+    src = """model m {
+  input x: f32[1, 3, 8, 8] @NHWC
+  param w: f32[4, 3, 3, 3]
+  let c = relu(conv(x, w, pad=1))
+  output y = reshape(c, [1, 256])
+}"""
+    assert _lowered(src, tmp_path) == """\
+%x = input {name="x"} : f32[1, 3, 8, 8] @NHWC
+%w = param {path="w"} : f32[4, 3, 3, 3]
+%c.conv = conv(%x, %w) {dilation=[1, 1], groups=1, pad=none, post_pad=[1, 1], pre_pad=[1, 1], stride=[1, 1]} : f32[1, 4, 8, 8] @NHWC
+%c = relu(%c.conv) : f32[1, 4, 8, 8] @NHWC
+%y.copy = contiguous(%c) : f32[1, 4, 8, 8]
+%y = view(%y.copy) {offset=0, steps=[["reshape", [1, 256]]], strides=[256, 1]} : f32[1, 256]
+output y = %y
+"""
+
+
+def test_dead_values_are_removed(tmp_path: Path) -> None:
+    src = """model m {
+  input x: f32[4]
+  let unused = exp(x)
+  output y = relu(x)
+}"""
+    text = _lowered(src, tmp_path)
+    assert "exp" not in text and "relu" in text
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet18", "resnet50", "encoder", "unet"])
+@pytest.mark.parametrize("precision", [None, PrecisionSpec("f32", "f32", "f32")])
+def test_verifier_is_clean_after_every_pass(name: str, precision: PrecisionSpec | None) -> None:
+    result = front_end(ROOT / "models" / f"{name}.cgraph",
+                       Options(precision=precision, backend="reference"), Sink())
+    assert result.model is not None
+    assert not verify(result.model.graph, result.model.env)
+    graph = result.model.graph
+    for p in PASSES:
+        graph = p(graph)
+        _assert_sound(p.__name__, graph, result.model.env)

@@ -1,0 +1,414 @@
+"""Property tests: the checker's shape rules agree with NumPy (broadcasting) and PyTorch (conv,
+pooling, transposed conv, matmul) on random literal shapes, and report the documented code when
+the reference refuses the shapes. Inputs are f32 (`precision io=f32`), clear of layout warnings.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from dslc.check import dims
+from tests.helpers import check_source, model_snippet
+
+SETTINGS = settings(deadline=None, max_examples=50,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The reference calls are on tiny tensors: threads only cost time (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _shape(dims_: Any) -> str:
+    return "[" + ", ".join(str(d) for d in dims_) + "]"
+
+
+def _ints(values: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def _errors(c: Any) -> list[str]:
+    return [code for code in c.codes if code.startswith("E")]
+
+
+def _messages(c: Any) -> list[str]:
+    return [f"{d.code}: {d.message}" for d in c.diagnostics]
+
+
+def _node_shapes(c: Any, op: str) -> list[tuple[Any, ...]]:
+    return [tuple(n.type.shape) for n in c.model.graph.nodes if n.op == op]
+
+
+def _torch_shape(fn: Any) -> tuple[int, ...] | None:
+    """The result shape of `fn()`, or None when PyTorch refuses the sizes. An empty result
+    (PyTorch's conv_transpose1d gives size 0 where 2d/3d refuse) also counts as refused: every
+    size in the language is at least 1."""
+    try:
+        shape = tuple(fn().shape)
+    except RuntimeError:
+        return None
+    return shape if all(d >= 1 for d in shape) else None
+
+
+# ---- (a) broadcasting ------------------------------------------------------------------------
+
+lit_shapes = st.lists(st.sampled_from([1, 2, 3, 5]), min_size=0, max_size=4)
+
+
+@SETTINGS
+@given(lit_shapes, lit_shapes)
+def test_broadcasting_agrees_with_numpy(workdir: Path, a: list[int], b: list[int]) -> None:
+    src = model_snippet(f"  input a: {_shape(a)}\n  input b: {_shape(b)}\n  output y = a + b")
+    c = check_source(src, workdir)
+    try:
+        expected: tuple[int, ...] | None = np.broadcast_shapes(tuple(a), tuple(b))
+    except ValueError:
+        expected = None
+    if expected is None:
+        assert _errors(c) == ["E0301"], _messages(c)
+    else:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, "add") == [expected]
+
+
+@SETTINGS
+@given(lit_shapes, lit_shapes, lit_shapes)
+def test_select_broadcasts_three_ways_like_numpy(workdir: Path, m: list[int], a: list[int],
+                                                b: list[int]) -> None:
+    src = model_snippet(f"  input m: bool{_shape(m)}\n  input a: {_shape(a)}\n"
+                        f"  input b: {_shape(b)}\n  output y = select(m, a, b)")
+    c = check_source(src, workdir)
+    try:
+        expected: tuple[int, ...] | None = np.broadcast_shapes(tuple(m), tuple(a), tuple(b))
+    except ValueError:
+        expected = None
+    if expected is None:
+        assert _errors(c) == ["E0301"], _messages(c)
+    else:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, "select") == [expected]
+
+
+# spellings of symbolic dims, each with its normal form (H is even in 2..16, W is 1..16)
+SYM_DECLS = "  dim H = 2..16 align 2\n  dim W = 1..16\n  dim D = 1"
+_ENV = dims.DimEnv()
+_ENV.add(dims.SymInfo("H", 2, 16, 2))
+_ENV.add(dims.SymInfo("W", 1, 16))
+_H, _W = dims.sym("H"), dims.sym("W")
+SYM_SPELLINGS: list[tuple[str, Any]] = [
+    ("1", 1), ("D", 1), ("W - W + 1", 1), ("3", 3), ("H", _H), ("H + 0", _H),
+    ("2 * H / 2", _H), ("W", _W), ("2 * H", dims.mul(2, _H)), ("H + H", dims.mul(2, _H)),
+    ("H / 2", dims.div_exact(_H, 2, _ENV)), ("H * W", dims.mul(_H, _W)),
+    ("W * H", dims.mul(_H, _W)),
+]
+sym_shapes = st.lists(st.sampled_from(SYM_SPELLINGS), min_size=0, max_size=3)
+
+
+def _bcast_rule(a: list[Any], b: list[Any]) -> tuple[Any, ...] | None:
+    """Section 3.3: right-aligned; each pair equal in normal form, or one side the literal 1
+    (a dynamic dim never broadcasts)."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(reversed(out))
+
+
+@SETTINGS
+@given(sym_shapes, sym_shapes)
+def test_broadcasting_symbolic_dims_by_normal_form(workdir: Path, a: list[tuple[str, Any]],
+                                                   b: list[tuple[str, Any]]) -> None:
+    src = model_snippet(f"{SYM_DECLS}\n  input a: {_shape(t for t, _ in a)}\n"
+                        f"  input b: {_shape(t for t, _ in b)}\n  output y = a * b")
+    c = check_source(src, workdir)
+    expected = _bcast_rule([d for _, d in a], [d for _, d in b])
+    if expected is None:
+        assert _errors(c) == ["E0301"], _messages(c)
+    else:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, "mul") == [expected]
+
+
+@SETTINGS
+@given(st.sampled_from(SYM_SPELLINGS), st.sampled_from(SYM_SPELLINGS))
+def test_matmul_inner_dims_match_by_normal_form(workdir: Path, ka: tuple[str, Any],
+                                                kb: tuple[str, Any]) -> None:
+    src = model_snippet(f"{SYM_DECLS}\n  input a: [W, {ka[0]}]\n  input b: [{kb[0]}, 3]\n"
+                        "  output y = matmul(a, b)")
+    c = check_source(src, workdir)
+    if ka[1] == kb[1]:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, "matmul") == [(_W, 3)]
+    else:
+        assert _errors(c) == ["E0302"], _messages(c)
+
+
+# ---- (b) convolution -------------------------------------------------------------------------
+
+TORCH_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+TORCH_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+TORCH_MAXPOOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+TORCH_AVGPOOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def per_axis(n: int, lo: int, hi: int) -> st.SearchStrategy[tuple[int, ...]]:
+    return st.tuples(*[st.integers(lo, hi)] * n)
+
+
+@st.composite
+def conv_cases(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(1, 3))
+    groups = draw(st.integers(1, 3))
+    return {
+        "n": n, "N": draw(st.integers(1, 2)), "groups": groups,
+        "C": groups * draw(st.integers(1, 2)), "K": groups * draw(st.integers(1, 2)),
+        "S": draw(per_axis(n, 1, 9)), "R": draw(per_axis(n, 1, 4)),
+        "stride": draw(per_axis(n, 1, 3)), "pad": draw(per_axis(n, 0, 2)),
+        "dilation": draw(per_axis(n, 1, 2)),
+    }
+
+
+@SETTINGS
+@given(conv_cases())
+def test_conv_output_size_agrees_with_torch(workdir: Path, p: dict[str, Any]) -> None:
+    n, g = p["n"], p["groups"]
+    x_shape = (p["N"], p["C"], *p["S"])
+    w_shape = (p["K"], p["C"] // g, *p["R"])
+    src = model_snippet(
+        f"  input x: {_shape(x_shape)}\n  input w: {_shape(w_shape)}\n"
+        f"  output y = conv(x, w, stride={_ints(p['stride'])}, pad={_ints(p['pad'])}, "
+        f"dilation={_ints(p['dilation'])}, groups={g})")
+    c = check_source(src, workdir)
+    expected = _torch_shape(lambda: TORCH_CONV[n](
+        torch.zeros(x_shape), torch.zeros(w_shape), stride=p["stride"], padding=p["pad"],
+        dilation=p["dilation"], groups=g))
+    if expected is None:
+        assert _errors(c) == ["E0603"], _messages(c)
+    else:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, "conv") == [expected]
+
+
+@SETTINGS
+@given(st.integers(1, 3).flatmap(lambda n: st.tuples(
+    st.just(n), per_axis(n, 1, 9), per_axis(n, 1, 4), per_axis(n, 1, 3), per_axis(n, 0, 3),
+    per_axis(n, 0, 3), per_axis(n, 1, 2))))
+def test_conv_asymmetric_padding_agrees_with_torch(workdir: Path, case: tuple[Any, ...]) -> None:
+    """pre_pad/post_pad: PyTorch pads explicitly (F.pad), then convolves without padding."""
+    n, size, kernel, stride, pre, post, dilation = case
+    x_shape, w_shape = (1, 2, *size), (3, 2, *kernel)
+    src = model_snippet(
+        f"  input x: {_shape(x_shape)}\n  input w: {_shape(w_shape)}\n"
+        f"  output y = conv(x, w, stride={_ints(stride)}, pre_pad={_ints(pre)}, "
+        f"post_pad={_ints(post)}, dilation={_ints(dilation)})")
+    c = check_source(src, workdir)
+    torch_pad = [v for i in reversed(range(n)) for v in (pre[i], post[i])]  # last axis first
+    expected = _torch_shape(lambda: TORCH_CONV[n](
+        F.pad(torch.zeros(x_shape), torch_pad), torch.zeros(w_shape), stride=stride,
+        dilation=dilation))
+    if expected is None:
+        assert _errors(c) == ["E0603"], _messages(c)
+    else:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, "conv") == [expected]
+
+
+@functools.cache
+def _conv_pool_1d(h: int, kernel: int, stride: int, pad: int, dilation: int,
+                  pool: tuple[int, int, int] | None) -> tuple[int | None, int | None]:
+    """PyTorch's sizes after conv1d, and after a following max_pool1d (window, stride, pad)."""
+    conv = _torch_shape(lambda: F.conv1d(torch.zeros(1, 2, h), torch.zeros(3, 2, kernel),
+                                         stride=stride, padding=pad, dilation=dilation))
+    if conv is None:
+        return None, None
+    if pool is None:
+        return conv[2], None
+    window, pstride, ppad = pool
+    pooled = _torch_shape(lambda: F.max_pool1d(torch.zeros(conv), window, pstride, ppad))
+    return conv[2], None if pooled is None else pooled[2]
+
+
+@SETTINGS
+@given(st.integers(1, 12), st.integers(1, 4), st.integers(1, 24), st.integers(1, 5),
+       st.integers(1, 3), st.integers(0, 2), st.integers(1, 2),
+       st.one_of(st.none(), st.integers(1, 3).flatmap(
+           lambda w: st.tuples(st.just(w), st.integers(1, 3), st.integers(0, w // 2)))))
+def test_conv_on_a_dynamic_dim_agrees_with_torch_at_every_value(
+        workdir: Path, lo: int, align: int, span: int, kernel: int, stride: int, pad: int,
+        dilation: int, pool: tuple[int, int, int] | None) -> None:
+    """`dim H = lo..hi align a`: the symbolic output size of a conv (and of a max-pool after
+    it: a floor of a floor), evaluated at each admissible H, is PyTorch's; E0603 exactly when
+    some admissible H gives an empty output."""
+    hi = lo + span
+    admissible = [h for h in range(lo, hi + 1) if h % align == 0]
+    assume(admissible)
+    # the sizes grow with H, so the smallest admissible H decides E0603; compare a spread
+    admissible = sorted({*admissible[:2], *admissible[-2:], *admissible[::4]})
+    body = (f"  dim H = {lo}..{hi} align {align}\n  input x: [1, 2, H]\n"
+            f"  input w: [3, 2, {kernel}]\n"
+            f"  let y = conv(x, w, stride={stride}, pad={pad}, dilation={dilation})\n")
+    if pool is None:
+        body += "  output z = y"
+    else:
+        body += f"  output z = maxpool(y, window={pool[0]}, stride={pool[1]}, pad={pool[2]})"
+    c = check_source(model_snippet(body), workdir)
+    sizes = {h: _conv_pool_1d(h, kernel, stride, pad, dilation, pool) for h in admissible}
+    if any(conv is None or (pool is not None and pooled is None)
+           for conv, pooled in sizes.values()):
+        assert _errors(c) == ["E0603"], _messages(c)
+        return
+    assert _errors(c) == [], _messages(c)
+    ((_, k, conv_out),) = _node_shapes(c, "conv")
+    assert k == 3
+    pooled_out = _node_shapes(c, "maxpool")[0][2] if pool is not None else 1
+    for h, (conv_size, pooled_size) in sizes.items():
+        assert dims.evaluate(conv_out, {"H": h}, c.model.env) == conv_size, (h, conv_out)
+        if pool is not None:
+            assert dims.evaluate(pooled_out, {"H": h}, c.model.env) == pooled_size, (h, pooled_out)
+
+
+# ---- (c) pooling -----------------------------------------------------------------------------
+
+
+@st.composite
+def pool_cases(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(1, 3))
+    window = draw(per_axis(n, 1, 4))
+    pad = tuple(draw(st.integers(0, w // 2)) for w in window)
+    stride = draw(st.one_of(st.none(), per_axis(n, 1, 3)))
+    return {"n": n, "S": draw(per_axis(n, 1, 9)), "window": window, "pad": pad,
+            "stride": stride, "op": draw(st.sampled_from(["maxpool", "avgpool"]))}
+
+
+@SETTINGS
+@given(pool_cases())
+def test_pool_output_size_agrees_with_torch(workdir: Path, p: dict[str, Any]) -> None:
+    n, op = p["n"], p["op"]
+    x_shape = (2, 3, *p["S"])
+    stride_kw = "" if p["stride"] is None else f", stride={_ints(p['stride'])}"
+    src = model_snippet(f"  input x: {_shape(x_shape)}\n"
+                        f"  output y = {op}(x, window={_ints(p['window'])}{stride_kw}, "
+                        f"pad={_ints(p['pad'])})")
+    c = check_source(src, workdir)
+    # PyTorch's avg_pool3d alone also demands an unpadded input at least as large as the
+    # window (avg_pool1d/2d and max_pool3d do not); its output size is max_pool3d's.
+    fn = (TORCH_AVGPOOL if op == "avgpool" and n < 3 else TORCH_MAXPOOL)[n]
+    expected = _torch_shape(lambda: fn(torch.zeros(x_shape), p["window"], stride=p["stride"],
+                                       padding=p["pad"], ceil_mode=False))
+    if expected is None:
+        assert _errors(c) == ["E0603"], _messages(c)
+    else:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, op) == [expected]
+
+
+@SETTINGS
+@given(st.integers(1, 5), st.integers(0, 4), st.integers(3, 9))
+def test_pool_padding_above_half_the_window_is_refused_like_torch(
+        workdir: Path, window: int, pad: int, size: int) -> None:
+    src = model_snippet(f"  input x: [1, 2, {size}, {size}]\n"
+                        f"  output y = maxpool(x, window={window}, stride=1, pad={pad})")
+    c = check_source(src, workdir)
+    expected = _torch_shape(lambda: F.max_pool2d(torch.zeros(1, 2, size, size), window, 1, pad))
+    if 2 * pad > window:
+        assert expected is None
+        assert _errors(c) == ["E0305"], _messages(c)
+    elif expected is not None:
+        assert _errors(c) == [] and _node_shapes(c, "maxpool") == [expected], _messages(c)
+
+
+# ---- (d) transposed convolution --------------------------------------------------------------
+
+
+@st.composite
+def conv_t_cases(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(1, 3))
+    stride = draw(per_axis(n, 1, 3))
+    dilation = draw(per_axis(n, 1, 2))
+    opad = tuple(draw(st.integers(0, s - 1)) for s in stride)  # output_pad < stride
+    return {"n": n, "S": draw(per_axis(n, 1, 6)), "R": draw(per_axis(n, 1, 4)),
+            "stride": stride, "pad": draw(per_axis(n, 0, 3)), "dilation": dilation,
+            "opad": opad}
+
+
+@SETTINGS
+@given(conv_t_cases())
+def test_conv_transpose_output_size_agrees_with_torch(workdir: Path, p: dict[str, Any]) -> None:
+    n = p["n"]
+    x_shape, w_shape = (2, 3, *p["S"]), (3, 4, *p["R"])
+    src = model_snippet(
+        f"  input x: {_shape(x_shape)}\n  input w: {_shape(w_shape)}\n"
+        f"  output y = conv_transpose(x, w, stride={_ints(p['stride'])}, pad={_ints(p['pad'])}, "
+        f"dilation={_ints(p['dilation'])}, output_pad={_ints(p['opad'])})")
+    c = check_source(src, workdir)
+    expected = _torch_shape(lambda: TORCH_CONV_T[n](
+        torch.zeros(x_shape), torch.zeros(w_shape), stride=p["stride"], padding=p["pad"],
+        output_padding=p["opad"], dilation=p["dilation"]))
+    if expected is None:
+        assert _errors(c) == ["E0603"], _messages(c)
+    else:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, "conv_transpose") == [expected]
+
+
+# ---- (e) matmul ------------------------------------------------------------------------------
+
+batch = st.lists(st.sampled_from([1, 2, 3]), min_size=0, max_size=2)
+mat = st.integers(1, 4)
+
+
+@SETTINGS
+@given(batch, batch, mat, mat, mat)
+def test_matmul_batch_broadcasting_agrees_with_torch(workdir: Path, ba: list[int], bb: list[int],
+                                                     m: int, k: int, n: int) -> None:
+    a_shape, b_shape = (*ba, m, k), (*bb, k, n)
+    src = model_snippet(f"  input a: {_shape(a_shape)}\n  input b: {_shape(b_shape)}\n"
+                        "  output y = matmul(a, b)")
+    c = check_source(src, workdir)
+    expected = _torch_shape(lambda: torch.matmul(torch.zeros(a_shape), torch.zeros(b_shape)))
+    if expected is None:
+        assert _errors(c) == ["E0301"], _messages(c)
+    else:
+        assert _errors(c) == [], _messages(c)
+        assert _node_shapes(c, "matmul") == [expected]
+
+
+@SETTINGS
+@given(batch, mat, mat, mat, mat)
+def test_matmul_inner_dimension_mismatch_is_e0302(workdir: Path, b: list[int], m: int, ka: int,
+                                                  kb: int, n: int) -> None:
+    assume(ka != kb)
+    a_shape, b_shape = (*b, m, ka), (*b, kb, n)
+    src = model_snippet(f"  input a: {_shape(a_shape)}\n  input b: {_shape(b_shape)}\n"
+                        "  output y = matmul(a, b)")
+    c = check_source(src, workdir)
+    assert _torch_shape(lambda: torch.matmul(torch.zeros(a_shape), torch.zeros(b_shape))) is None
+    assert _errors(c) == ["E0302"], _messages(c)
