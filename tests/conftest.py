@@ -22,7 +22,7 @@ def bless(request: pytest.FixtureRequest) -> bool:
 
 def _have_gpu() -> bool:
     try:
-        import cupy  # noqa: F401
+        import cupy
 
         return bool(cupy.cuda.runtime.getDeviceCount())
     except Exception:

@@ -181,8 +181,8 @@ def div_exact(a: Dim, b: Dim, env: DimEnv) -> Dim | None:
         q = _scaled(a, Fraction(1, b))
         return q if is_integer_valued(q, env) and not isinstance(q, Fraction) else None
     if len(b.terms) != 1:
-        q = _divide_polynomial(a, b)
-        return q if q is not None and is_integer_valued(q, env) else None
+        quotient = _divide_polynomial(a, b)
+        return quotient if quotient is not None and is_integer_valued(quotient, env) else None
     (mono_b, coeff_b), = b.terms
     out: dict[Monomial, Coeff] = {}
     powers_b = dict(mono_b)
