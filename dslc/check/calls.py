@@ -3,6 +3,7 @@ instantiating a def (shape-pattern unification, instance paths, the declared res
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from dslc.check import dims
@@ -48,6 +49,14 @@ class OpCtx:
     def label(self, arg: str, text: str) -> Label:
         return Label(self.span(arg), text)
 
+    def text(self, arg: str) -> str:
+        if arg not in self.spans:
+            return arg
+        written = self.el.program.sources.snippet(self.spans[arg])
+        if "=" in written.split("(")[0]:  # a keyword argument: its value
+            written = written.split("=", 1)[1].strip()
+        return written if written and len(written) <= 40 else arg
+
     def producer(self, arg: str) -> str | None:
         return self.producers.get(arg)
 
@@ -72,6 +81,9 @@ class CallEval(ExprEval):
         callee = ns.lookup(call.func)
         if callee is None:
             return ERROR  # reported by name resolution
+        kinds = [isinstance(a, ast.Kwarg) for a in call.args]
+        if any(k and not later for k, later in itertools.pairwise(kinds)):
+            return ERROR  # a positional argument after a keyword: E0104 said so already
         pos: list[Arg] = []
         kws: dict[str, Arg] = {}
         for a in call.args:
@@ -267,12 +279,21 @@ class CallEval(ExprEval):
         if pending is None:
             self.report("E0208", f"this instance of `{name}` has no name", call.span,
                         "its parameters need a path", frame=scope.frame,
-                        help=(f"bind it with `let`, e.g. `let {name} = {name}(...)`, or add "
-                              f'`as "{name}"`',))
+                        help=("bind it with `let` first, e.g. `let block = "
+                              f"{name}(...)`, then use that value",))
             local = name
         else:
             local = pending[0]
         path = f"{scope.frame.instance}.{local}" if scope.frame.instance else local
+        first = self.instance_paths.get(path)
+        if first is None:
+            self.instance_paths[path] = pending[1] if pending else call.span
+        else:
+            self.duplicate_instances.add(path)
+            self.report("E0208", f"the instance path `{path}` is used twice",
+                        pending[1] if pending else call.span, "second instance",
+                        (Label(first, "first instance"),), frame=scope.frame,
+                        help=('give each instance its own name with `as "..."`',))
         return Frame(scope.frame, name, call.span, path, path, args_text, True)
 
 

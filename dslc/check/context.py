@@ -39,6 +39,11 @@ def is_dim(v: Any) -> bool:
     return is_int(v) or isinstance(v, Poly)
 
 
+def _describe(f: Frame) -> str:
+    text = f"in instance `{f.instance}`" if f.creates_instance else f"in this call to `{f.def_name}`"
+    return f"{text} ({f.args_text})" if f.args_text else text
+
+
 class TooLarge(Exception):
     """The model grew past MAX_NODES (reported once, then elaboration stops)."""
 
@@ -59,20 +64,26 @@ class Context:
         self.params: dict[str, ParamSpec] = {}
         self.used: set[str] = set()  # value names read at least once (for W0201)
         self.active_defs: list[tuple[str, str]] = []
+        self.instance_paths: dict[str, Span] = {}  # where each instance was created
+        self.duplicate_instances: set[str] = set()
 
     # -- diagnostics ---------------------------------------------------------------------------
     def report(self, code: str, message: str, span: Span, label: str = "",
                labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
                help: tuple[str, ...] = (), frame: Frame | None = None) -> None:
         chain = frame.chain() if frame is not None else []
+        if span.file.startswith("std/"):
+            # Inside the bundled library: the user's call is what to fix, so it is the primary
+            # span; the library line becomes a secondary label.
+            user = next((f for f in chain if f.call_span is not None
+                         and not f.call_span.file.startswith("std/")), None)
+            if user is not None and user.call_span is not None:
+                labels = (Label(span, label or "inside the library"), *labels)
+                span, label = user.call_span, _describe(user)
+                chain = [f for f in chain if f is not user]
         trace = []
         for f in chain[:MAX_FRAMES_SHOWN]:
-            if f.creates_instance:
-                text = f"in instance `{f.instance}`"
-            else:
-                text = f"in this call to `{f.def_name}`"
-            trace.append(Label(f.call_span or span, f"{text} ({f.args_text})" if f.args_text
-                               else text))
+            trace.append(Label(f.call_span or span, _describe(f)))
         if len(chain) > MAX_FRAMES_SHOWN:
             notes = (*notes, f"... and {len(chain) - MAX_FRAMES_SHOWN} more enclosing calls")
         if self.bucket is not None:

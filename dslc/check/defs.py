@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from dslc.check import dims
 from dslc.check.context import is_dim
 from dslc.check.resolve import DefRef, suggest
-from dslc.check.types import FP8, Layout, TensorType, format_type
+from dslc.check.types import FAMILIES, FP8, Layout, TensorType, format_type
 from dslc.check.values import ERROR, Binding, DType, ListVal, Scope, TensorVal, TupleVal, kind_of, show
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
@@ -112,7 +112,8 @@ def _bind(el: Elaborator, d: ast.Def, call: ast.Call, pos: list[Arg], kws: dict[
     given: dict[str, Arg] = {}
     if len(pos) > len(tensors):
         extra = pos[len(tensors)]
-        scalars = [p for p in d.params if isinstance(p.type, ast.ScalarTypeExpr)]
+        scalars = [p for p in d.params if isinstance(p.type, ast.ScalarTypeExpr)
+                   and p.name.name not in kws]
         helps: tuple[str, ...] = ()
         if scalars:
             first = scalars[0].name.name
@@ -223,9 +224,11 @@ def layout_of(el: Elaborator, tag: ast.Ident, rank: int, scope: Scope) -> Layout
                   frame=scope.frame)
         return None
     if len(layout.order) != rank:
+        fitting = sorted(t for t in FAMILIES if len(t) == rank)
         el.report("E0501", f"the layout `@{tag.name}` has rank {len(layout.order)}, but the "
                   f"tensor has rank {rank}", tag.span, "does not fit", frame=scope.frame,
-                  help=("use a tag with one letter per axis",))
+                  help=(f"tags of rank {rank}: " + ", ".join(f"@{t}" for t in fitting),)
+                  if fitting else (f"a rank-{rank} tensor takes no layout tag; leave it out",))
         return None
     return layout
 

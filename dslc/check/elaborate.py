@@ -114,11 +114,23 @@ class Elaborator(CallEval):
             scope.values[ident.name] = Binding(value, ident.span, kind)
 
     # -- dims and settings -----------------------------------------------------------------------
+    def at_least_one(self, d: Any, span: Span, scope: Scope) -> bool:
+        """E0606 when a size can be below 1 for an admissible value of its dims."""
+        if not is_dim(d):
+            return True
+        lo, _ = dims.interval(d, self.env)
+        if lo >= 1:
+            return True
+        text = self.program.sources.snippet(span)
+        where = "" if is_int(d) else f" (it can be as small as {lo})"
+        self.report("E0606", f"the size `{text}` can be below 1{where}", span,
+                    "sizes are at least 1", frame=scope.frame,
+                    help=("narrow the range of the dims it uses",) if not is_int(d) else ())
+        return False
+
     def dim_fixed(self, stmt: ast.DimFixed, scope: Scope) -> None:
         value = self.want_dim(stmt.value, scope)
-        if is_int(value) and value < 1:
-            self.report("E0606", f"`{stmt.name.name}` must be at least 1", stmt.value.span,
-                        f"{value} here", frame=scope.frame)
+        if value is not ERROR and not self.at_least_one(value, stmt.value.span, scope):
             value = ERROR
         self.bind(stmt.name, value, scope, "dim")
         if scope.is_model and value is not ERROR:
@@ -129,17 +141,18 @@ class Elaborator(CallEval):
         lo, hi = stmt.lo.value, stmt.hi.value
         align = stmt.align.value if stmt.align is not None else 1
         tune = tuple(t.value for t in stmt.tune) if stmt.tune is not None else None
-        bad = None
+        bad: tuple[Span, str, *tuple[str, ...]] | None = None
         if lo < 1:
             bad = (stmt.lo.span, f"`{name}` must be at least 1")
         elif lo > hi:
-            bad = (stmt.range_span, f"the range of `{name}` is empty: {lo} > {hi}")
+            bad = (stmt.range_span, f"the range of `{name}` is empty: {lo} > {hi}",
+                   f"write `{hi}..{lo}`")
         elif align < 1:
             bad = (stmt.align.span if stmt.align else stmt.span, "`align` must be at least 1")
         elif -(-lo // align) * align > hi:
             bad = (stmt.range_span, f"no multiple of {align} lies in {lo}..{hi}")
         if bad is not None:
-            self.report("E0606", bad[1], bad[0], frame=scope.frame)
+            self.report("E0606", bad[1], bad[0], frame=scope.frame, help=tuple(bad[2:]))
             self.bind(stmt.name, ERROR, scope, "dim")
             return
         for t in stmt.tune or ():
@@ -236,9 +249,7 @@ class Elaborator(CallEval):
         if shape is None:
             return None
         for d, expr in zip(shape, t.dims or (), strict=False):
-            if is_int(d) and d < 1:
-                self.report("E0606", f"a size of {d} in a tensor type", expr.span,
-                            "sizes are at least 1", frame=scope.frame)
+            if not self.at_least_one(d, expr.span, scope):
                 return None
         layout: Layout | None = Layout.row_major(len(shape))
         if t.layout is not None:
@@ -278,12 +289,13 @@ class Elaborator(CallEval):
         if dynamic:
             self.report("E0605", f"the shape of param `{path}` depends on a dynamic dim",
                         stmt.type.span, f"{format_type(t)}", frame=scope.frame,
-                        notes=("weights have one fixed shape",))
+                        notes=("weights have one fixed shape, whatever the input size",),
+                        help=("size the param with static dims (`dim D = 64`) or def arguments",))
             self.bind(stmt.name, ERROR, scope, "param")
             return
         first = self.params.get(path)
         if first is not None:
-            if self.bucket is None:
+            if self.bucket is None and scope.frame.instance not in self.duplicate_instances:
                 self.report("E0208", f"the parameter path `{path}` is declared twice",
                             stmt.name.span, "declared again here",
                             (Label(first.span, "first declared here"),), frame=scope.frame,
@@ -321,7 +333,7 @@ class Elaborator(CallEval):
         if fresh and isinstance(value, TensorVal):
             value = self.rename(value, self.node_name(scope.frame, stmt.targets[0].name))
         self.bind(stmt.targets[0], value, scope, "let")
-        if scope.is_model and isinstance(value, TensorVal):
+        if isinstance(value, TensorVal):
             self.lets.append((value.node, stmt.targets[0].name, stmt.targets[0].span))
 
     def bind_tuple(self, stmt: ast.Let, value: Any, scope: Scope) -> None:
@@ -330,8 +342,11 @@ class Elaborator(CallEval):
             items = (ERROR,) * len(stmt.targets)
         elif not isinstance(value, TupleVal) or len(value.items) != len(stmt.targets):
             n = len(value.items) if isinstance(value, TupleVal) else 1
+            names = stmt.targets[0].span.to(stmt.targets[-1].span)
             self.report("E0210", f"{len(stmt.targets)} names for {n} value{'s' if n != 1 else ''}",
-                        stmt.span, f"this gives {kind_of(value)}", frame=scope.frame)
+                        names, f"{len(stmt.targets)} names", (Label(stmt.rhs.span,
+                                                                    f"gives {kind_of(value)}"),),
+                        frame=scope.frame)
             items = (ERROR,) * len(stmt.targets)
         else:
             items = value.items
@@ -364,7 +379,7 @@ class Elaborator(CallEval):
             name = rhs.instance.value if rhs.instance is not None else let_name
             if not self.valid_path(name, rhs.instance.span if rhs.instance else rhs.span, scope):
                 return ERROR
-            self.pending_instance = (name, rhs.span)
+            self.pending_instance = (name, rhs.instance.span if rhs.instance else rhs.span)
         try:
             return self.eval(rhs.expr, scope, hint)
         finally:
@@ -504,19 +519,25 @@ class Elaborator(CallEval):
         if not self.outputs and self.bucket is None and self.sink.error_count == 0:
             self.report("E0704", f"model `{model.name.name}` has no output", model.name.span,
                         "nothing is computed", help=("declare one: `output y = ...`",))
-        if self.bucket is None:
+        if self.bucket is None and self.sink.error_count == 0:  # after errors it would mislead
             self.warn_unused()
         return scope
 
     def warn_unused(self) -> None:
+        """W0201 for a `let` whose value no op or output reads, in every instance of its def."""
         used = set(self.used)
         for node in self.nodes:
             used.update(node.inputs)
+        by_statement: dict[Span, tuple[str, bool]] = {}
         for node_name, let_name, span in self.lets:
-            if node_name not in used:
+            _, seen = by_statement.get(span, (let_name, False))
+            by_statement[span] = (let_name, seen or node_name in used)
+        for span, (let_name, seen) in by_statement.items():
+            if not seen:
                 self.report("W0201", f"the value `{let_name}` is never used", span,
                             "computed here but not used",
-                            help=(f"use it, export it with `output {let_name}`, or remove it",))
+                            help=(f"use it, or remove it (a model can export it with `output "
+                                  f"{let_name}`)",))
 
 
 def model_metadata(el: Elaborator, model: ast.Model, scope: Scope) -> dict[str, Any]:

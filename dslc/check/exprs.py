@@ -62,7 +62,8 @@ class ExprEval(Context):
             case ast.DtypeLit(name=n):
                 return DType(n)
             case ast.ListExpr(items=items):
-                return ListVal(tuple(self.eval(i, scope, hint) for i in items))
+                values = tuple(self.eval(i, scope, hint) for i in items)
+                return ERROR if any(v is ERROR for v in values) else ListVal(values)
             case ast.Binary():
                 return self.binary(expr, scope, hint)
             case ast.Logic():
@@ -205,12 +206,16 @@ class ExprEval(Context):
         q = dims.div_exact(a, b, self.env)
         if q is not None:
             return q
-        text = _text(expr)
+        text = self.program.sources.snippet(expr.span) or _text(expr)
         if isinstance(a, int) and isinstance(b, int):
+            near = sorted((d for d in range(1, a + 1) if a % d == 0 and b > 0),
+                          key=lambda d: (abs(d - b), d))[:2] if 0 < a <= 10**6 else []
+            helps = [f"divisors of {a} near {b}: {', '.join(map(str, sorted(near)))}"] if near \
+                else []
+            helps.append(f"for a fraction, use floats: `{a}.0 / {b}`")
             self.report("E0602", f"`{text}` is not exact: {a} is not a multiple of {b}",
                         expr.span, "not an integer", frame=scope.frame,
-                        help=("`/` on dims must divide exactly; for a fraction, use floats: "
-                              f"`{a}.0 / {b}`",))
+                        notes=("`/` on dims and ints must divide exactly",), help=tuple(helps))
             return ERROR
         syms = sorted(a.symbols() if isinstance(a, dims.Poly) else set())
         ranges = [self.env.syms[s] for s in syms if s in self.env.syms]
@@ -260,9 +265,10 @@ class ExprEval(Context):
                 starts.append(at)
                 ends.append(dims.add(at, 1) if not (is_int(at) and at == -1) else None)
                 drop.append(axis)
+        items = expr.items[0].span.to(expr.items[-1].span)
         sliced = self.apply_op("slice", expr.span, expr.span, [(target, expr.target.span)],
-                               {"starts": (ListVal(tuple(starts)), expr.span),
-                                "ends": (ListVal(tuple(ends)), expr.span)}, scope, hint)
+                               {"starts": (ListVal(tuple(starts)), items),
+                                "ends": (ListVal(tuple(ends)), items)}, scope, hint)
         if not drop or not isinstance(sliced, TensorVal):
             return sliced
         shape = tuple(d for i, d in enumerate(sliced.type.shape) if i not in drop)

@@ -9,7 +9,9 @@ cycles (E0701) everywhere, also in defs no model instantiates and in `if` branch
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
+from functools import cache
 
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
@@ -61,7 +63,19 @@ class Resolved:
         return isinstance(ref, DefRef) and self.has_params.get(ref.key, False)
 
 
+# PyTorch's spellings of parameters dslc names differently.
+TORCH_NAMES = {"kernel_size": "k", "kernel": "k", "padding": "pad", "out_channels": "out",
+               "out_features": "out", "bias": "has_bias", "keepdim": "keepdims", "dim": "axes",
+               "negative_slope": "slope", "num_groups": "groups", "output_padding": "output_pad",
+               "scale_factor": "factor", "is_causal": "causal"}
+
+
 def suggest(name: str, candidates: list[str]) -> str | None:
+    mapped = TORCH_NAMES.get(name)
+    if mapped in candidates:
+        return mapped
+    if mapped == "axes" and "axis" in candidates:
+        return "axis"
     found = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
     return found[0] if found else None
 
@@ -73,11 +87,16 @@ def resolve(program: Program, sink: Sink) -> Resolved:
     calls: dict[tuple[str, str], list[tuple[DefRef, Span]]] = {}
     for module in program.modules.values():
         ns = out.namespaces[module.path]
+        model_names = {i.name: m.name.name for m in module.models for s in m.body
+                       for i in _bound_names(s)}
         for d in module.defs:
-            calls[(module.path, d.name.name)] = _Body(ns, sink, f"def `{d.name.name}`").def_(d)
+            body = _Body(ns, sink, f"def `{d.name.name}`", model_names)
+            calls[(module.path, d.name.name)] = body.def_(d)
         for m in module.models:
             _Body(ns, sink, f"model `{m.name.name}`").model(m)
-    _report_cycles(program, calls, sink)
+    order = {(m.path, d.name.name): (i, d.span.line) for i, m in enumerate(program.modules.values())
+             for d in m.defs}
+    _report_cycles(calls, order, sink)
     for module in program.modules.values():
         for d in module.defs:
             _has_params(DefRef(module, d), calls, out.has_params, set())
@@ -105,8 +124,10 @@ def _namespace(program: Program, module: ast.Module, sink: Sink) -> Namespace:
         if imp.alias is not None:
             alias = imp.alias.name
             if alias in ns.aliases or alias in ns.defs or alias in OPS:
+                what = ("the built-in operation" if alias in OPS else "the def" if alias in ns.defs
+                        else "the import alias")
                 sink.report(Diagnostic(
-                    "E0206", f"the import alias `{alias}` clashes with another name",
+                    "E0206", f"the import alias `{alias}` clashes with {what} `{alias}`",
                     imp.alias.span, "already in use", help=("choose another alias",)))
             ns.aliases[alias] = target
             continue
@@ -130,7 +151,9 @@ def _namespace(program: Program, module: ast.Module, sink: Sink) -> Namespace:
 class _Body:
     """Resolves the value names of one def or model body, in statement order."""
 
-    def __init__(self, ns: Namespace, sink: Sink, owner: str) -> None:
+    def __init__(self, ns: Namespace, sink: Sink, owner: str,
+                 model_names: dict[str, str] | None = None) -> None:
+        self.model_names = model_names or {}  # names a model of this file binds (for hints)
         self.ns = ns
         self.sink = sink
         self.owner = owner
@@ -256,17 +279,25 @@ class _Body:
     def call_head(self, call: ast.Call) -> None:
         func = call.func
         if isinstance(func, ast.Member):
-            self._heads.add(id(func.target))
-            if not (isinstance(func.target, ast.Name) and func.target.name in self.ns.aliases):
-                name = func.target.name if isinstance(func.target, ast.Name) else "?"
-                self._report_unknown_op(func.target.span, name, list(self.ns.aliases))
+            for e in ast.walk(func.target):
+                self._heads.add(id(e))
+            if not isinstance(func.target, ast.Name):
+                self.sink.report(Diagnostic(
+                    "E0209", "only operations, defs and `namespace.def` can be called", func.span,
+                    "not callable", notes=("namespaces are one level deep: `nn.linear(...)`",)))
+                return
+            if func.target.name not in self.ns.aliases:
+                self._report_unknown_op(func.target.span, func.target.name, list(self.ns.aliases),
+                                        f"unknown namespace `{func.target.name}`",
+                                        "not an import alias")
                 return
             module = self.ns.aliases[func.target.name]
             ref = self.ns.lookup(func)
             if ref is None:
                 self._report_unknown_op(func.name.span, func.name.name,
                                         [d.name.name for d in module.defs],
-                                        f"`{func.target.name}` has no def `{func.name.name}`")
+                                        f"`{func.target.name}` has no def `{func.name.name}`",
+                                        f"not defined in `{module.file}`")
             elif isinstance(ref, DefRef):
                 self.calls.append((ref, call.func.span))
             return
@@ -288,13 +319,17 @@ class _Body:
             self.calls.append((ref, func.span))
 
     def _report_unknown_op(self, span: Span, name: str, candidates: list[str],
-                           message: str | None = None) -> None:
+                           message: str | None = None, label: str | None = None) -> None:
         hint = suggest(name, candidates)
+        helps = [f"did you mean `{hint}`?"] if hint else []
+        std = _std_defs().get(name)
+        if message is None and std is not None:
+            helps.insert(0, f'`{name}` is defined in `{std}`: add `import "{std}"`')
+        notes = () if message else ("`dslc ops` lists the built-in operations and their "
+                                    "signatures",)
         self.sink.report(Diagnostic(
             "E0203", message or f"unknown operation `{name}`", span,
-            "not a built-in op, nor a def in scope",
-            help=(f"did you mean `{hint}`?",) if hint else (),
-            notes=("`dslc ops` lists the built-in operations and their signatures",)))
+            label or "not a built-in op, nor a def in scope", help=tuple(helps), notes=notes))
 
     def _unknown(self, e: ast.Name) -> None:
         notes: tuple[str, ...] = ()
@@ -310,9 +345,26 @@ class _Body:
             helps.append(f"booleans are written `{e.name.lower()}`")
         if e.name in OPS or e.name in self.ns.defs:
             helps.append(f"`{e.name}` is an operation; call it: `{e.name}(...)`")
+        if e.name in self.model_names:
+            notes = (*notes, f"`{e.name}` belongs to model `{self.model_names[e.name]}`; a def "
+                     "sees only its own parameters and bindings")
+            helps.append(f"add a parameter, e.g. `{e.name.lower()}: int`, and pass the value "
+                         "at the call")
         self.sink.report(Diagnostic(
             "E0201", f"cannot find value `{e.name}` in this scope", e.span,
             f"not found in {self.owner}", notes=notes, help=tuple(helps)))
+
+
+@cache
+def _std_defs() -> dict[str, str]:
+    """Def names of the bundled library, for "add this import" hints."""
+    from dslc.parse.loader import STD_ROOT
+
+    out: dict[str, str] = {}
+    for path in sorted(STD_ROOT.glob("*.cgraph")):
+        for name in re.findall(r"^def\s+([A-Za-z_][A-Za-z0-9_]*)", path.read_text(), re.M):
+            out.setdefault(name, f"std/{path.name}")
+    return out
 
 
 def _next_name(name: str) -> str:
@@ -332,8 +384,8 @@ def _bound_names(stmt: ast.Stmt) -> list[ast.Ident]:
     return []
 
 
-def _report_cycles(program: Program, calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
-                   sink: Sink) -> None:
+def _report_cycles(calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
+                   order: dict[tuple[str, str], tuple[int, int]], sink: Sink) -> None:
     """E0701 once per cycle of the def call graph (Tarjan's strongly connected components)."""
     index: dict[tuple[str, str], int] = {}
     low: dict[tuple[str, str], int] = {}
@@ -380,7 +432,7 @@ def _report_cycles(program: Program, calls: dict[tuple[str, str], list[tuple[Def
             visit(v)
     for comp in components:
         members = set(comp)
-        first = min(comp)
+        first = min(comp, key=lambda k: order.get(k, (0, 0)))  # the def written first
         if len(comp) == 1 and not any(ref.key == first for ref, _ in calls.get(first, [])):
             continue
         path, spans = _shortest_cycle(first, members, calls)

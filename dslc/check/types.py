@@ -79,8 +79,7 @@ class Layout:
 
 
 # How a layout without a written tag prints: the usual name of its order.
-_COMMON_TAGS = {(0, 2, 1): "NWC", (0, 2, 3, 1): "NHWC", (0, 2, 3, 4, 1): "NDHWC",
-                (0, 2, 1, 3): "BSHD"}
+_COMMON_TAGS = {(0, 2, 1): "NWC", (0, 2, 3, 1): "NHWC", (0, 2, 3, 4, 1): "NDHWC"}
 
 
 @dataclass(frozen=True, slots=True)

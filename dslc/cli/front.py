@@ -32,7 +32,13 @@ class Output:
             self.color = color == "always"
 
     def diagnostics(self, sink: Sink, sources: SourceMap) -> None:
-        self.stream.write(render(sink.diagnostics, self.fmt, sources, self.color))
+        """In source order within each file; files in the order they were first reported."""
+        files: dict[str, int] = {}
+        for d in sink.diagnostics:
+            files.setdefault(d.span.file, len(files))
+        ordered = sorted(sink.diagnostics,
+                         key=lambda d: (files[d.span.file], d.span.line, d.span.col))
+        self.stream.write(render(ordered, self.fmt, sources, self.color))
 
     def summary(self, sink: Sink, what: str) -> None:
         if self.fmt != "human" or not sink.error_count:
@@ -43,8 +49,9 @@ class Output:
         sys.stderr.write(f"error: could not {what}: {n} error{'s' if n != 1 else ''}{tail}\n")
 
     def info(self, text: str) -> None:
+        """A progress line: stdout for humans; stderr when stdout carries json or github records."""
         if not self.quiet:
-            print(text)
+            print(text, file=sys.stdout if self.fmt == "human" else sys.stderr)
 
 
 def add_diag_options(p: argparse.ArgumentParser) -> None:

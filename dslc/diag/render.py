@@ -103,7 +103,7 @@ def _underlines(marks: list[_Mark], pad: str, st: _Style, sev: str) -> list[str]
     """The underline row of one source line and the rows that hang the other labels' texts."""
     marks = sorted(marks, key=lambda m: (m.start, not m.primary))
     row: list[str] = []
-    for m in marks:
+    for m in sorted(marks, key=lambda m: not m.primary):  # the primary wins where spans overlap
         if len(row) < m.end:
             row.extend(" " * (m.end - len(row)))
         for c in range(m.start, m.end):

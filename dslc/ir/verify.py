@@ -49,6 +49,9 @@ class _Ctx:
     def label(self, arg: str, text: str) -> Label:
         return Label(self.node.span, text)
 
+    def text(self, arg: str) -> str:
+        return arg
+
     def producer(self, arg: str) -> str | None:
         return self._producers.get(arg)
 

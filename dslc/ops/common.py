@@ -9,6 +9,7 @@ from typing import Any
 from dslc.check import dims
 from dslc.check.dims import Dim
 from dslc.check.types import BITS, TensorType, format_shape, format_type, is_float, is_int
+from dslc.diag.diagnostic import Label
 from dslc.ops.opdef import InferCtx
 
 
@@ -57,9 +58,9 @@ def require_float(ctx: InferCtx, op: str, arg: str, t: TensorType) -> bool:
     if is_float(t.dtype):
         return True
     ctx.error("E0401", f"`{op}` does not support {t.dtype} inputs", at=arg,
-              label=f"{arg} is {t.dtype} here",
+              label=f"{t.dtype} here",
               notes=(f"`{op}` takes floating-point tensors (f32, f16, bf16)",),
-              help=(f"convert first: `cast({arg}, f32)`",))
+              help=(f"convert first: `cast({ctx.text(arg)}, f32)`",))
     return False
 
 
@@ -68,8 +69,8 @@ def require_same_dtype(ctx: InferCtx, op: str, a: str, ta: TensorType, b: str,
     if ta.dtype == tb.dtype:
         return True
     ctx.error("E0401", f"the operands of `{op}` have different dtypes", at=b,
-              label=f"{b} is {tb.dtype}", labels=(ctx.label(a, f"{a} is {ta.dtype}"),),
-              help=(f"cast one of them: `cast({b}, {ta.dtype})`",))
+              label=tb.dtype, labels=(ctx.label(a, ta.dtype),),
+              help=(f"cast one of them: `cast({ctx.text(b)}, {ta.dtype})`",))
     return False
 
 
@@ -82,7 +83,7 @@ def check_mixed_numeric(ctx: InferCtx, op: str, named: list[tuple[str, TensorTyp
         ctx.error("E0402", f"`{op}` mixes {ft.dtype} and {ot.dtype} operands", at=on,
                   label=f"{ot.dtype}", labels=(ctx.label(fn, ft.dtype),),
                   notes=("integer and float tensors are never converted implicitly",),
-                  help=(f"convert explicitly: `cast(..., {ft.dtype})`",))
+                  help=(f"convert explicitly: `cast({ctx.text(on)}, {ft.dtype})`",))
         return False
     return True
 
@@ -105,14 +106,17 @@ def check_compute(ctx: InferCtx, op: str, types: list[TensorType], need_f32: boo
                       help=("use `compute=f32`",))
             return False
         return True
+    origin = ctx.precision_origin("compute")
+    labels = (Label(origin, f"compute={compute} set here"),) if origin is not None else ()
     if need_f32 and compute != "f32":
         ctx.error("E0403", f"`{op}` needs compute=f32, but compute is {compute} here",
+                  label=f"computed in {compute}", labels=labels,
                   notes=(f"cuDNN runs `{op}` with f32 math",),
                   help=("set `precision compute=f32`, or pass `compute=f32` to this call",))
         return False
     if BITS.get(compute, 32) < widest:
         ctx.error("E0403", f"compute {compute} is narrower than the inputs of `{op}`",
-                  notes=(f"the widest input has {widest} bits",),
+                  label=f"inputs of {widest} bits", labels=labels,
                   help=("use `compute=f32`",))
         return False
     return True

@@ -72,6 +72,13 @@ def reshape_layout(layout: Layout, old: tuple[Dim, ...], new: tuple[Dim, ...]) -
     return Layout(tuple(order))
 
 
+def _only_splits(old: tuple[Dim, ...], new: tuple[Dim, ...]) -> bool:
+    """Whether a reshape only splits axes or adds and drops axes of size 1 (merges nothing)."""
+    groups = reshape_groups(old, new)
+    return groups is not None and all(
+        sum(1 for i in olds if old[i] != 1) <= 1 for olds, _ in groups)
+
+
 def _reshape(ctx: InferCtx, a: Args) -> TensorType | None:
     x = a.t("x")
     target: list[Any] = list(a["shape"])
@@ -104,7 +111,9 @@ def _reshape(ctx: InferCtx, a: Args) -> TensorType | None:
     ctx.set_attr("shape", shape)
     if x.layout is None or shape == x.shape:
         return TensorType(x.dtype, shape, x.layout if shape == x.shape else None)
-    layout = None if ctx.producer("x") == "slice" else reshape_layout(x.layout, x.shape, shape)
+    layout = reshape_layout(x.layout, x.shape, shape)
+    if ctx.producer("x") == "slice" and not _only_splits(x.shape, shape):
+        layout = None  # a sliced tensor is not dense: merging its axes is no view
     if layout is None:
         ctx.error("E0503", "this reshape is not a view of its input's layout", at="x",
                   label=f"{common.fmt(x)}",
@@ -163,7 +172,7 @@ def _slice(ctx: InferCtx, a: Args) -> TensorType | None:
                           (dims.compare(hi, size, "<=", ctx.env), "stop <= size")):
             if test is False:
                 ctx.error("E0607", f"slice {dims.format_dim(lo)}:{dims.format_dim(hi)} is out of "
-                          f"bounds for axis {axis} of size {dims.format_dim(size)}", at="x",
+                          f"bounds for axis {axis} of size {dims.format_dim(size)}", at="starts",
                           label=f"needs {rel}", labels=(ctx.label("x", common.fmt(x)),))
                 return None
         shape.append(dims.sub(hi, lo))

@@ -12,6 +12,10 @@ from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
 
 
+def _swap_last(rank: int) -> list[int]:
+    return [*range(rank - 2), rank - 1, rank - 2]
+
+
 def _matmul(ctx: InferCtx, a: Args) -> TensorType | None:
     x, y = a.t("a"), a.t("b")
     for name, t in (("a", x), ("b", y)):
@@ -26,8 +30,9 @@ def _matmul(ctx: InferCtx, a: Args) -> TensorType | None:
                   label=f"{common.fmt(y)}: K = {ky} (axis {y.rank - 2})",
                   labels=(ctx.label("a", f"{common.fmt(x)}: K = {kx} (last axis)"),),
                   notes=(f"a is [.., M, K] and b is [.., K, N]; here {kx} vs {ky}",),
-                  help=("if b is stored [N, K] (as PyTorch's Linear weight), use "
-                        "`transpose(b, [1, 0])`, which costs nothing",))
+                  help=(f"if `{ctx.text('b')}` is stored [.., N, K] (as PyTorch's Linear "
+                        f"weight), use `transpose({ctx.text('b')}, {_swap_last(y.rank)})`, "
+                        "which costs nothing",))
         return None
     if x.dtype == "i8" and y.dtype == "i8":
         dtype = "i32"

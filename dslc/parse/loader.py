@@ -85,6 +85,20 @@ def _resolve(imp: ast.Import, importer: Path, include_dirs: list[Path]) -> Path 
     return None
 
 
+def _nearby(written: str, importer: Path, include_dirs: list[Path]) -> str | None:
+    """A `.cgraph` file that exists under a similar name, as the import would be written."""
+    import difflib
+
+    rel = Path(written)
+    found: list[str] = []
+    for root in [importer.parent, *include_dirs, PACKAGE_ROOT]:
+        folder = root / rel.parent
+        if folder.is_dir():
+            found += [(rel.parent / p.name).as_posix() for p in folder.glob("*.cgraph")]
+    match = difflib.get_close_matches(written, found, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
 def _search_note(module: ast.Module, include_dirs: list[Path]) -> str:
     places = [f"next to `{module.file}`"]
     places += [f"in `{d.as_posix()}`" for d in include_dirs]
@@ -97,11 +111,12 @@ def _load_imports(program: Program, module: ast.Module, include_dirs: list[Path]
     for i, imp in enumerate(module.imports):
         target = _resolve(imp, importer, include_dirs)
         if target is None:
+            near = _nearby(imp.path.value, importer, include_dirs)
             sink.report(Diagnostic(
                 "E0703", f"cannot find import `{imp.path.value}`", imp.path.span,
                 "no such file",
                 notes=(_search_note(module, include_dirs),),
-                help=("check the spelling, or add the folder that holds it with `-I DIR`",),
+                help=(f'did you mean `"{near}"`?',) if near else (),
             ))
             continue
         key = str(target)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from lark import Token, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from dslc.check.types import DTYPES
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
 
@@ -27,6 +28,7 @@ _NAMED = {
 STATEMENT_KEYWORDS = {"dim", "buckets", "precision", "layout", "input", "param", "let", "output",
                       "return"}
 _OPERATORS = {"(", "*", "+", "-", ".", "/", "[", "and", "if", "or", "comparison"}
+_EXPRESSION = {"(", "[", "-", "identifier", "integer", "float", "string", "true", "false"}
 
 
 def _spelling(terminal: str) -> str:
@@ -50,6 +52,9 @@ def describe_expected(terminals: set[str]) -> str:
     if names >= STATEMENT_KEYWORDS:
         names -= STATEMENT_KEYWORDS
         groups.append("a statement")
+    if names >= _EXPRESSION:
+        names -= _EXPRESSION | set(DTYPES) | {"not"}
+        groups.append("an expression")
     operator = names >= _OPERATORS
     if operator:
         names -= _OPERATORS
@@ -133,15 +138,17 @@ def _with_colon(site: ErrorSite) -> str:
     return f"write `{fixed}`"
 
 
-def _neighbours(site: ErrorSite) -> tuple[str, str]:
-    """The argument before the error and the one starting at it, for the missing-comma help."""
-    depth, start = 0, len(site.before)
+def _neighbours(site: ErrorSite) -> tuple[str, str, str]:
+    """The item before the error, the one starting at it, and the bracket that holds them
+    (for the missing-comma help)."""
+    depth, start, opener = 0, len(site.before), "("
     for i in range(len(site.before) - 1, -1, -1):
         ch = site.before[i]
         if ch in ")]":
             depth += 1
         elif ch in "([":
             if depth == 0:
+                opener = ch
                 break
             depth -= 1
         elif ch == "," and depth == 0:
@@ -158,7 +165,7 @@ def _neighbours(site: ErrorSite) -> tuple[str, str]:
         elif (ch == "," or ch == "#") and depth == 0:
             break
         end = i + 1
-    return site.before[start:].strip(), rest[:end].strip()
+    return site.before[start:].strip(), rest[:end].strip(), opener
 
 
 def _is_missing_comma(site: ErrorSite) -> bool:
@@ -166,10 +173,11 @@ def _is_missing_comma(site: ErrorSite) -> bool:
 
 
 def _missing_comma_help(site: ErrorSite) -> str:
-    prev, nxt = _neighbours(site)
+    prev, nxt, opener = _neighbours(site)
+    what = "arguments" if opener == "(" else "the items"
     if prev and nxt:
-        return f"separate arguments with a comma: `{prev}, {nxt}`"
-    return "separate the items with a comma"
+        return f"separate {what} with a comma: `{prev}, {nxt}`"
+    return f"separate {what} with a comma"
 
 
 CATALOGUE: tuple[Mistake, ...] = (
@@ -177,7 +185,8 @@ CATALOGUE: tuple[Mistake, ...] = (
         "declaration with `=`", "E0102",
         lambda s: s.token_text == "=" and ":" in s.expected
         and re.match(r"\s*(input|param)\b", s.line_text) is not None,
-        lambda s: f"an `{_decl_keyword(s)}` is declared with a type, not a value",
+        lambda s: f"{'an' if _decl_keyword(s) == 'input' else 'a'} `{_decl_keyword(s)}` is "
+                  "declared with a type, not a value",
         lambda s: "expected `:`",
         lambda s: _with_colon(s) + (" (or pin the dtype, e.g. `f16[...]`)"
                                     if _decl_keyword(s) == "input" else ""),
@@ -190,6 +199,14 @@ CATALOGUE: tuple[Mistake, ...] = (
         lambda s: "statements end at the end of the line",
         lambda s: "remove the `;`",
         "model m {\n  input x: [4];\n}\n",
+    ),
+    Mistake(
+        "power operator", "E0101",
+        lambda s: s.token_text == "*" and s.before.rstrip().endswith("*"),
+        lambda s: "syntax error: `**` is not an operator",
+        lambda s: "no power operator",
+        lambda s: "use `pow(a, b)`, or `x * x` for a square",
+        "model m {\n  input x: [4]\n  output y = x ** 2\n}\n",
     ),
     Mistake(
         "three-dot range", "E0101",
@@ -271,10 +288,7 @@ def _site(err: UnexpectedInput, text: str) -> tuple[ErrorSite, Span, str, set[st
         tok = err.token
         expected = set(err.accepts or err.expected)
         if tok.type == "$END":
-            line = len(lines)
-            col = len(lines[-1])
-            site = ErrorSite("$END", "", frozenset(_spelling(t) for t in expected), lines[-1], col)
-            return site, Span("", line, col + 1, line, col + 2), "end of file", expected
+            return _at_end(lines, expected)
         assert tok.line is not None and tok.column is not None and tok.end_column is not None
         line_text = lines[tok.line - 1] if tok.line <= len(lines) else ""
         site = ErrorSite(tok.type, str(tok), frozenset(_spelling(t) for t in expected), line_text,
@@ -290,10 +304,17 @@ def _site(err: UnexpectedInput, text: str) -> tuple[ErrorSite, Span, str, set[st
         desc = f"character `{ch}`" if ch.isprintable() else f"character {ch!r}"
         return site, Span("", err.line, err.column, err.line, err.column + 1), desc, expected
     assert isinstance(err, UnexpectedEOF)
-    expected = set(err.expected)
+    return _at_end(lines, set(err.expected))
+
+
+def _at_end(lines: list[str], expected: set[str]) -> tuple[ErrorSite, Span, str, set[str]]:
+    """The end of file, placed just after the last code on the last line that has any."""
     line = len(lines)
-    col = len(lines[-1])
-    site = ErrorSite("$END", "", frozenset(_spelling(t) for t in expected), lines[-1], col)
+    while line > 1 and not lines[line - 1].split("#")[0].strip():
+        line -= 1
+    text = lines[line - 1]
+    col = len(text.split("#")[0].rstrip())
+    site = ErrorSite("$END", "", frozenset(_spelling(t) for t in expected), text, col)
     return site, Span("", line, col + 1, line, col + 2), "end of file", expected
 
 
@@ -319,8 +340,9 @@ def report_syntax_error(err: UnexpectedInput, text: str, file: str, sink: Sink) 
     span = Span(file, span.line, span.col, span.end_line, span.end_col)
     expected_text = describe_expected(expected)
     labels: tuple[Label, ...] = ()
-    if site.token_type == "$END":
-        brace = _unclosed_brace(text, file)
+    if site.token_type == "$END" or site.token_text in ("def", "model", "import"):
+        before = "\n".join([*text.split("\n")[:span.line - 1], site.before])
+        brace = _unclosed_brace(before, file)
         labels = (brace,) if brace else ()
     for mistake in CATALOGUE:
         if mistake.matches(site):
