@@ -82,8 +82,10 @@ class CallEval(ExprEval):
         if callee is None:
             return ERROR  # reported by name resolution
         kinds = [isinstance(a, ast.Kwarg) for a in call.args]
-        if any(k and not later for k, later in itertools.pairwise(kinds)):
-            return ERROR  # a positional argument after a keyword: E0104 said so already
+        names = [a.name.name for a in call.args if isinstance(a, ast.Kwarg)]
+        if any(k and not later for k, later in itertools.pairwise(kinds)) or \
+                len(set(names)) != len(names):
+            return ERROR  # argument order or a repeated keyword: E0104 said so already
         pos: list[Arg] = []
         kws: dict[str, Arg] = {}
         for a in call.args:

@@ -24,6 +24,7 @@ from dslc.parse import ast
 from dslc.parse.loader import Program
 
 MAX_BUCKETS = 64  # above this, W0602: each bucket is a graph to build and tune
+MAX_RECHECKS = 4096  # beyond this many buckets the concrete re-check is refused (E0606)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,13 @@ def check(program: Program, module: ast.Module, sink: Sink,
     if sink.error_count:
         return None
     buckets = enumerate_buckets(el, sink)
-    for bucket in buckets[:MAX_BUCKETS]:
+    if len(buckets) > MAX_RECHECKS:
+        sink.report(Diagnostic(
+            "E0606", f"{len(buckets)} buckets are too many to check", el.dims[0].span,
+            f"more than {MAX_RECHECKS}", help=("list the combinations you need with "
+                                               "`buckets (...) = [...]`",)))
+        return None
+    for bucket in buckets:
         recheck(program, resolved, module, model, bucket, sink, precision, backend)
     if sink.error_count:
         return None
@@ -101,7 +108,7 @@ def enumerate_buckets(el: Elaborator, sink: Sink) -> list[dict[str, int]]:
         sink.report(Diagnostic(
             "W0602", f"{len(out)} buckets: each is a graph to build and tune", first.span,
             "the dynamic dims multiply",
-            notes=(f"only the first {MAX_BUCKETS} are re-checked with concrete sizes",),
+            notes=(f"more than {MAX_BUCKETS} graphs make compiles and bundles slow",),
             help=("list the combinations you need with `buckets (...) = [...]`",)))
     return out
 

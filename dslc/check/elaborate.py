@@ -110,8 +110,9 @@ class Elaborator(CallEval):
         return None
 
     def bind(self, ident: ast.Ident, value: Any, scope: Scope, kind: str) -> None:
-        if ident.name not in scope.values:  # a duplicate was reported by name resolution
-            scope.values[ident.name] = Binding(value, ident.span, kind)
+        if ident.name in scope.values:  # bound twice (E0202): which one is meant is unknown
+            value = ERROR
+        scope.values[ident.name] = Binding(value, ident.span, kind)
 
     # -- dims and settings -----------------------------------------------------------------------
     def at_least_one(self, d: Any, span: Span, scope: Scope) -> bool:

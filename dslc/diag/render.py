@@ -103,12 +103,13 @@ def _underlines(marks: list[_Mark], pad: str, st: _Style, sev: str) -> list[str]
     """The underline row of one source line and the rows that hang the other labels' texts."""
     marks = sorted(marks, key=lambda m: (m.start, not m.primary))
     row: list[str] = []
-    for m in sorted(marks, key=lambda m: not m.primary):  # the primary wins where spans overlap
+    # Longer spans first, so a span nested in another stays visible; at equal length the
+    # primary is drawn last.
+    for m in sorted(marks, key=lambda m: (-(m.end - m.start), m.primary)):
         if len(row) < m.end:
             row.extend(" " * (m.end - len(row)))
         for c in range(m.start, m.end):
-            if row[c] == " ":
-                row[c] = "^" if m.primary else "-"
+            row[c] = "^" if m.primary else "-"
     rows: list[str] = []
     last = marks[-1]
     # Paint the underline row mark by mark, so primary and secondary keep their colours.

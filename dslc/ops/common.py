@@ -8,7 +8,7 @@ from typing import Any
 
 from dslc.check import dims
 from dslc.check.dims import Dim
-from dslc.check.types import BITS, TensorType, format_shape, format_type, is_float, is_int
+from dslc.check.types import BITS, FP8, TensorType, format_shape, format_type, is_float, is_int
 from dslc.diag.diagnostic import Label
 from dslc.ops.opdef import InferCtx
 
@@ -55,12 +55,24 @@ def broadcast_all(ctx: InferCtx, named: list[tuple[str, TensorType]], what: str,
 
 
 def require_float(ctx: InferCtx, op: str, arg: str, t: TensorType) -> bool:
+    """f32, f16 or bf16 (fp8 is taken only by conv, matmul and cast: LANGUAGE 3.4)."""
+    if t.dtype in FP8:
+        return no_fp8(ctx, op, arg, t)
     if is_float(t.dtype):
         return True
     ctx.error("E0401", f"`{op}` does not support {t.dtype} inputs", at=arg,
               label=f"{t.dtype} here",
               notes=(f"`{op}` takes floating-point tensors (f32, f16, bf16)",),
               help=(f"convert first: `cast({ctx.text(arg)}, f32)`",))
+    return False
+
+
+def no_fp8(ctx: InferCtx, op: str, arg: str, t: TensorType) -> bool:
+    if t.dtype not in FP8:
+        return True
+    ctx.error("E0401", f"`{op}` does not take {t.dtype} inputs", at=arg, label=f"{t.dtype} here",
+              notes=("fp8 tensors are taken only by `conv`, `matmul` and `cast`",),
+              help=(f"widen it first: `cast({ctx.text(arg)}, f16)`",))
     return False
 
 
@@ -112,7 +124,8 @@ def check_compute(ctx: InferCtx, op: str, types: list[TensorType], need_f32: boo
         ctx.error("E0403", f"`{op}` needs compute=f32, but compute is {compute} here",
                   label=f"computed in {compute}", labels=labels,
                   notes=(f"cuDNN runs `{op}` with f32 math",),
-                  help=("set `precision compute=f32`, or pass `compute=f32` to this call",))
+                  help=("set `precision compute=f32` in the model, or in the def that holds "
+                        "this op",))
         return False
     if BITS.get(compute, 32) < widest:
         ctx.error("E0403", f"compute {compute} is narrower than the inputs of `{op}`",

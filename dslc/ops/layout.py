@@ -170,10 +170,13 @@ def _slice(ctx: InferCtx, a: Args) -> TensorType | None:
         for test, rel in ((dims.compare(lo, 0, ">=", ctx.env), "0 <= start"),
                           (dims.compare(lo, hi, "<", ctx.env), "start < stop"),
                           (dims.compare(hi, size, "<=", ctx.env), "stop <= size")):
-            if test is False:
+            if test is not True:  # it must hold for every admissible value of the dims
+                some = "" if test is False else " for some admissible sizes"
                 ctx.error("E0607", f"slice {dims.format_dim(lo)}:{dims.format_dim(hi)} is out of "
-                          f"bounds for axis {axis} of size {dims.format_dim(size)}", at="starts",
-                          label=f"needs {rel}", labels=(ctx.label("x", common.fmt(x)),))
+                          f"bounds{some} on axis {axis} of size {dims.format_dim(size)}",
+                          at="starts", label=f"needs {rel}", labels=(ctx.label("x", common.fmt(x)),),
+                          help=("narrow the dim's range so the slice always fits",) if some
+                          else ())
                 return None
         shape.append(dims.sub(hi, lo))
         new_starts.append(lo)

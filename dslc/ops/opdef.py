@@ -59,7 +59,8 @@ class Param:
     def __str__(self) -> str:
         kind = self.kind.shown
         if self.choices:
-            kind = " | ".join(f'"{c}"' for c in self.choices)
+            quote = "" if self.kind is Kind.DTYPE else '"'
+            kind = " | ".join(f"{quote}{c}{quote}" for c in self.choices)
         text = f"{self.name}: {kind}"
         if self.default is not REQUIRED:
             text += f" = {_show_default(self.default)}"

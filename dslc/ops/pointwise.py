@@ -134,6 +134,8 @@ OPERATOR_OPS.update({spelling: name for name, spelling in COMPARE.items()})
 def _unary_rule(name: str, float_only: bool):  # type: ignore[no-untyped-def]
     def infer(ctx: InferCtx, a: Args) -> TensorType | None:
         x = a.t("x")
+        if not common.no_fp8(ctx, name, "x", x):
+            return None
         if float_only and not common.require_float(ctx, name, "x", x):
             return None
         if name == "clamp" and a["lo"] is not None and a["hi"] is not None and a["lo"] > a["hi"]:
@@ -152,6 +154,8 @@ def _binary_rule(name: str, float_only: bool, compare: bool):  # type: ignore[no
 
     def infer(ctx: InferCtx, a: Args) -> TensorType | None:
         x, y = a.t("a"), a.t("b")
+        if not (common.no_fp8(ctx, what, "a", x) and common.no_fp8(ctx, what, "b", y)):
+            return None
         if not common.check_mixed_numeric(ctx, what, [("a", x), ("b", y)]):
             return None
         if float_only and not (common.require_float(ctx, name, "a", x)
