@@ -118,7 +118,9 @@ class Context:
         return TensorVal(node.name, type_)
 
     def _replace(self, old: Node, new: Node) -> None:
-        index = len(self.nodes) - 1 - self.nodes[::-1].index(old)
+        index = len(self.nodes) - 1
+        while self.nodes[index] is not old:  # the node is nearly always the last one
+            index -= 1
         self.nodes[index] = new
         del self.producers[old.name]
         self.producers[new.name] = new

@@ -42,8 +42,7 @@ def instantiate(el: Elaborator, ref: DefRef, call: ast.Call, pos: list[Arg], kws
         return ERROR  # a call cycle: reported as E0701 by name resolution
     tensors = [p for p in d.params if isinstance(p.type, ast.TensorTypeExpr)]
     scalars = [p for p in d.params if isinstance(p.type, ast.ScalarTypeExpr)]
-    sig = signature(d, el.program.sources)
-    given = _bind(el, d, call, pos, kws, tensors, scope, sig)
+    given = _bind(el, d, call, pos, kws, tensors, scope)
     if given is None:
         return ERROR
     inner = Scope(ref.module, scope.frame, f"def `{name}`", scope.precision,
@@ -107,7 +106,7 @@ def _a(kind: str) -> str:
 
 
 def _bind(el: Elaborator, d: ast.Def, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
-          tensors: list[ast.DefParam], scope: Scope, sig: str) -> dict[str, Arg] | None:
+          tensors: list[ast.DefParam], scope: Scope) -> dict[str, Arg] | None:
     name = d.name.name
     given: dict[str, Arg] = {}
     if len(pos) > len(tensors):
@@ -120,7 +119,8 @@ def _bind(el: Elaborator, d: ast.Def, call: ast.Call, pos: list[Arg], kws: dict[
             helps = (f"pass it by keyword, e.g. `{first}={el.program.sources.snippet(extra[1])}`",)
         el.report("E0204", f"`{name}` takes {len(tensors)} tensor argument"
                   f"{'s' if len(tensors) != 1 else ''}; scalar arguments are passed by keyword",
-                  extra[1], "unexpected positional argument", notes=(f"signature: {sig}",),
+                  extra[1], "unexpected positional argument",
+                  notes=(f"signature: {signature(d, el.program.sources)}",),
                   help=helps, frame=scope.frame)
         return None
     for p, arg in zip(tensors, pos, strict=False):
@@ -130,7 +130,7 @@ def _bind(el: Elaborator, d: ast.Def, call: ast.Call, pos: list[Arg], kws: dict[
         if key not in names:
             hint = suggest(key, names)
             el.report("E0204", f"`{name}` has no parameter `{key}`", arg[1], "unknown keyword",
-                      notes=(f"signature: {sig}",),
+                      notes=(f"signature: {signature(d, el.program.sources)}",),
                       help=(f"did you mean `{hint}`?",) if hint else (), frame=scope.frame)
             return None
         if key in given:
@@ -151,7 +151,7 @@ def _bind(el: Elaborator, d: ast.Def, call: ast.Call, pos: list[Arg], kws: dict[
             message = f"`{name}` needs the argument `{missing[0].name.name}`"
         el.report("E0204", message, call.span,
                   "missing argument " + ", ".join(f"`{p.name.name}`" for p in missing),
-                  notes=(f"signature: {sig}",), frame=scope.frame)
+                  notes=(f"signature: {signature(d, el.program.sources)}",), frame=scope.frame)
         return None
     return given
 

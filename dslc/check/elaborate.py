@@ -365,9 +365,7 @@ class Elaborator(CallEval):
 
     def rhs(self, rhs: ast.Rhs, scope: Scope, hint: str, let_name: str) -> Any:
         """Evaluate a right-hand side, naming the one instance it may create (E0205 for two)."""
-        ns = self.resolved.namespaces[scope.module.path]
-        instances = [e for e in ast.walk(rhs.expr) if isinstance(e, ast.Call)
-                     and self.resolved.creates_instance(ns.lookup(e.func))]
+        instances = self.resolved.instance_calls(rhs.expr, scope.module)
         if len(instances) > 1:
             self.report("E0205", "two instances in one `let` cannot share its name",
                         instances[1].span, "second instance",

@@ -58,9 +58,20 @@ class Namespace:
 class Resolved:
     namespaces: dict[str, Namespace] = field(default_factory=dict)  # by module path
     has_params: dict[tuple[str, str], bool] = field(default_factory=dict)
+    _instances: dict[int, list[ast.Call]] = field(default_factory=dict)
 
     def creates_instance(self, ref: Callable_ | None) -> bool:
         return isinstance(ref, DefRef) and self.has_params.get(ref.key, False)
+
+    def instance_calls(self, expr: ast.Expr, module: ast.Module) -> list[ast.Call]:
+        """The calls in `expr` that create def instances (cached: each bucket re-check asks)."""
+        found = self._instances.get(id(expr))
+        if found is None:
+            ns = self.namespaces[module.path]
+            found = [e for e in ast.walk(expr) if isinstance(e, ast.Call)
+                     and self.creates_instance(ns.lookup(e.func))]
+            self._instances[id(expr)] = found
+        return found
 
 
 # PyTorch's spellings of parameters dslc names differently.

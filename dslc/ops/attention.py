@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from dslc.check import dims
 from dslc.check.types import TensorType
@@ -121,6 +120,8 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     if a["window"] is not None:
         mask |= j <= i - a["window"]
     scores = np.where(mask, -np.inf, scores)
+    from scipy import special  # imported on first use: scipy costs start-up time
+
     return np.matmul(special.softmax(scores, axis=-1).astype(q.dtype), v)
 
 

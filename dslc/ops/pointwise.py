@@ -7,7 +7,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from dslc.check import dims
 from dslc.check.types import DTYPES, FP8, TensorType
@@ -19,7 +18,15 @@ _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 
 
 def _sigmoid(x: Array) -> Array:
+    from scipy import special  # imported on first use: scipy costs start-up time
+
     return np.asarray(special.expit(x), dtype=x.dtype)
+
+
+def _erf(x: Array) -> Array:
+    from scipy import special
+
+    return np.asarray(special.erf(x))
 
 
 def _clamp(x: Array, a: Mapping[str, Any]) -> Array:
@@ -33,7 +40,7 @@ UNARY_REF: dict[str, Callable[[Array, Mapping[str, Any]], Array]] = {
     "relu": lambda x, a: np.maximum(x, 0),
     "leaky_relu": lambda x, a: np.where(x > 0, x, x * a["slope"]),
     "clamp": _clamp,
-    "gelu": lambda x, a: 0.5 * x * (1 + special.erf(x / np.sqrt(2.0))),
+    "gelu": lambda x, a: 0.5 * x * (1 + _erf(x / np.sqrt(2.0))),
     "gelu_tanh": lambda x, a: 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))),
     "silu": lambda x, a: x * _sigmoid(x),
     "swish": lambda x, a: x * _sigmoid(x * a["beta"]),
@@ -46,7 +53,7 @@ UNARY_REF: dict[str, Callable[[Array, Mapping[str, Any]], Array]] = {
     "sqrt": lambda x, a: np.sqrt(x),
     "rsqrt": lambda x, a: 1 / np.sqrt(x),
     "reciprocal": lambda x, a: 1 / x,
-    "erf": lambda x, a: special.erf(x),
+    "erf": lambda x, a: _erf(x),
     "sin": lambda x, a: np.sin(x),
     "cos": lambda x, a: np.cos(x),
     "floor": lambda x, a: np.floor(x),
