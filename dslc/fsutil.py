@@ -16,6 +16,9 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; artifacts are not
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

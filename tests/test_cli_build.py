@@ -13,7 +13,8 @@ def test_compile_dump_all_writes_the_four_stages(tmp_path: Path) -> None:
     run = run_cli("compile", "models/mlp.cgraph", "--dump", "all", "-o", str(tmp_path))
     assert run.code == 0, run.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["1.ast.txt", "2.types.txt", "3.ir.txt", "4.fused.txt"]
+    assert names == ["1.ast.txt", "2.types.txt", "3.ir.txt", "4.fused.txt", "mnist_mlp.bundle",
+                     "mnist_mlp_runner.py"]
     assert "Model @4:1 name='mnist_mlp'" in (tmp_path / "1.ast.txt").read_text()
     assert "input x: f16[N, 784]" in (tmp_path / "2.types.txt").read_text()
     assert "= bias_add(" in (tmp_path / "3.ir.txt").read_text()

@@ -53,8 +53,9 @@ model m {
 %b.scale_col = view(%b.scale) {offset=0, steps=[["reshape", [4, 1, 1, 1]]], strides=[1, 1, 1, 1]} : f32[4, 1, 1, 1]
 %c.folded_weight = mul(%c.weight, %b.scale_col) : f32[4, 3, 3, 3]
 %c.folded_weight.f16 = cast(%c.folded_weight) {dtype="f16"} : f16[4, 3, 3, 3]
+%b.shift.f16 = cast(%b.shift) {dtype="f16"} : f16[4]
 %c = conv(%x, %c.folded_weight.f16) {dilation=[1, 1], groups=1, pad=none, post_pad=[1, 1], pre_pad=[1, 1], stride=[1, 1]} : f16[1, 4, 8, 8] @NHWC
-%b = bias_add(%c, %b.shift) {axis=1} : f16[1, 4, 8, 8] @NHWC
+%b = bias_add(%c, %b.shift.f16) {axis=1} : f16[1, 4, 8, 8] @NHWC
 %y = relu(%b) : f16[1, 4, 8, 8] @NHWC
 output y = %y
 """

@@ -13,8 +13,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from dslc.cli import backend as backend
 from dslc.cli import build as build
 from dslc.cli.front import (
+    EXIT_BACKEND,
+    EXIT_ERRORS,
     EXIT_INTERNAL,
     EXIT_OK,
     EXIT_USAGE,
@@ -24,8 +27,11 @@ from dslc.cli.front import (
     cmd_ops,
     cmd_params,
 )
+from dslc.compile.target import TargetError
 from dslc.parse.loader import ReadError
 from dslc.pipeline import front_end
+from dslc.runtime.bundle import BundleError
+from dslc.runtime.errors import RunnerError
 from dslc.weights import WeightError
 
 __all__ = ["front_end", "main"]
@@ -57,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", help="only this family (conv, matmul, pointwise, ...)")
     p.set_defaults(run=cmd_ops)
     build.add_commands(sub)
+    backend.add_commands(sub, add_diag_options)
     return parser
 
 
@@ -66,9 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except (ReadError, WeightError, build.UsageError) as err:
+    except (ReadError, WeightError, build.UsageError, TargetError, BundleError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except RunnerError as err:
+        print(err, file=sys.stderr)
+        return EXIT_ERRORS if err.code != "R0801" else EXIT_BACKEND
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

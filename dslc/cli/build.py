@@ -1,5 +1,5 @@
-"""The build commands: `compile` (for now: front end, lowering, fusion, the stage dumps),
-`run` (the reference backend), `weights` (random test weights, PyTorch checkpoints)."""
+"""The build commands: `run` (the reference backend, or cuDNN), `weights` (random test weights,
+PyTorch checkpoints)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,11 @@ from typing import Any
 import numpy as np
 
 from dslc import fsutil, weights
-from dslc.check.dump import format_checked
 from dslc.check.types import DTYPES, PrecisionSpec
 from dslc.cli.front import EXIT_ERRORS, EXIT_OK, Output, add_diag_options, front, make_sink
 from dslc.diag.diagnostic import Sink
 from dslc.emit.manifest import build_manifest
-from dslc.fuse import format_plan
 from dslc.ir import interp
-from dslc.ir.printer import format_graph
-from dslc.parse.dump import format_module
 from dslc.pipeline import FrontEnd, middle_end
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
@@ -46,7 +42,7 @@ def parse_precision(text: str) -> PrecisionSpec:
     return PrecisionSpec(**values)
 
 
-def _checked(args: argparse.Namespace, out: Output) -> FrontEnd | None:
+def checked(args: argparse.Namespace, out: Output) -> FrontEnd | None:
     sink = make_sink(args)
     result = front(args.file, args, sink)
     out.diagnostics(sink, result.program.sources)
@@ -57,33 +53,6 @@ def _checked(args: argparse.Namespace, out: Output) -> FrontEnd | None:
         print(f"error: `{args.file}` declares no model (it is a library of defs)", file=sys.stderr)
         return None
     return result
-
-
-def cmd_compile(args: argparse.Namespace) -> int:
-    out = Output(args.error_format, args.color)
-    result = _checked(args, out)
-    if result is None or result.model is None or result.module is None:
-        return EXIT_ERRORS
-    model = result.model
-    lowered, plan = middle_end(model)
-    outdir: Path = args.output or Path("build") / model.name
-    stages = set(STAGES) if "all" in args.dump else set(args.dump)
-    module = result.module
-    texts = {"ast": lambda: format_module(module),
-             "types": lambda: format_checked(model),
-             "ir": lambda: format_graph(lowered, with_source=True),
-             "fused": lambda: format_plan(plan)}
-    for number, stage in enumerate(STAGES, start=1):
-        if stage in stages:
-            text = texts[stage]()
-            fsutil.write_text(outdir / f"{number}.{stage}.txt", text)
-            if len(stages) > 1:
-                print(f"==> {number}.{stage}.txt <==")
-            print(text, end="")
-    distinct = len(plan.shared_signatures())
-    print(f"compiled {args.file}: model `{model.name}`, {len(plan.groups)} fused groups "
-          f"({distinct} distinct), {len(model.buckets)} buckets -> {outdir}/", file=sys.stderr)
-    return EXIT_OK
 
 
 def _inputs(specs: list[str]) -> dict[str, np.ndarray]:
@@ -100,10 +69,23 @@ def _inputs(specs: list[str]) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """A `.cgraph` file or a bundle, on the reference backend (numpy) or on cuDNN."""
+    args.inputs = _inputs(args.input)
+    args.weights_file = args.weights
     out = Output(args.error_format, args.color)
-    result = _checked(args, out)
+    if args.file.suffix == ".bundle":
+        if args.backend == "cudnn":
+            from dslc.cli.backend import cmd_run_cudnn
+
+            return cmd_run_cudnn(args, None)
+        return _run_reference_bundle(args)
+    result = checked(args, out)
     if result is None or result.model is None:
         return EXIT_ERRORS
+    if args.backend == "cudnn":
+        from dslc.cli.backend import cmd_run_cudnn
+
+        return cmd_run_cudnn(args, result)
     model = result.model
     lowered, plan = middle_end(model)
     sink = Sink()
@@ -112,17 +94,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     if sink.error_count:
         out.summary(sink, f"load the weights of `{model.name}`")
         return EXIT_ERRORS
-    arrays = _inputs(args.input)
     manifest = build_manifest(model)
     try:
-        bind_inputs(manifest, {k: (tuple(v.shape), _dtype(v)) for k, v in arrays.items()})
+        bind_inputs(manifest, {k: (tuple(v.shape), _dtype(v)) for k, v in args.inputs.items()})
     except RunnerError as err:
         print(err, file=sys.stderr)
         return EXIT_ERRORS
-    if args.backend != "reference":
-        raise UsageError(f"backend `{args.backend}` is not available in this build")
-    outputs = interp.run(lowered, arrays, params, model.env, virtual=plan.virtual())
-    target: Path = args.output
+    outputs = interp.run(lowered, args.inputs, params, model.env, virtual=plan.virtual())
+    return _write_outputs(args.output, outputs)
+
+
+def _run_reference_bundle(args: argparse.Namespace) -> int:
+    from dslc.runtime.bundle import read
+    from dslc.runtime.params import read as read_weights
+    from dslc.runtime.schedule import Program
+
+    program = Program(read(args.file))
+    manifest = program.payload["manifest"]
+    try:
+        bind_inputs(manifest, {k: (tuple(v.shape), _dtype(v)) for k, v in args.inputs.items()})
+        tensors = read_weights(args.weights, manifest)
+    except RunnerError as err:
+        print(err, file=sys.stderr)
+        return EXIT_ERRORS
+    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
+               if n not in s.outputs}
+    outputs = interp.run(program.graph, args.inputs, tensors, program.env, virtual=virtual)
+    return _write_outputs(args.output, outputs)
+
+
+def _write_outputs(target: Path, outputs: dict[str, np.ndarray]) -> int:
     fsutil.atomic_write(target, lambda tmp: _savez(tmp, outputs))
     for name, value in outputs.items():
         v = value.astype(np.float64)
@@ -146,7 +147,7 @@ def _dtype(a: np.ndarray) -> str:
 
 def cmd_weights(args: argparse.Namespace) -> int:
     out = Output(args.error_format, args.color)
-    result = _checked(args, out)
+    result = checked(args, out)
     if result is None or result.model is None:
         return EXIT_ERRORS
     model = result.model
@@ -167,19 +168,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("compile", help="compile a model (front end, lowering, fusion)")
-    p.add_argument("file", type=Path, metavar="FILE")
-    p.add_argument("-o", "--output", type=Path, metavar="DIR",
-                   help="output folder (default build/<model>)")
-    p.add_argument("--dump", action="append", default=[], choices=(*STAGES, "all"),
-                   help="print a stage's result and write it as N.<stage>.txt")
-    p.add_argument("--precision", type=parse_precision, metavar="P",
-                   help="override the model's precision: `f32` or `io=..,intermediate=..,compute=..`")
-    add_diag_options(p)
-    p.set_defaults(run=cmd_compile)
-
-    p = sub.add_parser("run", help="run a model on given inputs")
-    p.add_argument("file", type=Path, metavar="FILE")
+    p = sub.add_parser("run", help="run a model (a .cgraph file or a bundle) on given inputs")
+    p.add_argument("file", type=Path, metavar="FILE|BUNDLE")
     p.add_argument("--backend", choices=("reference", "cudnn"), default="reference")
     p.add_argument("--weights", type=Path, required=True, metavar="W.safetensors")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")

@@ -5,7 +5,7 @@ it. Every op not fused with its neighbours gets the reason in the plan."""
 from __future__ import annotations
 
 from dslc.fuse.patterns import FALLBACK_REASONS, PATTERNS, FusionPattern
-from dslc.fuse.plan import FusionPlan, Group, format_plan, signature
+from dslc.fuse.plan import FusionPlan, Group, format_plan, make_group
 from dslc.ir.graph import Graph, Node
 from dslc.lower.canonical import load_time
 
@@ -105,20 +105,10 @@ class _Partition:
                        key=lambda g: max(self.index[m] for m in self.groups[g][1]))
         for gi in order:
             pattern, members, reason = self.groups[gi]
-            member_set = set(members)
-            inputs: list[str] = []
-            for m in members:
-                for i in self.nodes[m].inputs:
-                    if i not in member_set and i not in inputs:
-                        inputs.append(i)
-            outputs = tuple(m for m in members if m in self.outputs
-                            or any(u.name not in member_set for u in self.users[m]))
-            name = pattern.name if pattern else "single"
             if len(members) == 1 and not reason:
                 reason = self.why_alone(self.nodes[members[0]])
-            groups.append(Group(members[-1], name, tuple(members), members[0], tuple(inputs),
-                                outputs, signature(self.nodes, tuple(members), tuple(inputs), name),
-                                reason))
+            groups.append(make_group(self.graph, members, pattern.name if pattern else "single",
+                                     reason, self.users))
         views = tuple(n.name for n in self.graph.nodes if n.op == "view"
                       and n.name not in self.constant)
         constant = tuple(n.name for n in self.graph.nodes if n.name in self.constant)

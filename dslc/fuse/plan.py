@@ -45,6 +45,25 @@ class FusionPlan:
         return Counter(g.signature for g in self.groups)
 
 
+def make_group(graph: Graph, members: list[str], pattern: str, reason: str = "",
+               users: dict[str, list[Node]] | None = None) -> Group:
+    """A group of `members` (in order): what it reads from outside, what it stores, its
+    signature."""
+    nodes = graph.by_name()
+    users = users if users is not None else graph.users()
+    outputs_of_graph = {v for _, v in graph.outputs}
+    member_set = set(members)
+    inputs: list[str] = []
+    for m in members:
+        for i in nodes[m].inputs:
+            if i not in member_set and i not in inputs:
+                inputs.append(i)
+    outputs = tuple(m for m in members if m in outputs_of_graph
+                    or any(u.name not in member_set for u in users[m]))
+    return Group(members[-1], pattern, tuple(members), members[0], tuple(inputs), outputs,
+                 signature(nodes, tuple(members), tuple(inputs), pattern), reason)
+
+
 def signature(graph_nodes: dict[str, Node], nodes: tuple[str, ...], inputs: tuple[str, ...],
               pattern: str) -> str:
     """A digest of what the group computes, blind to value names and spans: identical blocks

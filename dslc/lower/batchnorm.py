@@ -28,6 +28,16 @@ def _scale_and_shift(rw: Rewriter, bn: Node, shift_in: str | None) -> tuple[str,
     return s, t
 
 
+def _stored(rw: Rewriter, bn: Node, value: str, dtype: str) -> str:
+    """A per-channel vector the kernel reads, stored in the activations' dtype (io): what the
+    precompiled conv + bias engines take."""
+    if dtype == "f32":
+        return value
+    node = rw.node(value)
+    return rw.new("cast", (value,), {"dtype": dtype}, TensorType(dtype, node.type.shape), bn,
+                  f"{value}.{dtype}", F32)
+
+
 def fold_batchnorm(rw: Rewriter, node: Node) -> str | None:
     """conv(x, w) [+ bias_add(b)] -> batchnorm becomes conv(x, w * s) + bias_add(t): the weight
     transform runs once at load time, and the conv keeps a plain bias epilogue to fuse."""
@@ -53,6 +63,7 @@ def fold_batchnorm(rw: Rewriter, node: Node) -> str | None:
     if weight.type.dtype != "f32":  # fold in f32, then store in the weight's dtype
         folded = rw.new("cast", (folded,), {"dtype": weight.type.dtype}, weight.type, node,
                         f"{conv.name}.folded_weight.{weight.type.dtype}", F32)
+    t = _stored(rw, node, t, conv.type.dtype)
     for old in (x.name, conv.name) if conv_bias is not None else (conv.name,):
         rw.drop(old)
     new_conv = rw.new("conv", (conv.inputs[0], folded), dict(conv.attrs), conv.type, conv,
@@ -65,6 +76,8 @@ def batchnorm_to_affine(rw: Rewriter, node: Node) -> str | None:
     if node.op != "batchnorm":
         return None
     s, t = _scale_and_shift(rw, node, None)
+    dtype = node.type.dtype
+    s, t = _stored(rw, node, s, dtype), _stored(rw, node, t, dtype)
     scaled = rw.new("scale_mul", (node.inputs[0], s), {"axis": 1}, node.type, node,
                     f"{node.name}.scaled")
     return rw.new("bias_add", (scaled, t), {"axis": 1}, node.type, node, node.name)

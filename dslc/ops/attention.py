@@ -16,7 +16,7 @@ from dslc.check import dims
 from dslc.check.types import TensorType
 from dslc.diag.diagnostic import Label
 from dslc.ops import common
-from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 
 
 def _head_dim(ctx: InferCtx, name: str, d: dims.Dim) -> bool:
@@ -125,6 +125,28 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     return np.matmul(special.softmax(scores, axis=-1).astype(q.dtype), v)
 
 
+def _lower_sdpa(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+    """cuDNN SDPA (inference: no softmax stats). Causal is the diagonal band with right bound 0,
+    top-left aligned; `window` is its left bound."""
+    operands = a.get("operands") or ("q", "k", "v")
+    named = dict(zip(operands, xs, strict=True))
+    q = named["q"]
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.get_dim()[-1])
+    kwargs: dict[str, Any] = {"q": q, "k": named["k"], "v": named["v"], "attn_scale": float(scale),
+                              "generate_stats": False}
+    if "bias" in named:
+        kwargs["bias"] = named["bias"]
+    if a["causal"] or a["window"] is not None:
+        kwargs["diagonal_alignment"] = ctx.enum("diagonal_alignment", "TOP_LEFT")
+    if a["causal"]:
+        kwargs["diagonal_band_right_bound"] = 0
+    if a["window"] is not None:
+        kwargs["diagonal_band_left_bound"] = int(a["window"])
+    out = ctx.g.sdpa(**kwargs)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return out.set_dim(ctx.result_dims()).set_stride(ctx.result_strides())
+
+
 OPS = [
     OpDef("sdpa", "attention",
           (Param("q", Kind.TENSOR), Param("k", Kind.TENSOR), Param("v", Kind.TENSOR),
@@ -132,5 +154,5 @@ OPS = [
            Param("bias", Kind.OPT_TENSOR, None), Param("window", Kind.OPT_INT, None)),
           _sdpa, "[B, Hq, Sq, Dv]",
           "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk)", fusion="anchor",
-          reference=_sdpa_ref),
+          reference=_sdpa_ref, lower=_lower_sdpa),
 ]

@@ -7,12 +7,15 @@ d*(R-1) + 1 + output_pad.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from dslc.check import dims
 from dslc.check.dims import Dim
 from dslc.check.types import FP8, TensorType, is_float
 from dslc.ops import common
 from dslc.ops import reference_conv as ref
-from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 
 
 def spatial_rank(ctx: InferCtx, op: str, x: TensorType, what: str = "x [N, C, *S]") -> int | None:
@@ -153,6 +156,21 @@ def _conv_transpose(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(dtype, tuple(out))
 
 
+def _lower_conv(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+    return ctx.g.conv_fprop(image=xs[0], weight=xs[1], pre_padding=list(a["pre_pad"]),
+                            post_padding=list(a["post_pad"]), stride=list(a["stride"]),
+                            dilation=list(a["dilation"]))
+
+
+def _lower_conv_transpose(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+    """conv_dgrad of the conv that maps the output back to the input: its padding after is
+    `pad - output_pad`, and the output dims are set (they are ambiguous for a strided conv)."""
+    post = [p - o for p, o in zip(a["pad"], a["output_pad"], strict=True)]
+    y = ctx.g.conv_dgrad(loss=xs[0], filter=xs[1], pre_padding=list(a["pad"]), post_padding=post,
+                         stride=list(a["stride"]), dilation=list(a["dilation"]))
+    return y.set_dim(ctx.result_dims()).set_stride(ctx.result_strides())
+
+
 OPS = [
     OpDef("conv", "conv",
           (Param("x", Kind.TENSOR), Param("w", Kind.TENSOR), Param("stride", Kind.INTS, 1),
@@ -161,7 +179,8 @@ OPS = [
            Param("groups", Kind.INT, 1)),
           _conv, "[N, K, *O]", "convolution (cross-correlation, as PyTorch)", fusion="anchor",
           reference=lambda xs, a: ref.conv(xs[0], xs[1], a["stride"], a["pre_pad"], a["post_pad"],
-                                           a["dilation"], a["groups"])),
+                                           a["dilation"], a["groups"]),
+          lower=_lower_conv),
     OpDef("conv_transpose", "conv",
           (Param("x", Kind.TENSOR), Param("w", Kind.TENSOR), Param("stride", Kind.INTS, 1),
            Param("pad", Kind.INTS, 0), Param("dilation", Kind.INTS, 1),
@@ -169,5 +188,6 @@ OPS = [
           _conv_transpose, "[N, C, *O]", "transposed convolution (gradient of conv wrt its input)",
           fusion="anchor",
           reference=lambda xs, a: ref.conv_transpose(xs[0], xs[1], a["stride"], a["pad"],
-                                                     a["dilation"], a["output_pad"])),
+                                                     a["dilation"], a["output_pad"]),
+          lower=_lower_conv_transpose),
 ]

@@ -55,5 +55,6 @@ def _matmul(ctx: InferCtx, a: Args) -> TensorType | None:
 OPS = [
     OpDef("matmul", "matmul", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)), _matmul,
           "[*B, M, N]", "matrix product, batched over leading axes", fusion="anchor",
-          reference=lambda xs, a: np.matmul(xs[0], xs[1])),
+          reference=lambda xs, a: np.matmul(xs[0], xs[1]),
+          lower=lambda ctx, xs, a: ctx.g.matmul(A=xs[0], B=xs[1])),
 ]

@@ -13,7 +13,7 @@ import numpy as np
 
 from dslc.check.types import TensorType
 from dslc.ops import common
-from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 
 
 def _stats(ctx: InferCtx, op: str, x: TensorType, a: Args, names: tuple[str, ...]) -> bool:
@@ -127,6 +127,21 @@ def _instancenorm_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
 
 
+def _lower_feature_norm(method: str):  # type: ignore[no-untyped-def]
+    """cuDNN's inference-phase norm; the group shapes [*L, D] as rows [prod(L), D, 1, 1]."""
+    def lower(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+        operands = a.get("operands") or ("x", "scale", "bias")
+        named = dict(zip(operands, xs, strict=True))
+        phase = ctx.enum("norm_forward_phase", "INFERENCE")
+        kwargs = {"input": named["x"], "scale": named["scale"], "epsilon": ctx.scalar(a["eps"]),
+                  "norm_forward_phase": phase}
+        if "bias" in named:
+            kwargs["bias"] = named["bias"]
+        return getattr(ctx.g, method)(**kwargs)[0]
+
+    return lower
+
+
 EPS = Param("eps", Kind.FLOAT, 1e-5)
 OPS = [
     OpDef("batchnorm", "norm",
@@ -137,14 +152,15 @@ OPS = [
     OpDef("layernorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
           _feature_norm("layernorm"), "shape of x", "layer normalisation over the trailing axes",
-          fusion="norm", reference=_feature_norm_ref(rms=False)),
+          fusion="norm", reference=_feature_norm_ref(rms=False),
+          lower=_lower_feature_norm("layernorm")),
     OpDef("rmsnorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), EPS,
            Param("bias", Kind.OPT_TENSOR, None)),
           _feature_norm("rmsnorm"), "shape of x", "root-mean-square normalisation", fusion="norm",
-          reference=_feature_norm_ref(rms=True)),
+          reference=_feature_norm_ref(rms=True), lower=_lower_feature_norm("rmsnorm")),
     OpDef("instancenorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
           _instancenorm, "shape of x", "normalisation over the spatial axes of each channel",
-          fusion="norm", reference=_instancenorm_ref),
+          fusion="norm", reference=_instancenorm_ref, lower=_lower_feature_norm("instancenorm")),
 ]

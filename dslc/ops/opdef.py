@@ -128,6 +128,26 @@ class Args:
 
 InferFn = Callable[[InferCtx, Args], TensorType | tuple[TensorType, ...] | None]
 
+class LowerCtx(Protocol):
+    """What an op's cuDNN lowering may use (`dslc.compile` implements it; only it imports cudnn):
+    the graph being built, enums by name, pass-by-value scalars, and this node's result shape in
+    the group's cuDNN form (for ops whose output dims cuDNN needs spelled out)."""
+
+    g: Any  # the cudnn.pygraph
+
+    def enum(self, kind: str, member: str) -> Any: ...
+
+    def scalar(self, value: float) -> Any: ...
+
+    def result_dims(self) -> list[int]: ...
+
+    def result_strides(self) -> list[int]: ...
+
+
+# The cuDNN lowering: operands as cuDNN tensors (in parameter order, absent optional ones left
+# out), the attrs with every dim concrete -> the cuDNN tensor of the result.
+LowerFn = Callable[[LowerCtx, list[Any], Mapping[str, Any]], Any]
+
 # The numpy reference: operands (already converted to the compute dtype) and the node's attrs with
 # every dim made concrete -> the result, still in the compute dtype (the caller rounds it).
 RefFn = Callable[[list[np.ndarray], Mapping[str, Any]], np.ndarray]
@@ -144,6 +164,7 @@ class OpDef:
     scalars_as_tensors: bool = False  # a compile-time number may stand for a tensor operand
     fusion: str = "none"  # anchor | epilogue | norm | reduce | view | none
     reference: RefFn | None = None
+    lower: LowerFn | None = None  # None: no cuDNN graph node (a fallback kernel runs it)
 
     def param(self, name: str) -> Param | None:
         for p in self.params:

@@ -11,7 +11,7 @@ import numpy as np
 from dslc.check import dims
 from dslc.check.types import DTYPES, FP8, TensorType
 from dslc.ops import common
-from dslc.ops.opdef import REQUIRED, Args, InferCtx, Kind, OpDef, Param, RefFn
+from dslc.ops.opdef import REQUIRED, Args, InferCtx, Kind, LowerCtx, LowerFn, OpDef, Param, RefFn
 
 Array = np.ndarray
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
@@ -260,38 +260,106 @@ def _contiguous(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(x.dtype, x.shape, None)
 
 
+# ---- cuDNN lowering: the pointwise op of the same name, or a short composition ----------------
+
+# dslc name -> the cuDNN pygraph method, for unary ops that map one to one.
+_CUDNN_UNARY = {
+    "relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_approx_tanh", "sigmoid": "sigmoid",
+    "tanh": "tanh", "softplus": "softplus", "exp": "exp", "log": "log", "sqrt": "sqrt",
+    "rsqrt": "rsqrt", "reciprocal": "reciprocal", "erf": "erf", "sin": "sin", "cos": "cos",
+    "floor": "floor", "ceil": "ceil", "abs": "abs", "neg": "neg",
+}
+_CUDNN_BINARY = {"add": ("add", "a", "b"), "sub": ("sub", "a", "b"), "mul": ("mul", "a", "b"),
+                 "div": ("div", "a", "b"), "max": ("max", "input0", "input1"),
+                 "min": ("min", "input0", "input1"), "pow": ("pow", "input0", "input1"),
+                 **{name: (name.replace("cmp_ne", "cmp_neq"), "input", "comparison")
+                    for name in COMPARE}}
+
+
+def _lower_unary(name: str) -> LowerFn:
+    def lower(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+        g, x = ctx.g, xs[0]
+        if name in _CUDNN_UNARY:
+            return getattr(g, _CUDNN_UNARY[name])(input=x)
+        if name == "leaky_relu":
+            return g.leaky_relu(input=x, negative_slope=float(a["slope"]))
+        if name == "clamp":  # min(max(x, lo), hi), either bound optional
+            if a["lo"] is not None:
+                x = g.max(input0=x, input1=ctx.scalar(float(a["lo"])))
+            if a["hi"] is not None:
+                x = g.min(input0=x, input1=ctx.scalar(float(a["hi"])))
+            return x
+        if name in ("silu", "swish"):
+            return g.swish(input=x, swish_beta=float(a.get("beta", 1.0)))
+        # elu(alpha) = x if x > 0 else alpha * (exp(x) - 1): cuDNN's elu has alpha 1 only.
+        assert name == "elu", name
+        if float(a["alpha"]) == 1.0:
+            return g.elu(input=x)
+        neg = g.mul(a=g.sub(a=g.exp(input=x), b=ctx.scalar(1.0)), b=ctx.scalar(float(a["alpha"])))
+        return g.binary_select(input0=x, input1=neg,
+                               mask=g.cmp_gt(input=x, comparison=ctx.scalar(0.0)))
+
+    return lower
+
+
+def _lower_binary(name: str) -> LowerFn:
+    method, first, second = _CUDNN_BINARY[name]
+
+    def lower(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+        return getattr(ctx.g, method)(**{first: xs[0], second: xs[1]})
+
+    return lower
+
+
+def _lower_along(method: str) -> LowerFn:
+    # The vector was placed on its axis when the group's tensors were shaped.
+    def lower(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+        return getattr(ctx.g, method)(input=xs[0], **{method: xs[1]})
+
+    return lower
+
+
+def _lower_identity(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+    return ctx.g.identity(input=xs[0])  # the new dtype / strides are set on the result
+
+
 def _ops() -> list[OpDef]:
     out = []
     for name, (extra, float_only, summary) in UNARY.items():
         out.append(OpDef(name, "pointwise", (Param("x", Kind.TENSOR), *extra),
                          _unary_rule(name, float_only), "shape of x", summary, fusion="epilogue",
-                         reference=_unary_ref(name)))
+                         reference=_unary_ref(name), lower=_lower_unary(name)))
     for name, (_, float_only, summary) in BINARY.items():
         out.append(OpDef(name, "pointwise", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
                          _binary_rule(name, float_only, False), "broadcast(a, b)", summary,
-                         scalars_as_tensors=True, fusion="epilogue", reference=_binary_ref(name)))
+                         scalars_as_tensors=True, fusion="epilogue", reference=_binary_ref(name),
+                         lower=_lower_binary(name)))
     for name, spelling in COMPARE.items():
         out.append(OpDef(name, "pointwise", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
                          _binary_rule(name, False, True), "bool broadcast(a, b)", f"a {spelling} b",
-                         scalars_as_tensors=True, fusion="epilogue", reference=_binary_ref(name)))
+                         scalars_as_tensors=True, fusion="epilogue", reference=_binary_ref(name),
+                         lower=_lower_binary(name)))
     out.append(OpDef("select", "pointwise",
                      (Param("mask", Kind.TENSOR), Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
                      _select, "broadcast(mask, a, b)", "a where mask else b",
                      scalars_as_tensors=True, fusion="epilogue",
-                     reference=lambda xs, a: np.where(xs[0].astype(bool), xs[1], xs[2])))
-    for name, summary, fn in (("bias_add", "x + b along `axis`", np.add),
-                              ("scale_mul", "x * b along `axis`", np.multiply)):
+                     reference=lambda xs, a: np.where(xs[0].astype(bool), xs[1], xs[2]),
+                     lower=lambda ctx, xs, a: ctx.g.binary_select(input0=xs[1], input1=xs[2],
+                                                                  mask=xs[0])))
+    for name, summary, fn, method in (("bias_add", "x + b along `axis`", np.add, "bias"),
+                                      ("scale_mul", "x * b along `axis`", np.multiply, "scale")):
         out.append(OpDef(name, "pointwise",
                          (Param("x", Kind.TENSOR), Param("b", Kind.TENSOR), Param("axis", Kind.INT, 1)),
                          _along_axis(name), "shape of x", summary, fusion="epilogue",
-                         reference=_along_ref(fn)))
+                         reference=_along_ref(fn), lower=_lower_along(method)))
     out.append(OpDef("cast", "pointwise",
                      (Param("x", Kind.TENSOR), Param("dtype", Kind.DTYPE, REQUIRED, DTYPES)),
                      _cast, "shape of x", "convert to another dtype", fusion="epilogue",
-                     reference=lambda xs, a: xs[0]))  # the caller rounds to the new dtype
+                     reference=lambda xs, a: xs[0],  # the caller rounds to the new dtype
+                     lower=_lower_identity))
     out.append(OpDef("contiguous", "pointwise", (Param("x", Kind.TENSOR),), _contiguous,
                      "shape of x", "copy into a new layout", fusion="epilogue",
-                     reference=lambda xs, a: xs[0]))
+                     reference=lambda xs, a: xs[0], lower=_lower_identity))
     return out
 
 

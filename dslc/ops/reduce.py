@@ -10,7 +10,7 @@ import numpy as np
 
 from dslc.check.types import TensorType
 from dslc.ops import common
-from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 
 # name -> (cuDNN reduction mode, summary)
 REDUCTIONS = {
@@ -52,6 +52,26 @@ def _genstats_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     return np.sum(x if a.get("output", 0) == 0 else x * x, axis=axes, keepdims=True)
 
 
+def _lower_reduce(op: str):  # type: ignore[no-untyped-def]
+    """cuDNN's reduction node, with the reduced dims spelled out (kept as 1s). cuDNN has no
+    mean reduction in graphs: a sum, then a multiply by 1/count."""
+    mode = REDUCTIONS[op][0]
+
+    def lower(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+        x = xs[0]
+        reduced = ctx.g.reduction(input=x, mode=ctx.enum("reduction_mode",
+                                                          "ADD" if mode == "AVG" else mode))
+        reduced.set_dim(ctx.result_dims()).set_stride(ctx.result_strides())
+        if mode != "AVG":
+            return reduced
+        count = 1
+        for axis in a["axes"]:
+            count *= x.get_dim()[axis]
+        return ctx.g.mul(a=reduced, b=ctx.scalar(1.0 / count))
+
+    return lower
+
+
 def _reduce(op: str):  # type: ignore[no-untyped-def]
     def infer(ctx: InferCtx, a: Args) -> TensorType | None:
         x = a.t("x")
@@ -90,10 +110,11 @@ OPS = [
     OpDef(name, "reduce",
           (Param("x", Kind.TENSOR), Param("axes", Kind.AXES), Param("keepdims", Kind.BOOL, False)),
           _reduce(name), "x without `axes` (kept as 1 with keepdims)", summary, fusion="reduce",
-          reference=_reduce_ref(name))
+          reference=_reduce_ref(name), lower=_lower_reduce(name))
     for name, (_, summary) in REDUCTIONS.items()
 ] + [
     OpDef("genstats", "reduce", (Param("x", Kind.TENSOR),), _genstats,
           "(f32[1, C, 1...], f32[1, C, 1...])", "per-channel sum and sum of squares",
-          fusion="reduce", reference=_genstats_ref),
+          fusion="reduce", reference=_genstats_ref,
+          lower=lambda ctx, xs, a: ctx.g.genstats(input=xs[0])[int(a.get("output", 0))]),
 ]

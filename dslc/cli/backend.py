@@ -1,0 +1,235 @@
+"""The backend commands: `compile` (bundle + runner, and the stage dumps), `inspect BUNDLE`,
+`run --backend cudnn`, `target capture`."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dslc import fsutil, weights
+from dslc.check.dump import format_checked
+from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output
+from dslc.diag.diagnostic import Diagnostic, Sink
+from dslc.fuse import format_plan
+from dslc.ir.printer import format_graph
+from dslc.parse.dump import format_module
+from dslc.pipeline import FrontEnd, middle_end
+
+STAGES = ("ast", "types", "ir", "fused")
+
+
+def _dumps(result: FrontEnd, lowered: Any, plan: Any, outdir: Path, wanted: list[str]) -> None:
+    assert result.model is not None and result.module is not None
+    model, module = result.model, result.module
+    stages = set(STAGES) if "all" in wanted else set(wanted)
+    texts = {"ast": lambda: format_module(module), "types": lambda: format_checked(model),
+             "ir": lambda: format_graph(lowered, with_source=True),
+             "fused": lambda: format_plan(plan)}
+    for number, stage in enumerate(STAGES, start=1):
+        if stage in stages:
+            text = texts[stage]()
+            fsutil.write_text(outdir / f"{number}.{stage}.txt", text)
+            if len(stages) > 1:
+                print(f"==> {number}.{stage}.txt <==")
+            print(text, end="")
+
+
+def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Output) -> int:
+    """Front end done: lower, fuse, compile, and write the bundle and runner into `outdir`."""
+    from dslc.compile.stage import CompileFailure, compile_model
+    from dslc.compile.target import load_target
+    from dslc.emit import bundle as emit_bundle
+    from dslc.emit.runner import render
+
+    assert result.model is not None
+    model = result.model
+    lowered, plan = middle_end(model)
+    if args.dump:
+        _dumps(result, lowered, plan, outdir, args.dump)
+    checked_weights = None
+    if args.weights is not None:
+        sink = Sink()
+        checked_weights = weights.validate(weights.load(args.weights), model.params, sink,
+                                           f"`{args.weights}`")
+        out.diagnostics(sink, result.program.sources)
+        if sink.error_count:
+            out.summary(sink, f"compile `{args.file}`")
+            return EXIT_ERRORS
+    target = load_target(args.target)
+    started = time.perf_counter()
+    quiet = args.quiet
+
+    def progress(text: str) -> None:
+        if not quiet and sys.stderr.isatty():
+            print(f"\r\x1b[K  compiling {text}", end="", file=sys.stderr, flush=True)
+
+    try:
+        compiled = compile_model(model, lowered, plan, target, progress)
+    except CompileFailure as err:
+        node = lowered.by_name()[err.node]
+        sink = Sink()
+        sink.report(Diagnostic("E0801", f"no cuDNN engine supports `{node.op}` here", node.span,
+                               err.reason, notes=(f"target: {target.name}",)))
+        out.diagnostics(sink, result.program.sources)
+        return EXIT_BACKEND
+    finally:
+        if not quiet and sys.stderr.isatty():
+            print("\r\x1b[K", end="", file=sys.stderr)
+    payload = emit_bundle.payload(compiled)
+    name = model.name
+    # Everything is written next to its final name, then renamed: a failed build keeps the
+    # previous artifacts.
+    emit_bundle.write(outdir / f"{name}.bundle", payload)
+    fsutil.write_text(outdir / f"{name}_runner.py", render(compiled, f"{name}.bundle",
+                                                           f"{name}_runner"))
+    if checked_weights is not None:
+        weights.save(outdir / f"{name}.safetensors", checked_weights)
+    graphs = sum(1 for s in compiled.steps if s.kind == "graph")
+    kernels = len(compiled.steps) - graphs
+    built = sum(1 for b in compiled.builds.values() if b.has_plan)
+    split = sum(1 for s in compiled.steps if s.reason.startswith("split"))
+    out.info(f"compiled {args.file} for {target.name}: {len(compiled.steps)} steps ({graphs} cuDNN "
+             f"graphs, {kernels} fallback kernels{f', {split} split' if split else ''}), "
+             f"{len(compiled.builds)} graphs over {len(model.buckets)} buckets, {built} plans "
+             f"built, in {time.perf_counter() - started:.1f} s -> {outdir}/")
+    return EXIT_OK
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from dslc.cli.build import checked
+
+    out = Output(args.error_format, args.color, args.quiet)
+    result = checked(args, out)
+    if result is None or result.model is None:
+        return EXIT_ERRORS
+    outdir: Path = args.output or Path("build") / result.model.name
+    return compile_to(result, args, outdir, out)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from dslc.runtime.bundle import read
+    from dslc.runtime.schedule import Program
+
+    payload = read(args.bundle)
+    program = Program(payload)
+    env = payload["environment"]
+    print(f"model {payload['model']}  (from {payload['source']}, dslc {payload['dslc_version']}, "
+          f"{payload['created']})")
+    print(f"compiled for {payload['target']}: {env.get('device_name')} (sm "
+          f"{env.get('compute_capability')}), cuDNN {env.get('cudnn_backend')}, frontend "
+          f"{env.get('cudnn_frontend')}")
+    buckets = payload["buckets"]
+    for b in buckets:
+        built = sum(1 for g in b["graphs"].values() if g["plan"]["serialized"])
+        print(f"bucket {b['key']}: arena {b['memory']['arena_bytes'] / 2**20:.1f} MiB, "
+              f"{len(b['graphs'])} graphs, {built} with a saved plan")
+    nodes = program.nodes
+    print(f"\n{len(program.steps)} steps:")
+    for i, step in enumerate(program.steps, start=1):
+        ops = " -> ".join(nodes[n].op for n in step.nodes)
+        where = "cuDNN" if step.kind == "graph" else "OUTSIDE cuDNN (fallback kernel)"
+        print(f"{i:4d}. {step.name}  [{ops}]  {where}")
+        if step.kind == "graph":
+            for b in buckets:
+                g = b["graphs"].get(step.signature)
+                if g is None:
+                    continue
+                plan = g["plan"]
+                state = (f"engine {plan['engine_id']} knobs {plan['knobs']}, workspace "
+                         f"{plan['workspace']} B" if plan["engine_id"] is not None
+                         else f"no plan yet ({plan['note'][:80]})")
+                print(f"        {b['key']}: {state}")
+        if step.reason:
+            print(f"        why: {step.reason}")
+    return EXIT_OK
+
+
+def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
+    """`dslc run --backend cudnn`: a bundle, or a `.cgraph` file compiled for this GPU first."""
+    from dslc.runtime import Model
+
+    bundle = args.file
+    tmp = None
+    if result is not None:
+        assert result.model is not None
+        tmp = Path(tempfile.mkdtemp(prefix="dslc-run-"))
+        args.target = "device"
+        args.dump = []
+        args.weights = None
+        status = compile_to(result, args, tmp, Output("human", "never", quiet=True))
+        if status:
+            return status
+        bundle = tmp / f"{result.model.name}.bundle"
+    try:
+        model = Model(bundle, args.weights_file)
+        arrays = {name: np.load(path, allow_pickle=False) for name, path in args.inputs.items()}
+        import cupy
+
+        outputs = model.run({k: cupy.asarray(v) for k, v in arrays.items()})
+        host = {k: cupy.asnumpy(v) for k, v in outputs.items()}
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    fsutil.atomic_write(args.output, lambda t: _savez(t, host))
+    for name, value in host.items():
+        v = value.astype(np.float64)
+        print(f"{name}: {value.dtype}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}")
+    return EXIT_OK
+
+
+def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:
+    with open(tmp, "wb") as f:
+        np.savez(f, **outputs)  # type: ignore[arg-type]
+
+
+def cmd_target(args: argparse.Namespace) -> int:
+    from dslc.compile.target import capture, live_device_available
+
+    if not live_device_available():
+        print("error: `dslc target capture` needs a GPU, and this machine has none",
+              file=sys.stderr)
+        return EXIT_BACKEND
+    fsutil.write_text(args.output, capture())
+    print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def add_commands(sub: Any, diag_options: Any) -> None:
+    p = sub.add_parser("compile", help="compile a model into a bundle and a runner")
+    p.add_argument("file", type=Path, metavar="FILE")
+    p.add_argument("-o", "--output", type=Path, metavar="DIR",
+                   help="output folder (default build/<model>)")
+    p.add_argument("--target", metavar="T", help="`h200` (default without a GPU), `device` "
+                   "(this machine's GPU, the default with one), or a profile JSON")
+    p.add_argument("--weights", type=Path, metavar="W.safetensors",
+                   help="check these weights against the model and put them beside the bundle")
+    p.add_argument("--dump", action="append", default=[], choices=(*STAGES, "all"),
+                   help="print a stage's result and write it as N.<stage>.txt")
+    p.add_argument("--precision", metavar="P", type=_precision,
+                   help="override the model's precision: `f32` or `io=..,intermediate=..,compute=..`")
+    p.add_argument("-q", "--quiet", action="store_true")
+    diag_options(p)
+    p.set_defaults(run=cmd_compile)
+
+    p = sub.add_parser("inspect", help="what a bundle holds: steps, plans, where each runs")
+    p.add_argument("bundle", type=Path, metavar="BUNDLE")
+    p.set_defaults(run=cmd_inspect)
+
+    p = sub.add_parser("target", help="device profiles for deviceless compiles")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = actions.add_parser("capture", help="write this GPU's profile as JSON")
+    c.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.json")
+    c.set_defaults(run=cmd_target)
+
+
+def _precision(text: str) -> Any:
+    from dslc.cli.build import parse_precision
+
+    return parse_precision(text)

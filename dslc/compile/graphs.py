@@ -1,0 +1,164 @@
+"""GroupSpec -> cuDNN graph: tensors named after IR values, with the spec's uids, each op through
+its OpDef's `lower`; then validate, operation graph, execution plans. With a device, plans are
+built; deviceless (a target's device properties), what the library can build without a driver.
+
+This and `dslc.compile.target` are the only modules that import `cudnn`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import cudnn
+
+from dslc.compile.spec import GroupSpec
+from dslc.ops import OPS
+
+DATA_TYPES = {
+    "f32": cudnn.data_type.FLOAT, "f16": cudnn.data_type.HALF, "bf16": cudnn.data_type.BFLOAT16,
+    "f8e4m3": cudnn.data_type.FP8_E4M3, "f8e5m2": cudnn.data_type.FP8_E5M2,
+    "i8": cudnn.data_type.INT8, "u8": cudnn.data_type.UINT8, "i32": cudnn.data_type.INT32,
+    "i64": cudnn.data_type.INT64, "bool": cudnn.data_type.BOOLEAN,
+}
+HEURISTICS = [cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK]
+
+
+class GraphError(Exception):
+    """cuDNN rejected the graph (validate or operation graph): the group must be split."""
+
+
+@dataclass
+class Built:
+    """A cuDNN graph for one GroupSpec, and what became of its plans."""
+
+    graph: Any
+    spec: GroupSpec
+    candidates: int = 0
+    plan_index: int | None = None  # the plan built and selected, if any
+    engine_id: int | None = None
+    knobs: dict[str, int] = field(default_factory=dict)
+    workspace: int = 0
+    serialized: bytes | None = None
+    build_s: float = 0.0
+    note: str = ""  # why no plan was built (deviceless engines needing the driver, ...)
+
+    @property
+    def has_plan(self) -> bool:
+        return self.plan_index is not None
+
+
+class _Lowering:
+    """The `LowerCtx` an op's `lower` sees."""
+
+    def __init__(self, g: Any, spec: GroupSpec) -> None:
+        self.g = g
+        self.spec = spec
+        self.current = ""
+
+    def enum(self, kind: str, member: str) -> Any:
+        return getattr(getattr(cudnn, kind), member)
+
+    def scalar(self, value: float) -> Any:
+        return self.g.tensor_scalar(float(value), cudnn.scalar_type.RUNTIME_PARAM)
+
+    def result_dims(self) -> list[int]:
+        return list(self.spec.tensor(self.current).dims)
+
+    def result_strides(self) -> list[int]:
+        return list(self.spec.tensor(self.current).strides)
+
+
+def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None) -> Any:
+    """The cuDNN graph of `spec`, validated and lowered to an operation graph (GraphError)."""
+    g = cudnn.pygraph(io_data_type=DATA_TYPES[spec.io],
+                      intermediate_data_type=DATA_TYPES[spec.intermediate],
+                      compute_data_type=DATA_TYPES[spec.compute], handle=handle,
+                      device_property=properties)
+    tensors: dict[str, Any] = {}
+    for t in spec.tensors:
+        if t.role == "scalar":
+            tensors[t.name] = g.tensor_scalar(float(t.value), cudnn.scalar_type.RUNTIME_PARAM)
+        elif t.role == "input":
+            tensors[t.name] = g.tensor(name=t.name, dim=list(t.dims), stride=list(t.strides),
+                                       data_type=DATA_TYPES[t.dtype], uid=t.uid)
+    ctx = _Lowering(g, spec)
+    try:
+        for op in spec.ops:
+            ctx.current = op.node
+            lower = OPS[op.op].lower
+            if lower is None:
+                raise GraphError(f"`{op.op}` has no cuDNN graph node")
+            result = lower(ctx, [tensors[i] for i in op.inputs], op.attrs)
+            t = spec.tensor(op.node)
+            result.set_name(t.name).set_data_type(DATA_TYPES[t.dtype])
+            result.set_dim(list(t.dims)).set_stride(list(t.strides))
+            if t.role == "output":
+                result.set_output(True).set_uid(t.uid)
+            tensors[op.node] = result
+        g.validate()
+        g.build_operation_graph()
+    except GraphError:
+        raise
+    except Exception as err:  # cuDNN's own errors come in several types
+        raise GraphError(_first_line(err)) from err
+    return g
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:300]
+
+
+def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
+          engine: tuple[int, dict[str, int]] | None = None) -> Built:
+    """Graph and plan: `engine` replays a recorded (engine_id, knobs); otherwise the
+    heuristics' list, the first candidate that builds. GraphError if cuDNN rejects the graph."""
+    start = time.perf_counter()
+    g = make_graph(spec, handle, properties)
+    out = Built(g, spec)
+    try:
+        if engine is not None:
+            g.create_execution_plan(engine[0], _knobs_in(engine[1]))
+        else:
+            g.create_execution_plans(HEURISTICS)
+        out.candidates = g.get_execution_plan_count()
+    except Exception as err:
+        out.note = f"no candidate plan: {_first_line(err)}"
+        out.build_s = time.perf_counter() - start
+        return out
+    for index in range(out.candidates):
+        try:
+            g.build_plan_at_index(index)
+        except Exception as err:
+            out.note = f"no plan built: {_first_line(err)}"
+            continue
+        out.plan_index = index
+        engine_id, knobs = g.get_engine_and_knobs_at_index(index)
+        out.engine_id = int(engine_id)
+        out.knobs = knobs_out(knobs)
+        out.workspace = int(g.get_workspace_size())
+        try:
+            out.serialized = bytes(g.serialize(as_bytes=True))
+        except Exception as err:
+            out.note = f"plan not serializable: {_first_line(err)}"
+        out.note = "" if out.serialized else out.note
+        break
+    out.build_s = time.perf_counter() - start
+    return out
+
+
+def knobs_out(knobs: dict[Any, Any]) -> dict[str, int]:
+    return {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()}
+
+
+def _knobs_in(knobs: dict[str, int]) -> dict[Any, int]:
+    return {getattr(cudnn.knob_type, k): int(v) for k, v in knobs.items()}
+
+
+def restore(blob: bytes, handle: Any) -> Any:
+    """A serialized plan back into an executable graph (executed by the recorded uids)."""
+    g = cudnn.pygraph()
+    g.deserialize(handle, blob)
+    return g

@@ -1,0 +1,260 @@
+"""A group at concrete sizes, as plain data: its tensors (cuDNN dims, strides, dtype, uid, role)
+and its ops (attrs with every dim evaluated). A `GroupSpec` is what `build` turns into a cuDNN
+graph; it is stored in the bundle, so the runtime can rebuild any graph without the compiler.
+
+Tensors are shaped in the group's cuDNN form: broadcast operands padded to the group's rank,
+a bias vector placed on its axis, the dims a reduction drops kept as 1s, and two rank
+conventions of cuDNN: a matmul group in rank 3 ([batch, M, N]), a layernorm or rmsnorm group as
+rows ([prod(L), D, 1, 1]). Uids follow the order of the tensors, so groups with one signature get
+identical specs up to names and share one plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dslc.check.dims import DimEnv
+from dslc.check.types import Layout
+from dslc.fuse.plan import Group
+from dslc.ir.graph import Graph, Node
+from dslc.ir.interp import concrete
+from dslc.ir.views import layout_strides
+
+SOURCES = ("input", "param", "scalar")
+ROWS_OPS = ("layernorm", "rmsnorm")
+
+
+class SpecError(Exception):
+    """The group cannot be put in cuDNN's form (e.g. rows that are not contiguous)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str  # the IR value name (the cuDNN tensor name)
+    uid: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    role: str  # input | output | virtual | scalar
+    value: float = 0.0  # for scalars (pass-by-value)
+
+    def data(self) -> dict[str, Any]:
+        return {"name": self.name, "uid": self.uid, "dims": list(self.dims),
+                "strides": list(self.strides), "dtype": self.dtype, "role": self.role,
+                "value": self.value}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    node: str
+    op: str
+    inputs: tuple[str, ...]
+    attrs: dict[str, Any]
+    compute: str
+
+    def data(self) -> dict[str, Any]:
+        return {"node": self.node, "op": self.op, "inputs": list(self.inputs),
+                "attrs": _plain(self.attrs), "compute": self.compute}
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    signature: str
+    tensors: tuple[TensorSpec, ...]
+    ops: tuple[OpSpec, ...]
+    io: str
+    intermediate: str
+    compute: str
+
+    def tensor(self, name: str) -> TensorSpec:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def data(self) -> dict[str, Any]:
+        return {"signature": self.signature, "tensors": [t.data() for t in self.tensors],
+                "ops": [o.data() for o in self.ops], "io": self.io,
+                "intermediate": self.intermediate, "compute": self.compute}
+
+    @staticmethod
+    def from_data(d: Mapping[str, Any]) -> GroupSpec:
+        return GroupSpec(
+            d["signature"],
+            tuple(TensorSpec(t["name"], t["uid"], tuple(t["dims"]), tuple(t["strides"]),
+                             t["dtype"], t["role"], t.get("value", 0.0)) for t in d["tensors"]),
+            tuple(OpSpec(o["node"], o["op"], tuple(o["inputs"]), dict(o["attrs"]), o["compute"])
+                  for o in d["ops"]),
+            d["io"], d["intermediate"], d["compute"])
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def storage(graph_nodes: Mapping[str, Node], name: str, values: Mapping[str, int],
+            env: DimEnv | None = None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Concrete (shape, strides, element offset) of a stored value, in its base's memory."""
+    node = graph_nodes[name]
+    shape = tuple(int(concrete(d, values, env)) for d in node.type.shape)
+    if node.op == "view":
+        strides = tuple(int(concrete(s, values, env)) for s in node.attrs["strides"])
+        return shape, strides, int(concrete(node.attrs["offset"], values, env))
+    assert node.type.layout is not None, name
+    return shape, tuple(_strides(list(shape), node.type.layout)), 0
+
+
+def _strides(shape: list[int], layout: Layout) -> list[int]:
+    out = []
+    for s in layout_strides(tuple(shape), layout):
+        assert isinstance(s, int)  # concrete shape, concrete strides
+        out.append(s)
+    return out
+
+
+def _dense(shape: list[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+    return strides
+
+
+def _insert_axes(shape: list[int], strides: list[int], axes: list[int]) -> tuple[list[int],
+                                                                                 list[int]]:
+    """Put back size-1 axes (a reduction's dropped axes), with strides a dense tensor would have."""
+    for axis in sorted(axes):
+        inner = strides[axis] * shape[axis] if axis < len(shape) else 1
+        shape.insert(axis, 1)
+        strides.insert(axis, inner)
+    return shape, strides
+
+
+def _pad(shape: list[int], strides: list[int], rank: int) -> tuple[list[int], list[int]]:
+    while len(shape) < rank:
+        strides.insert(0, (strides[0] * shape[0]) if shape else 1)
+        shape.insert(0, 1)
+    return shape, strides
+
+
+def _merge(shape: list[int], strides: list[int], lo: int, hi: int) -> tuple[int, int]:
+    """Axes lo..hi-1 as one axis, if their strides chain (size-1 axes are free)."""
+    real = [i for i in range(lo, hi) if shape[i] != 1]
+    for a, b in itertools.pairwise(real):
+        if strides[a] != strides[b] * shape[b]:
+            raise SpecError("axes that cuDNN needs merged are not contiguous in memory")
+    size = math.prod(shape[lo:hi])
+    return size, (strides[real[-1]] if real else size)
+
+
+class _Shaper:
+    """The cuDNN form of every tensor of one group (see the module docstring)."""
+
+    def __init__(self, group: Group, nodes: Mapping[str, Node], values: Mapping[str, int],
+                 env: DimEnv | None) -> None:
+        self.group = group
+        self.nodes = nodes
+        self.values = values
+        self.env = env
+        anchor = nodes[group.anchor]
+        self.rank = max(len(nodes[n].type.shape) for n in group.nodes)
+        self.dropped: dict[str, list[int]] = {}  # value -> axes a reduction dropped upstream
+        for name in group.nodes:
+            node = nodes[name]
+            if node.op.startswith("reduce_") and not node.attrs.get("keepdims"):
+                self.dropped[name] = list(node.attrs["axes"])
+                self.rank = max(self.rank, len(nodes[node.inputs[0]].type.shape))
+            elif node.inputs and node.inputs[0] in self.dropped:
+                self.dropped[name] = self.dropped[node.inputs[0]]
+        self.form = ("rows" if anchor.op in ROWS_OPS else "rank3" if anchor.op == "matmul"
+                     else "natural")
+
+    def shape(self, name: str, used_by: Node | None = None) -> tuple[list[int], list[int]]:
+        node = self.nodes[name]
+        if node.op == "scalar":
+            return [1] * max(self.rank, 1), [1] * max(self.rank, 1)
+        if node.name in self.group.nodes:
+            shape = [int(concrete(d, self.values, self.env)) for d in node.type.shape]
+            layout = node.type.layout
+            strides = _strides(shape, layout) if layout is not None else _dense(shape)
+        else:
+            s, st, _ = storage(self.nodes, name, self.values, self.env)
+            shape, strides = list(s), list(st)
+        if name in self.dropped:
+            shape, strides = _insert_axes(shape, strides, self.dropped[name])
+        if used_by is not None and used_by.op in ("bias_add", "scale_mul") and \
+                used_by.inputs[1] == name and len(shape) == 1:
+            axis = int(used_by.attrs["axis"])
+            full = len(self.nodes[used_by.inputs[0]].type.shape)
+            shape = [shape[0] if i == axis else 1 for i in range(full)]
+            strides = self._fill_ones(shape, [strides[0] if i == axis else 1 for i in range(full)])
+        shape, strides = _pad(shape, strides, self.rank)
+        return self._form(shape, strides)
+
+    @staticmethod
+    def _fill_ones(shape: list[int], strides: list[int]) -> list[int]:
+        out = list(strides)
+        for i in range(len(shape) - 1, -1, -1):
+            if shape[i] == 1:
+                out[i] = out[i + 1] * shape[i + 1] if i + 1 < len(shape) else 1
+        return out
+
+    def _form(self, shape: list[int], strides: list[int]) -> tuple[list[int], list[int]]:
+        if self.form == "rank3":
+            if len(shape) < 3:
+                return _pad(shape, strides, 3)
+            batch, bstride = _merge(shape, strides, 0, len(shape) - 2)
+            return [batch, *shape[-2:]], [bstride, *strides[-2:]]
+        if self.form == "rows":
+            anchor = self.nodes[self.group.anchor]
+            norm_axes = len(anchor.attrs["axes"])
+            lead = len(shape) - norm_axes
+            rows, rstride = _merge(shape, strides, 0, lead)
+            cols, cstride = _merge(shape, strides, lead, len(shape))
+            return [rows, cols, 1, 1], [rstride, cstride, cstride, cstride]
+        if len(shape) < 3:  # cuDNN pointwise and reduction graphs take rank 3 and up
+            return _pad(shape, strides, 3)
+        return shape, strides
+
+
+def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEnv | None = None,
+               ) -> GroupSpec:
+    """The cuDNN form of `group` at the dim values `values` (raises SpecError)."""
+    nodes = graph.by_name()
+    shaper = _Shaper(group, nodes, values, env)
+    users: dict[str, Node] = {}
+    for name in group.nodes:
+        for i in nodes[name].inputs:
+            users.setdefault(i, nodes[name])
+    tensors: list[TensorSpec] = []
+    for name in group.inputs:
+        node = nodes[name]
+        dims_, strides = shaper.shape(name, users.get(name))
+        role = "scalar" if node.op == "scalar" else "input"
+        value = float(node.attrs["value"]) if node.op == "scalar" else 0.0
+        tensors.append(TensorSpec(name, len(tensors) + 1, tuple(dims_), tuple(strides),
+                                  node.type.dtype, role, value))
+    anchor = nodes[group.anchor]
+    for name in group.nodes:
+        node = nodes[name]
+        dims_, strides = shaper.shape(name)
+        role = "output" if name in group.outputs else "virtual"
+        dtype = node.type.dtype
+        if role == "virtual" and dtype in ("f32", "f16", "bf16"):
+            dtype = node.precision.intermediate
+        tensors.append(TensorSpec(name, len(tensors) + 1, tuple(dims_), tuple(strides), dtype,
+                                  role))
+    ops = tuple(OpSpec(name, nodes[name].op, nodes[name].inputs,
+                       {k: concrete(v, values, env) for k, v in nodes[name].attrs.items()},
+                       str(nodes[name].attrs.get("compute", nodes[name].precision.compute)))
+                for name in group.nodes)
+    return GroupSpec(group.signature, tuple(tensors), ops, anchor.precision.io,
+                     anchor.precision.intermediate, anchor.precision.compute)
+

@@ -1,0 +1,115 @@
+"""Compile: FusionPlan -> one cuDNN graph per group and bucket (or a fallback kernel step).
+
+A group cuDNN rejects is split in two and each half retried, down to single ops; the reason is
+kept on the steps (`dslc inspect` shows it). Groups with one signature share one graph and plan
+per bucket. With a live GPU, plans are built here; deviceless, a graph is validated and lowered
+to an operation graph, and plans are built where the library can without a driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dslc.check.checker import CheckedModel
+from dslc.compile.graphs import Built, GraphError, build
+from dslc.compile.spec import GroupSpec, SpecError, group_spec
+from dslc.compile.target import Target
+from dslc.fuse.plan import FusionPlan, Group, make_group
+from dslc.ir.graph import Graph
+from dslc.ops import OPS
+from dslc.runtime.kernels import KERNELS
+
+
+@dataclass
+class Step:
+    kind: str  # "graph" (a cuDNN graph) | "kernel" (a fallback kernel between graphs)
+    group: Group
+    reason: str = ""  # why it is not the fused group the plan proposed, or runs outside cuDNN
+
+
+@dataclass
+class Compiled:
+    model: CheckedModel
+    graph: Graph
+    plan: FusionPlan
+    target: Target
+    steps: list[Step] = field(default_factory=list)
+    builds: dict[tuple[str, str], Built] = field(default_factory=dict)  # (bucket, signature)
+    specs: dict[tuple[str, str], GroupSpec] = field(default_factory=dict)
+
+    def built(self, bucket: str, signature: str) -> Built:
+        return self.builds[(bucket, signature)]
+
+
+class CompileFailure(Exception):
+    """No cuDNN engine and no fallback kernel for an op (E0801): the build fails (exit 3)."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+def bucket_key(bucket: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(bucket.items())) or "static"
+
+
+Progress = Callable[[str], None]
+
+
+def compile_model(model: CheckedModel, graph: Graph, plan: FusionPlan, target: Target,
+                  progress: Progress | None = None) -> Compiled:
+    """Fusion plan -> steps with a cuDNN graph (and plan, where one builds) per bucket."""
+    out = Compiled(model, graph, plan, target)
+    handle = target.handle() if target.live else None
+    properties = None if target.live else target.properties()
+    for i, group in enumerate(plan.groups):
+        if progress:
+            progress(f"[{i + 1}/{len(plan.groups)}] {group.name} ({group.pattern})")
+        out.steps.extend(_compile(out, group, handle, properties, ""))
+    return out
+
+
+def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str) -> list[Step]:
+    nodes = out.graph.by_name()
+    if len(group.nodes) == 1 and OPS[nodes[group.nodes[0]].op].lower is None:
+        op = nodes[group.nodes[0]].op
+        if op not in KERNELS:
+            raise CompileFailure(group.nodes[0], f"`{op}` has neither a cuDNN graph node nor a "
+                                 "fallback kernel")
+        return [Step("kernel", group, group.reason or f"`{op}` runs as a fallback kernel")]
+    try:
+        for bucket in out.model.buckets:
+            key = (bucket_key(bucket), group.signature)
+            if key in out.builds:
+                continue
+            spec = group_spec(out.graph, group, bucket, out.model.env)
+            out.specs[key] = spec
+            out.builds[key] = build(spec, handle, properties)
+    except (GraphError, SpecError) as err:
+        for key in [k for k in out.specs if k[1] == group.signature]:
+            out.specs.pop(key, None)
+            out.builds.pop(key, None)
+        return _split(out, group, handle, properties, str(err))
+    return [Step("graph", group, why)]
+
+
+def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str) -> list[Step]:
+    nodes = out.graph.by_name()
+    if len(group.nodes) == 1:
+        op = nodes[group.nodes[0]].op
+        if op in KERNELS:
+            return [Step("kernel", group, f"cuDNN rejected `{op}` ({error}): a fallback kernel "
+                         "runs it")]
+        raise CompileFailure(group.nodes[0], f"cuDNN rejected `{op}`: {error}")
+    half = len(group.nodes) // 2
+    users = out.graph.users()
+    steps: list[Step] = []
+    for part in (group.nodes[:half], group.nodes[half:]):
+        sub = make_group(out.graph, list(part), group.pattern, group.reason, users)
+        steps.extend(_compile(out, sub, handle, properties,
+                              f"split from the fused group {group.name}: cuDNN rejected it "
+                              f"({error})"))
+    return steps

@@ -1,0 +1,121 @@
+"""The GPU side of the runtime: CuPy and cuDNN loaded on demand, device buffers, and arrays from
+other frameworks taken without copies (DLPack, the CUDA array interface, torch tensors).
+
+Importing this module needs no GPU; `require()` fails with one sentence (R0801) when there is none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dslc.runtime.errors import RunnerError
+
+TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i8": "int8",
+                "u8": "uint8", "i32": "int32", "i64": "int64", "bool": "bool",
+                "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+CUPY_DTYPES = {"f32": "float32", "f16": "float16", "i8": "int8", "u8": "uint8",
+               "i32": "int32", "i64": "int64", "bool": "bool"}
+
+
+def require() -> tuple[Any, Any]:
+    """(cupy, cudnn), or R0801 with the reason."""
+    try:
+        import cupy
+    except Exception as err:
+        raise RunnerError("R0801", f"running a compiled model needs a CUDA GPU and CuPy "
+                          f"(`pip install cupy-cuda13x`); CuPy could not be imported: {err}") from err
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as err:
+        raise RunnerError("R0801", f"running a compiled model needs a CUDA GPU, and none is "
+                          f"usable here ({err})") from err
+    try:
+        import cudnn
+    except Exception as err:
+        raise RunnerError("R0801", "running a compiled model needs the cuDNN frontend "
+                          f"(`pip install nvidia-cudnn-frontend`): {err}") from err
+    return cupy, cudnn
+
+
+@dataclass
+class ArrayRef:
+    """A device array as the runtime sees it: pointer, shape, strides in elements, dtype."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    kind: str  # torch | cupy
+    obj: Any
+
+
+def _dtype_name(table: dict[str, str], dtype: Any) -> str | None:
+    text = str(dtype).replace("torch.", "")
+    for name, value in table.items():
+        if value == text:
+            return name
+    return None
+
+
+def as_array(obj: Any, name: str, span: dict[str, Any] | None) -> ArrayRef:
+    """A tensor given to the model, without copying it."""
+    module = type(obj).__module__
+    if module.startswith("torch"):
+        if not getattr(obj, "is_cuda", False):
+            raise RunnerError("R0501", f"input `{name}` is a CPU tensor; move it to the GPU "
+                              "(`.cuda()`)", span)
+        dtype = _dtype_name(TORCH_DTYPES, obj.dtype)
+        if dtype is None:
+            raise RunnerError("R0401", f"input `{name}` has dtype {obj.dtype}, which dslc models "
+                              "do not take", span)
+        return ArrayRef(int(obj.data_ptr()), tuple(obj.shape), tuple(obj.stride()), dtype,
+                        "torch", obj)
+    cupy, _ = require()
+    if not isinstance(obj, cupy.ndarray):
+        try:
+            if hasattr(obj, "__cuda_array_interface__"):
+                obj = cupy.asarray(obj)
+            elif hasattr(obj, "__dlpack__"):
+                obj = cupy.from_dlpack(obj)
+            else:
+                raise TypeError(type(obj).__name__)
+        except Exception as err:
+            raise RunnerError("R0501", f"input `{name}` is not a GPU array (give a torch tensor, a "
+                              f"CuPy array, or any DLPack / CUDA-array-interface object): {err}",
+                              span) from err
+    dtype = _dtype_name(CUPY_DTYPES, obj.dtype)
+    if dtype is None:
+        raise RunnerError("R0401", f"input `{name}` has dtype {obj.dtype}", span)
+    item = obj.dtype.itemsize
+    return ArrayRef(int(obj.data.ptr), tuple(obj.shape), tuple(s // item for s in obj.strides),
+                    dtype, "cupy", obj)
+
+
+def empty(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, kind: str) -> ArrayRef:
+    """A new device array of that layout, in the caller's framework."""
+    span = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) if all(shape) else 0
+    if kind == "torch" or dtype not in CUPY_DTYPES:
+        import torch
+
+        t = torch.empty_strided(shape, strides, dtype=getattr(torch, TORCH_DTYPES[dtype]),
+                                device="cuda")
+        return ArrayRef(int(t.data_ptr()), shape, strides, dtype, "torch", t)
+    cupy, _ = require()
+    dt = cupy.dtype(CUPY_DTYPES[dtype])
+    base = cupy.empty(max(span, 1), dtype=dt)
+    arr = cupy.ndarray(shape, dt, memptr=base.data, strides=tuple(s * dt.itemsize for s in strides))
+    return ArrayRef(int(arr.data.ptr), shape, strides, dtype, "cupy", arr)
+
+
+def view(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> Any:
+    """A CuPy array over memory the runtime owns elsewhere (for the fallback kernels)."""
+    cupy, _ = require()
+    if dtype not in CUPY_DTYPES:
+        raise RunnerError("R0801", f"the fallback kernels do not take {dtype} tensors")
+    dt = cupy.dtype(CUPY_DTYPES[dtype])
+    span = (1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))) * dt.itemsize
+    mem = cupy.cuda.UnownedMemory(ptr, max(span, 1), None)
+    return cupy.ndarray(shape, dt, memptr=cupy.cuda.MemoryPointer(mem, 0),
+                        strides=tuple(s * dt.itemsize for s in strides))

@@ -1,0 +1,137 @@
+"""Fallback kernels (CuPy) for the ops cuDNN's graph API cannot run from Python: pooling and
+upsampling (cuDNN's resample node is not exposed by the Python frontend, and its JSON route is
+rejected: see docs/DESIGN.md), and concatenation (copies into one buffer).
+
+Each kernel reads and writes strided tensors in place (any layout: NCHW, NHWC, views), on the
+current CUDA stream, so it can be captured into a CUDA graph with the cuDNN graphs around it.
+`KERNELS` is importable without a GPU; CuPy is imported when a kernel first runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any
+
+KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
+
+_POOL = r"""
+long long idx = i;
+const long long wo = idx % Wo; idx /= Wo;
+const long long ho = idx % Ho; idx /= Ho;
+const long long c = idx % C;
+const long long n = idx / C;
+float acc = is_max ? -3.402823466e38f : 0.0f;
+long long count = 0;
+for (long long a = 0; a < kh; ++a) {
+  const long long h = ho * sh - ph + a;
+  if (h < 0 || h >= H) continue;
+  for (long long b = 0; b < kw; ++b) {
+    const long long w = wo * sw - pw + b;
+    if (w < 0 || w >= W) continue;
+    const float v = (float)x[n * xn + c * xc + h * xh + w * xw];
+    acc = is_max ? (v > acc ? v : acc) : acc + v;
+    ++count;
+  }
+}
+if (!is_max) acc = acc / (float)(count_pad ? kh * kw : (count > 0 ? count : 1));
+y[n * yn + c * yc + ho * yh + wo * yw] = (T)acc;
+"""
+
+_UPSAMPLE = r"""
+long long idx = i;
+const long long wo = idx % Wo; idx /= Wo;
+const long long ho = idx % Ho; idx /= Ho;
+const long long c = idx % C;
+const long long n = idx / C;
+const long long base = n * xn + c * xc;
+float v;
+if (bilinear) {
+  float sy = ((float)ho + 0.5f) / (float)fh - 0.5f; if (sy < 0.0f) sy = 0.0f;
+  float sx = ((float)wo + 0.5f) / (float)fw - 0.5f; if (sx < 0.0f) sx = 0.0f;
+  long long y0 = (long long)sy; if (y0 > H - 1) y0 = H - 1;
+  long long x0 = (long long)sx; if (x0 > W - 1) x0 = W - 1;
+  const long long y1 = y0 + 1 < H ? y0 + 1 : H - 1;
+  const long long x1 = x0 + 1 < W ? x0 + 1 : W - 1;
+  const float ly = sy - (float)y0, lx = sx - (float)x0;
+  const float a = (float)x[base + y0 * xh + x0 * xw], b = (float)x[base + y0 * xh + x1 * xw];
+  const float c0 = (float)x[base + y1 * xh + x0 * xw], d = (float)x[base + y1 * xh + x1 * xw];
+  v = (a * (1.0f - lx) + b * lx) * (1.0f - ly) + (c0 * (1.0f - lx) + d * lx) * ly;
+} else {
+  v = (float)x[base + (ho / fh) * xh + (wo / fw) * xw];
+}
+y[n * yn + c * yc + ho * yh + wo * yw] = (T)v;
+"""
+
+_POOL_PARAMS = ("raw T x, int64 C, int64 H, int64 W, int64 Ho, int64 Wo, int64 xn, int64 xc, "
+                "int64 xh, int64 xw, int64 yn, int64 yc, int64 yh, int64 yw, int64 kh, int64 kw, "
+                "int64 sh, int64 sw, int64 ph, int64 pw, int32 is_max, int32 count_pad")
+_UPSAMPLE_PARAMS = ("raw T x, int64 C, int64 H, int64 W, int64 Ho, int64 Wo, int64 xn, int64 xc, "
+                    "int64 xh, int64 xw, int64 yn, int64 yc, int64 yh, int64 yw, int64 fh, "
+                    "int64 fw, int32 bilinear")
+
+
+@cache
+def _elementwise(name: str, params: str, body: str) -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel(params, "raw T y", body, f"dslc_{name}")
+
+
+def _flat(a: Any) -> tuple[Any, list[int]]:
+    """A 1-D view from the array's first element, and its strides in elements."""
+    import cupy
+
+    item = a.dtype.itemsize
+    strides = [s // item for s in a.strides]
+    span = 1 + sum((d - 1) * s for d, s in zip(a.shape, strides, strict=True)) if a.size else 0
+    return cupy.ndarray((span,), a.dtype, memptr=a.data), strides
+
+
+def _spatial_2d(op: str, x: Any) -> None:
+    if x.ndim != 4:
+        raise NotImplementedError(f"the fallback `{op}` kernel takes 2-D images (rank 4)")
+
+
+def maxpool(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    _pool(xs[0], y, a, is_max=True)
+
+
+def avgpool(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    _pool(xs[0], y, a, is_max=False)
+
+
+def _pool(x: Any, y: Any, a: Mapping[str, Any], is_max: bool) -> None:
+    _spatial_2d("pool", x)
+    xf, xs = _flat(x)
+    yf, ys = _flat(y)
+    _n, c, h, w = x.shape
+    kernel = _elementwise("pool", _POOL_PARAMS, _POOL)
+    kernel(xf, c, h, w, y.shape[2], y.shape[3], *xs, *ys, a["window"][0], a["window"][1],
+           a["stride"][0], a["stride"][1], a["pad"][0], a["pad"][1], int(is_max),
+           int(bool(a.get("count_pad"))), yf, size=y.size)
+
+
+def upsample(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    x = xs[0]
+    _spatial_2d("upsample", x)
+    xf, xst = _flat(x)
+    yf, yst = _flat(y)
+    _n, c, h, w = x.shape
+    kernel = _elementwise("upsample", _UPSAMPLE_PARAMS, _UPSAMPLE)
+    kernel(xf, c, h, w, y.shape[2], y.shape[3], *xst, *yst, a["factor"][0], a["factor"][1],
+           int(a["mode"] == "bilinear"), yf, size=y.size)
+
+
+def concat(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    axis = int(a["axis"])
+    at = 0
+    for x in xs:
+        index = tuple(slice(at, at + x.shape[axis]) if i == axis else slice(None)
+                      for i in range(y.ndim))
+        y[index] = x  # a strided copy kernel
+        at += x.shape[axis]
+
+
+KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
+                                "concat": concat}

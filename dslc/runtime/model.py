@@ -1,0 +1,301 @@
+"""A compiled model, ready to run: the bundle, the weights on the device, and per input size an
+executable (plans, memory plan, arena, workspace). `Model` is what generated runners subclass.
+
+    model = Model("build/resnet50/resnet50.bundle", "w.safetensors")
+    out = model.run({"image": image})          # torch tensors in, torch tensors out
+    fast = model.capture({"image": image})     # the whole schedule as one CUDA graph
+    out = fast({"image": image})
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dslc.ir.interp import concrete_attrs
+from dslc.runtime import bundle as bundlefile
+from dslc.runtime import device
+from dslc.runtime.errors import RunnerError
+from dslc.runtime.inputs import bind_inputs
+from dslc.runtime.kernels import KERNELS
+from dslc.runtime.plans import Ready, prepare
+from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
+
+LOG = logging.getLogger("dslc.runtime")
+
+
+class Executable:
+    """Everything one input size needs: graphs, memory plan, arena, workspace."""
+
+    def __init__(self, model: Model, dims: dict[str, int]) -> None:
+        self.model = model
+        self.dims = dims
+        self.key = ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
+        self.layout: Layout = model.program.layout(dims)
+        self.graphs: dict[str, Ready] = {}
+        bucket = model.buckets.get(self.key)
+        for step in model.program.steps:
+            if step.kind != "graph" or step.signature in self.graphs:
+                continue
+            where = f"group {step.name} ({step.signature}) at {self.key}"
+            if bucket is not None and step.signature in bucket["graphs"]:
+                entry = bucket["graphs"][step.signature]
+                spec = model.spec_from(entry["spec"])
+                ready = prepare(spec, entry["plan"], model.handle, where, model.log)
+            else:
+                spec = model.spec_at(step, dims)
+                ready = prepare(spec, None, model.handle, where, model.log,
+                                seed=model.nearest_engine(step.signature, dims))
+            model.startup.append({"bucket": self.key, "signature": step.signature,
+                                  "how": ready.how, "seconds": ready.seconds})
+            self.graphs[step.signature] = ready
+        cupy = model.cupy
+        self.arena = cupy.empty(max(self.layout.arena, 1), dtype=cupy.uint8)
+        workspace = max((r.workspace for r in self.graphs.values()), default=0)
+        self.workspace = cupy.empty(max(workspace, 256), dtype=cupy.uint8)
+        self.bindings = {}
+        for step in model.program.steps:
+            if step.kind == "graph":
+                spec = self.graphs[step.signature].spec
+                names = list(step.inputs) + list(step.nodes)
+                self.bindings[step.name] = [(t.uid, names[t.uid - 1]) for t in spec.tensors
+                                            if t.role in ("input", "output")]
+
+    def storage(self, name: str) -> Storage:
+        return self.layout.storage[name]
+
+
+class Model:
+    def __init__(self, bundle: str | Path, weights: str | Path | None = None, *,
+                 log: logging.Logger | None = None) -> None:
+        self.path = Path(bundle)
+        self.payload = bundlefile.read(self.path)
+        self.program = Program(self.payload)
+        self.manifest: dict[str, Any] = self.payload["manifest"]
+        self.buckets = {b["key"]: b for b in self.payload["buckets"]}
+        self.log = log or LOG
+        self.startup: list[dict[str, Any]] = []
+        self._executables: dict[str, Executable] = {}
+        self._weights: dict[str, Any] | None = None
+        self._gpu: tuple[Any, Any] | None = None
+        self._handle: Any = None
+        if weights is not None:
+            self.load_weights(weights)
+
+    # -- the device, loaded when first needed ---------------------------------------------------
+    @property
+    def cupy(self) -> Any:
+        if self._gpu is None:
+            self._gpu = device.require()
+        return self._gpu[0]
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            cudnn = (self._gpu or device.require())[1]
+            self._handle = cudnn.create_handle()
+        return self._handle
+
+    def spec_from(self, data: Mapping[str, Any]) -> Any:
+        from dslc.compile.spec import GroupSpec
+
+        return GroupSpec.from_data(data)
+
+    def spec_at(self, step: Any, dims: dict[str, int]) -> Any:
+        from dslc.compile.spec import group_spec
+        from dslc.fuse.plan import make_group
+
+        group = make_group(self.program.graph, list(step.nodes), step.pattern)
+        return group_spec(self.program.graph, group, dims, self.program.env)
+
+    def nearest_engine(self, signature: str, dims: dict[str, int]) -> tuple[int, dict[str, int]] | None:
+        best = None
+        for b in self.buckets.values():
+            plan = b["graphs"].get(signature, {}).get("plan")
+            if plan is None or plan.get("engine_id") is None:
+                continue
+            distance = sum(abs(b["dims"].get(k, v) - v) for k, v in dims.items())
+            if best is None or distance < best[0]:
+                best = (distance, (int(plan["engine_id"]), dict(plan["knobs"])))
+        return best[1] if best else None
+
+    # -- weights -------------------------------------------------------------------------------
+    def load_weights(self, path: str | Path) -> None:
+        from dslc.runtime import params
+
+        tensors = params.read(Path(path), self.manifest)
+        wanted = self.program.weights_used()
+        values = params.load_time_values(self.program, tensors, wanted)
+        self.cupy  # noqa: B018 - fail early, with R0801, without a GPU
+        self._weights = params.upload(self.program, values)
+
+    # -- running -------------------------------------------------------------------------------
+    def executable(self, dims: dict[str, int]) -> Executable:
+        key = ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
+        if key not in self._executables:
+            self._executables[key] = Executable(self, dims)
+        return self._executables[key]
+
+    def prepare(self, **dims: int) -> Executable:
+        """Build (or restore) everything for these dim values now, not at the first call."""
+        return self.executable({k: int(v) for k, v in dims.items()})
+
+    def _check(self, inputs: Mapping[str, Any]) -> tuple[dict[str, device.ArrayRef],
+                                                          dict[str, int]]:
+        specs = {i["name"]: i for i in self.manifest["inputs"]}
+        refs = {}
+        for name, obj in inputs.items():
+            refs[name] = device.as_array(obj, name, specs[name]["span"] if name in specs else None)
+        dims = bind_inputs(self.manifest, {k: (r.shape, r.dtype) for k, r in refs.items()})
+        for name, ref in refs.items():
+            want = self.program.storage(self.program.inputs[name], dims)
+            if ref.shape and tuple(ref.strides) != want.strides and _elements(ref.shape) > 1:
+                order = self.program.nodes[self.program.inputs[name]].type.layout
+                raise RunnerError("R0501", f"input `{name}` has strides {list(ref.strides)}, "
+                                  f"expected {list(want.strides)} (layout {order}); make it "
+                                  "contiguous in that layout", specs[name]["span"])
+        return refs, dims
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run the model on `inputs` (by name); returns the outputs by name."""
+        if self._weights is None:
+            raise RunnerError("R0202", "no weights loaded: pass a safetensors file to the "
+                              "runner, or call `load_weights(path)`")
+        refs, dims = self._check(inputs)
+        exe = self.executable(dims)
+        kind = "torch" if any(r.kind == "torch" for r in refs.values()) else "cupy"
+        outputs = self._allocate_outputs(exe, kind)
+        stream = _stream_of(kind, self.cupy)
+        self._launch(exe, refs, outputs, stream)
+        return {name: self._output_view(exe, name, outputs, kind)
+                for name in self.program.outputs}
+
+    def _allocate_outputs(self, exe: Executable, kind: str) -> dict[str, device.ArrayRef]:
+        out = {}
+        for value in self.program.outputs.values():
+            base = exe.storage(value).base
+            if base in out or base in self.program.load_time or \
+                    self.program.nodes[base].op == "input":
+                continue
+            s = exe.storage(base)
+            out[base] = device.empty(s.shape, s.strides, s.dtype, kind)
+        return out
+
+    def _output_view(self, exe: Executable, name: str, outputs: dict[str, device.ArrayRef],
+                     kind: str) -> Any:
+        s = exe.storage(self.program.outputs[name])
+        base = outputs.get(s.base)
+        if base is not None and s.offset == 0 and s.shape == base.shape and \
+                s.strides == base.strides:
+            return base.obj
+        ptr = self._pointer(exe, self.program.outputs[name], {}, outputs)
+        if kind == "torch" and base is not None:
+            import torch
+
+            return torch.as_strided(base.obj, s.shape, s.strides, s.offset)
+        return device.view(ptr, s.shape, s.strides, s.dtype)
+
+    def _pointer(self, exe: Executable, name: str, refs: Mapping[str, device.ArrayRef],
+                 outputs: Mapping[str, device.ArrayRef]) -> int:
+        s = exe.storage(name)
+        base = s.base
+        node = self.program.nodes[base]
+        if node.op == "input":
+            ptr = refs[node.attrs["name"]].ptr
+        elif base in outputs:
+            ptr = outputs[base].ptr
+        elif base in exe.layout.offsets:
+            ptr = int(exe.arena.data.ptr) + exe.layout.offsets[base]
+        else:
+            assert self._weights is not None and base in self._weights, base
+            ptr = int(self._weights[base].data.ptr)
+        return ptr + s.offset * ITEMSIZE[s.dtype]
+
+    def _launch(self, exe: Executable, refs: Mapping[str, device.ArrayRef],
+                outputs: Mapping[str, device.ArrayRef], stream: Any) -> None:
+        _, cudnn = self._gpu or device.require()
+        cudnn.set_stream(handle=self.handle, stream=stream.ptr)
+        workspace = int(exe.workspace.data.ptr)
+        with stream:
+            for step in self.program.steps:
+                if step.kind == "graph":
+                    pack = {uid: self._pointer(exe, value, refs, outputs)
+                            for uid, value in exe.bindings[step.name]}
+                    exe.graphs[step.signature].graph.execute(pack, workspace, handle=self.handle)
+                    continue
+                node = self.program.nodes[step.nodes[0]]
+                xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
+                y = self._view(exe, node.name, refs, outputs)
+                KERNELS[node.op](xs, y, concrete_attrs(node, exe.dims, self.program.env))
+
+    def _view(self, exe: Executable, name: str, refs: Mapping[str, device.ArrayRef],
+              outputs: Mapping[str, device.ArrayRef]) -> Any:
+        s = exe.storage(name)
+        return device.view(self._pointer(exe, name, refs, outputs), s.shape, s.strides, s.dtype)
+
+    def capture(self, inputs: Mapping[str, Any]) -> Captured:
+        """The whole schedule at these inputs' sizes, recorded as one CUDA graph."""
+        return Captured(self, inputs)
+
+
+class Captured:
+    """A CUDA graph of the model at fixed sizes: calls copy the inputs into static buffers and
+    replay the graph. The outputs are static too: the next call overwrites them."""
+
+    def __init__(self, model: Model, inputs: Mapping[str, Any]) -> None:
+        self.model = model
+        refs, dims = model._check(inputs)
+        self.exe = model.executable(dims)
+        kind = "torch" if any(r.kind == "torch" for r in refs.values()) else "cupy"
+        self.kind = kind
+        self.inputs = {name: device.empty(r.shape, r.strides, r.dtype, kind)
+                       for name, r in refs.items()}
+        self.outputs = model._allocate_outputs(self.exe, kind)
+        cupy = model.cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._copy_in(inputs)
+        model._launch(self.exe, self.inputs, self.outputs, self.stream)  # warm, outside capture
+        self.stream.begin_capture()
+        try:
+            model._launch(self.exe, self.inputs, self.outputs, self.stream)
+        finally:
+            self.graph = self.stream.end_capture()
+        self.stream.synchronize()
+
+    def _copy_in(self, inputs: Mapping[str, Any]) -> None:
+        for name, obj in inputs.items():
+            dst = self.inputs[name].obj
+            with self.stream:
+                if self.kind == "torch":
+                    import torch
+
+                    with torch.cuda.stream(torch.cuda.ExternalStream(self.stream.ptr)):
+                        dst.copy_(obj)
+                else:
+                    dst[...] = obj
+
+    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        self._copy_in(inputs)
+        self.graph.launch(self.stream)
+        self.stream.synchronize()
+        return {name: self.model._output_view(self.exe, name, self.outputs, self.kind)
+                for name in self.model.program.outputs}
+
+
+def _stream_of(kind: str, cupy: Any) -> Any:
+    """The caller's current stream: work is ordered after what it queued."""
+    if kind == "torch":
+        import torch
+
+        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    return cupy.cuda.get_current_stream()
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
