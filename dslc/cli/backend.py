@@ -70,8 +70,9 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
         if not quiet and sys.stderr.isatty():
             print(f"\r\x1b[K  compiling {text}", end="", file=sys.stderr, flush=True)
 
+    buckets = _buckets(args.bucket, model)
     try:
-        compiled = compile_model(model, lowered, plan, target, progress)
+        compiled = compile_model(model, lowered, plan, target, progress, buckets)
     except CompileFailure as err:
         node = lowered.by_name()[err.node]
         sink = Sink()
@@ -100,6 +101,25 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
              f"{len(compiled.builds)} graphs over {len(model.buckets)} buckets, {built} plans "
              f"built, in {time.perf_counter() - started:.1f} s -> {outdir}/")
     return EXIT_OK
+
+
+def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
+    """`--bucket N=32` (repeatable): compile these buckets only; each must be a model bucket."""
+    if not specs:
+        return None
+    from dslc.cli.build import UsageError
+
+    chosen = []
+    for spec in specs:
+        try:
+            bucket = {k.strip(): int(v) for k, v in (part.split("=") for part in spec.split(","))}
+        except ValueError as err:
+            raise UsageError(f"`--bucket {spec}`: write DIM=VALUE[,DIM=VALUE...]") from err
+        if bucket not in [dict(b) for b in model.buckets]:
+            known = "; ".join(",".join(f"{k}={v}" for k, v in b.items()) for b in model.buckets)
+            raise UsageError(f"`--bucket {spec}` is not a bucket of `{model.name}` ({known})")
+        chosen.append(bucket)
+    return chosen
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -163,6 +183,8 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
         args.target = "device"
         args.dump = []
         args.weights = None
+        args.bucket = []
+        args.quiet = True
         status = compile_to(result, args, tmp, Output("human", "never", quiet=True))
         if status:
             return status
@@ -212,6 +234,8 @@ def add_commands(sub: Any, diag_options: Any) -> None:
                    help="check these weights against the model and put them beside the bundle")
     p.add_argument("--dump", action="append", default=[], choices=(*STAGES, "all"),
                    help="print a stage's result and write it as N.<stage>.txt")
+    p.add_argument("--bucket", action="append", default=[], metavar="N=32",
+                   help="compile only this bucket (repeatable); others build on first use")
     p.add_argument("--precision", metavar="P", type=_precision,
                    help="override the model's precision: `f32` or `io=..,intermediate=..,compute=..`")
     p.add_argument("-q", "--quiet", action="store_true")

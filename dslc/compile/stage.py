@@ -35,6 +35,7 @@ class Compiled:
     graph: Graph
     plan: FusionPlan
     target: Target
+    buckets: list[dict[str, int]] = field(default_factory=list)  # those compiled
     steps: list[Step] = field(default_factory=list)
     builds: dict[tuple[str, str], Built] = field(default_factory=dict)  # (bucket, signature)
     specs: dict[tuple[str, str], GroupSpec] = field(default_factory=dict)
@@ -60,9 +61,11 @@ Progress = Callable[[str], None]
 
 
 def compile_model(model: CheckedModel, graph: Graph, plan: FusionPlan, target: Target,
-                  progress: Progress | None = None) -> Compiled:
-    """Fusion plan -> steps with a cuDNN graph (and plan, where one builds) per bucket."""
-    out = Compiled(model, graph, plan, target)
+                  progress: Progress | None = None,
+                  buckets: list[dict[str, int]] | None = None) -> Compiled:
+    """Fusion plan -> steps with a cuDNN graph (and plan, where one builds) per bucket (all of
+    the model's buckets, or the subset `buckets`)."""
+    out = Compiled(model, graph, plan, target, list(buckets or model.buckets))
     handle = target.handle() if target.live else None
     properties = None if target.live else target.properties()
     for i, group in enumerate(plan.groups):
@@ -81,7 +84,7 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
                                  "fallback kernel")
         return [Step("kernel", group, group.reason or f"`{op}` runs as a fallback kernel")]
     try:
-        for bucket in out.model.buckets:
+        for bucket in out.buckets:
             key = (bucket_key(bucket), group.signature)
             if key in out.builds:
                 continue

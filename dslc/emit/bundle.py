@@ -44,7 +44,7 @@ def payload(compiled: Compiled) -> dict[str, Any]:
     }
     program = Program(out)
     buckets = []
-    for b in model.buckets:
+    for b in compiled.buckets:
         key = bucket_key(b)
         graphs = {sig: {"spec": compiled.specs[(k, sig)].data(), "plan": _plan_data(compiled, (k, sig))}
                   for (k, sig) in compiled.specs if k == key}

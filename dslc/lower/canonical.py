@@ -91,6 +91,21 @@ def _fold_arithmetic(rw: Rewriter, node: Node) -> str | None:
     return None
 
 
+def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:
+    """cuDNN's reduction node has no L1 or L2 mode: sum(|x|) and sqrt(sum(x * x)) instead."""
+    if node.op not in ("reduce_l1", "reduce_l2"):
+        return None
+    x = rw.node(node.inputs[0])
+    attrs = dict(node.attrs)
+    if node.op == "reduce_l1":
+        pre = rw.new("abs", (x.name,), {}, x.type.with_shape(x.type.shape), node, f"{node.name}.abs")
+        return rw.new("reduce_sum", (pre,), attrs, node.type, node, node.name)
+    pre = rw.new("mul", (x.name, x.name), {}, x.type.with_shape(x.type.shape), node,
+                 f"{node.name}.square")
+    total = rw.new("reduce_sum", (pre,), attrs, node.type, node, f"{node.name}.sum")
+    return rw.new("sqrt", (total,), {}, node.type, node, node.name)
+
+
 def remove_dead(graph: Graph) -> Graph:
     """Drop every value no output depends on."""
     live = {v for _, v in graph.outputs}

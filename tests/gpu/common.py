@@ -1,0 +1,96 @@
+"""Helpers of the GPU tests: compile for this machine's GPU, run through the runtime, and compare
+with the reference executor (the bundle's own IR, in numpy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dslc.compile.stage import compile_model
+from dslc.compile.target import load_target
+from dslc.diag.diagnostic import Sink
+from dslc.emit import bundle as emit_bundle
+from dslc.ir import interp
+from dslc.pipeline import Options, front_end, middle_end
+from dslc.runtime.bundle import read
+from dslc.runtime.schedule import Program
+from dslc.weights import random_weights, save
+
+# Largest |ours - reference| over largest |reference|, per output dtype of the model.
+TOLERANCE = {"f32": 5e-3, "f16": 1.5e-2, "bf16": 3e-2}
+
+
+def rel_error(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a64 - b64).max() / max(np.abs(b64).max(), 1e-30))
+
+
+def compile_file(path: Path, outdir: Path, bucket: dict[str, int] | None = None) -> Path:
+    sink = Sink()
+    result = front_end(path, Options(), sink)
+    assert result.model is not None, [d.message for d in sink.diagnostics]
+    lowered, plan = middle_end(result.model)
+    compiled = compile_model(result.model, lowered, plan, load_target("device"),
+                             buckets=[bucket] if bucket else None)
+    outdir.mkdir(parents=True, exist_ok=True)
+    bundle = outdir / f"{result.model.name}.bundle"
+    emit_bundle.write(bundle, emit_bundle.payload(compiled))
+    save(outdir / f"{result.model.name}.safetensors", random_weights(result.model.params, seed=7))
+    return bundle
+
+
+def compile_source(text: str, outdir: Path, name: str = "case.cgraph") -> Path:
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / name).write_text(text)
+    return compile_file(outdir / name, outdir)
+
+
+def random_inputs(bundle: Path, dims: dict[str, int] | None = None, seed: int = 0,
+                  ) -> dict[str, np.ndarray]:
+    program = Program(read(bundle))
+    values = dict(dims or program.payload["buckets"][0]["dims"])
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, node_name in program.inputs.items():
+        s = program.storage(node_name, values)
+        out[name] = rng.standard_normal(s.shape).astype(interp.NUMPY_DTYPES[s.dtype])
+    return out
+
+
+def to_device(arrays: dict[str, np.ndarray], bundle: Path) -> dict[str, Any]:
+    """Device arrays in each input's declared layout (torch: it has bf16)."""
+    import torch
+
+    program = Program(read(bundle))
+    out = {}
+    for name, a in arrays.items():
+        node = program.nodes[program.inputs[name]]
+        order = node.type.layout.order if node.type.layout is not None else tuple(range(a.ndim))
+        t = torch.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(order)))
+        t = t.to(dtype=getattr(torch, {"f32": "float32", "f16": "float16",
+                                       "bf16": "bfloat16"}[node.type.dtype])).cuda()
+        inverse = tuple(order.index(i) for i in range(a.ndim))
+        out[name] = t.permute(inverse)
+    return out
+
+
+def to_host(outputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: v.float().cpu().numpy() if hasattr(v, "cpu") else np.asarray(v.get())
+            for k, v in outputs.items()}
+
+
+def reference(bundle: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from dslc.runtime.params import read as read_weights
+
+    program = Program(read(bundle))
+    weights = read_weights(bundle.with_suffix(".safetensors"), program.payload["manifest"])
+    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
+               if n not in s.outputs}
+    return interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
+
+
+def output_dtype(bundle: Path, name: str) -> str:
+    program = Program(read(bundle))
+    return str(program.nodes[program.outputs[name]].type.dtype)

@@ -1,0 +1,155 @@
+"""Every example model end to end on the GPU: against the reference executor; ResNets against
+torchvision and the encoder against PyTorch, fed the same random weights; a bundle reloaded by a
+fresh process gives the same outputs without building plans; CUDA-graph replay equals the plain
+runner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+from tests.gpu.common import (
+    TOLERANCE,
+    compile_file,
+    output_dtype,
+    random_inputs,
+    reference,
+    rel_error,
+    to_device,
+    to_host,
+)
+
+pytestmark = pytest.mark.gpu
+
+# model -> the bucket compiled for the test (small, to keep plan builds few).
+MODELS = {"mlp": {"N": 16}, "resnet18": {"N": 32}, "resnet50": {"N": 32},
+          "encoder": {"B": 8, "S": 200}, "unet": {"N": 1, "H": 256, "W": 256}}
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = {}
+    for name, bucket in MODELS.items():
+        start = time.perf_counter()
+        out[name] = compile_file(ROOT / "models" / f"{name}.cgraph",
+                                 tmp_path_factory.mktemp(name), bucket)
+        print(f"compiled {name} at {bucket} in {time.perf_counter() - start:.1f} s")
+    return out
+
+
+def _run(bundle: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from dslc.runtime import Model
+
+    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    return to_host(model.run(to_device(inputs, bundle)))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_matches_reference_executor(name: str, bundles: dict[str, Path]) -> None:
+    bundle = bundles[name]
+    inputs = random_inputs(bundle, MODELS[name], seed=1)
+    ours = _run(bundle, inputs)
+    want = reference(bundle, inputs)
+    for out, value in want.items():
+        err = rel_error(ours[out], value)
+        print(f"{name}.{out}: relative error {err:.2e} against the reference executor")
+        assert err <= TOLERANCE[output_dtype(bundle, out)]
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_resnet_matches_torchvision(name: str, bundles: dict[str, Path]) -> None:
+    import torch
+    import torchvision
+    from safetensors.numpy import load_file
+
+    bundle = bundles[name]
+    inputs = random_inputs(bundle, MODELS[name], seed=2)
+    ours = _run(bundle, inputs)["logits"]
+    net = getattr(torchvision.models, name)()
+    state = {k: torch.from_numpy(v.astype(np.float32)) for k, v in
+             load_file(str(bundle.with_suffix(".safetensors"))).items()}
+    net.load_state_dict(state, strict=False)
+    net = net.eval().cuda().half().to(memory_format=torch.channels_last)
+    image = torch.from_numpy(inputs["image"].astype(np.float32)).cuda().half()
+    with torch.no_grad():
+        theirs = net(image.to(memory_format=torch.channels_last)).float().cpu().numpy()
+    err = rel_error(ours, theirs)
+    print(f"{name}: relative error {err:.2e} against torchvision (fp16)")
+    assert err <= 2e-2
+
+
+def test_encoder_matches_pytorch(bundles: dict[str, Path]) -> None:
+    import torch
+    from safetensors.numpy import load_file
+
+    from tests.torch_models import Encoder
+
+    bundle = bundles["encoder"]
+    inputs = random_inputs(bundle, MODELS["encoder"], seed=3)
+    ours = _run(bundle, inputs)["hidden"]
+    net = Encoder()
+    state = {k: torch.from_numpy(v.astype(np.float32)) for k, v in
+             load_file(str(bundle.with_suffix(".safetensors"))).items()}
+    net.load_state_dict(state)
+    net = net.eval().cuda().to(torch.bfloat16)
+    tokens = torch.from_numpy(inputs["tokens"].astype(np.float32)).cuda().to(torch.bfloat16)
+    with torch.no_grad():
+        theirs = net(tokens).float().cpu().numpy()
+    err = rel_error(ours, theirs)
+    print(f"encoder: relative error {err:.2e} against PyTorch (bf16)")
+    assert err <= 5e-2
+
+
+RELOAD = """
+import json, sys, time, numpy as np
+t0 = time.perf_counter()
+from dslc.runtime import Model
+import torch
+t1 = time.perf_counter()
+model = Model(sys.argv[1], sys.argv[1].replace('.bundle', '.safetensors'))
+x = torch.from_numpy(np.load(sys.argv[2])).cuda().half().to(memory_format=torch.channels_last)
+out = model.run({'image': x})['logits']
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+np.save(sys.argv[3], out.float().cpu().numpy())
+print(json.dumps({'import_s': t1 - t0, 'load_and_first_run_s': t2 - t1,
+                  'how': sorted({s['how'] for s in model.startup})}))
+"""
+
+
+def test_fresh_process_loads_the_bundle_without_building_plans(bundles: dict[str, Path],
+                                                               tmp_path: Path) -> None:
+    bundle = bundles["resnet50"]
+    inputs = random_inputs(bundle, MODELS["resnet50"], seed=4)
+    np.save(tmp_path / "x.npy", inputs["image"])
+    here = _run(bundle, inputs)["logits"]
+    script = tmp_path / "reload.py"
+    script.write_text(RELOAD)
+    proc = subprocess.run([sys.executable, str(script), str(bundle), str(tmp_path / "x.npy"),
+                           str(tmp_path / "y.npy")], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"fresh process: {report}")
+    assert report["how"] == ["restored"]
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), here)
+
+
+def test_cuda_graph_replay_equals_plain_runner(bundles: dict[str, Path]) -> None:
+    from dslc.runtime import Model
+
+    bundle = bundles["resnet18"]
+    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    first = to_device(random_inputs(bundle, MODELS["resnet18"], seed=5), bundle)
+    second = to_device(random_inputs(bundle, MODELS["resnet18"], seed=6), bundle)
+    captured = model.capture(first)
+    for inputs in (first, second):
+        plain = to_host(model.run(inputs))["logits"]
+        replay = to_host(captured(inputs))["logits"]
+        np.testing.assert_array_equal(replay, plain)
