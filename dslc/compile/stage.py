@@ -19,7 +19,7 @@ from dslc.compile.target import Target
 from dslc.fuse.plan import FusionPlan, Group, make_group
 from dslc.ir.graph import Graph
 from dslc.ops import OPS
-from dslc.runtime.kernels import KERNELS
+from dslc.runtime.kernels import DTYPES as KERNEL_DTYPES
 
 
 @dataclass
@@ -75,14 +75,22 @@ def compile_model(model: CheckedModel, graph: Graph, plan: FusionPlan, target: T
     return out
 
 
+def _kernel(out: Compiled, group: Group, reason: str, error: str = "") -> Step:
+    """A fallback-kernel step, if CuPy can hold every tensor it touches (else E0801)."""
+    nodes = out.graph.by_name()
+    node = nodes[group.nodes[0]]
+    dtypes = {node.type.dtype, *(nodes[i].type.dtype for i in node.inputs)}
+    if not dtypes <= set(KERNEL_DTYPES):
+        raise CompileFailure(node.name, f"cuDNN cannot run `{node.op}` here{error} and the fallback "
+                             f"kernels take no {'/'.join(sorted(dtypes - set(KERNEL_DTYPES)))}")
+    return Step("kernel", group, reason)
+
+
 def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str) -> list[Step]:
     nodes = out.graph.by_name()
     if len(group.nodes) == 1 and OPS[nodes[group.nodes[0]].op].lower is None:
         op = nodes[group.nodes[0]].op
-        if op not in KERNELS:
-            raise CompileFailure(group.nodes[0], f"`{op}` has neither a cuDNN graph node nor a "
-                                 "fallback kernel")
-        return [Step("kernel", group, group.reason or f"`{op}` runs as a fallback kernel")]
+        return [_kernel(out, group, group.reason or f"`{op}` runs as a fallback kernel")]
     try:
         for bucket in out.buckets:
             key = (bucket_key(bucket), group.signature)
@@ -90,7 +98,11 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
                 continue
             spec = group_spec(out.graph, group, bucket, out.model.env)
             out.specs[key] = spec
-            out.builds[key] = build(spec, handle, properties)
+            built = build(spec, handle, properties)
+            out.builds[key] = built
+            if handle is not None and not built.has_plan:
+                # On the GPU, no plan means no engine for this fusion: split it.
+                raise GraphError(built.note or "no plan builds")
     except (GraphError, SpecError) as err:
         for key in [k for k in out.specs if k[1] == group.signature]:
             out.specs.pop(key, None)
@@ -103,10 +115,8 @@ def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str
     nodes = out.graph.by_name()
     if len(group.nodes) == 1:
         op = nodes[group.nodes[0]].op
-        if op in KERNELS:
-            return [Step("kernel", group, f"cuDNN rejected `{op}` ({error}): a fallback kernel "
-                         "runs it")]
-        raise CompileFailure(group.nodes[0], f"cuDNN rejected `{op}`: {error}")
+        return [_kernel(out, group, f"cuDNN rejected `{op}` ({error}): a fallback kernel runs it",
+                        f" ({error})")]
     half = len(group.nodes) // 2
     users = out.graph.users()
     steps: list[Step] = []

@@ -17,6 +17,7 @@ from dslc.check.types import TensorType
 from dslc.diag.diagnostic import Label
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
+from dslc.ops.pointwise import special_functions
 
 
 def _head_dim(ctx: InferCtx, name: str, d: dims.Dim) -> bool:
@@ -120,8 +121,7 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     if a["window"] is not None:
         mask |= j <= i - a["window"]
     scores = np.where(mask, -np.inf, scores)
-    from scipy import special  # imported on first use: scipy costs start-up time
-
+    special = special_functions(scores)
     return np.matmul(special.softmax(scores, axis=-1).astype(q.dtype), v)
 
 

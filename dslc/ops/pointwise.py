@@ -17,16 +17,24 @@ Array = np.ndarray
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 
 
-def _sigmoid(x: Array) -> Array:
-    from scipy import special  # imported on first use: scipy costs start-up time
+def special_functions(x: Any) -> Any:
+    """scipy.special, or CuPy's for CuPy arrays (the fallback kernels run these references on
+    the GPU); imported on first use: scipy costs start-up time."""
+    if type(x).__module__.startswith("cupy"):
+        from cupyx.scipy import special as gpu_special
 
-    return np.asarray(special.expit(x), dtype=x.dtype)
+        return gpu_special
+    from scipy import special
+
+    return special
+
+
+def _sigmoid(x: Array) -> Array:
+    return special_functions(x).expit(x).astype(x.dtype)
 
 
 def _erf(x: Array) -> Array:
-    from scipy import special
-
-    return np.asarray(special.erf(x))
+    return special_functions(x).erf(x)
 
 
 def _clamp(x: Array, a: Mapping[str, Any]) -> Array:
@@ -73,12 +81,12 @@ BINARY_REF: dict[str, Callable[[Array, Array], Array]] = {
 def _unary_ref(name: str) -> RefFn:
     fn = UNARY_REF[name]
     # Keep the compute dtype (numpy and scipy promote to float64 in places).
-    return lambda xs, a: np.asarray(fn(xs[0], a)).astype(xs[0].dtype, copy=False)
+    return lambda xs, a: fn(xs[0], a).astype(xs[0].dtype, copy=False)
 
 
 def _binary_ref(name: str) -> RefFn:
     fn = BINARY_REF[name]
-    return lambda xs, a: np.asarray(fn(xs[0], xs[1]))
+    return lambda xs, a: fn(xs[0], xs[1])
 
 
 def along_axis(v: Array, ndim: int, axis: int) -> Array:
@@ -91,7 +99,7 @@ def along_axis(v: Array, ndim: int, axis: int) -> Array:
 
 
 def _along_ref(fn: Callable[[Array, Array], Array]) -> RefFn:
-    return lambda xs, a: np.asarray(fn(xs[0], along_axis(xs[1], xs[0].ndim, a["axis"])))
+    return lambda xs, a: fn(xs[0], along_axis(xs[1], xs[0].ndim, a["axis"]))
 
 # Unary ops: name -> (extra scalar params, float only, summary).
 UNARY: dict[str, tuple[tuple[Param, ...], bool, str]] = {

@@ -1,6 +1,8 @@
 """Fallback kernels (CuPy) for the ops cuDNN's graph API cannot run from Python: pooling and
 upsampling (cuDNN's resample node is not exposed by the Python frontend, and its JSON route is
-rejected: see docs/DESIGN.md), and concatenation (copies into one buffer).
+rejected: see docs/DESIGN.md), and concatenation (copies into one buffer). Any other op cuDNN
+rejects on the target (some reductions, genstats, pointwise ops on gapped strides) runs its
+numpy reference on CuPy arrays (NumPy dispatches to CuPy): slower, always correct.
 
 Each kernel reads and writes strided tensors in place (any layout: NCHW, NHWC, views), on the
 current CUDA stream, so it can be captured into a CUDA graph with the cuDNN graphs around it.
@@ -135,3 +137,24 @@ def concat(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
 
 KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
                                 "concat": concat}
+DTYPES = ("f32", "f16", "i8", "u8", "i32", "i64", "bool")  # what CuPy arrays can hold
+
+
+def reference_kernel(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    """The op's numpy reference, run on CuPy arrays: operands in f32, result rounded into y."""
+    import cupy
+
+    from dslc.ops import OPS
+
+    reference = OPS[op].reference
+    assert reference is not None, op
+    math = [x.astype(cupy.float32) if x.dtype.kind == "f" else x for x in xs]
+    y[...] = cupy.asarray(reference(math, a)).astype(y.dtype)
+
+
+def run_kernel(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    kernel = KERNELS.get(op)
+    if kernel is not None:
+        kernel(xs, y, a)
+    else:
+        reference_kernel(op, xs, y, a)

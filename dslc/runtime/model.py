@@ -19,7 +19,7 @@ from dslc.runtime import bundle as bundlefile
 from dslc.runtime import device
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
-from dslc.runtime.kernels import KERNELS
+from dslc.runtime.kernels import run_kernel
 from dslc.runtime.plans import Ready, prepare
 from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
 
@@ -228,7 +228,7 @@ class Model:
                 node = self.program.nodes[step.nodes[0]]
                 xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
                 y = self._view(exe, node.name, refs, outputs)
-                KERNELS[node.op](xs, y, concrete_attrs(node, exe.dims, self.program.env))
+                run_kernel(node.op, xs, y, concrete_attrs(node, exe.dims, self.program.env))
 
     def _view(self, exe: Executable, name: str, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef]) -> Any:
@@ -289,7 +289,10 @@ def _stream_of(kind: str, cupy: Any) -> Any:
     if kind == "torch":
         import torch
 
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        current = torch.cuda.current_stream()
+        if hasattr(cupy.cuda.Stream, "from_external"):
+            return cupy.cuda.Stream.from_external(current)
+        return cupy.cuda.ExternalStream(current.cuda_stream)
     return cupy.cuda.get_current_stream()
 
 
