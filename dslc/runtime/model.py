@@ -232,6 +232,9 @@ class Model:
 
     def _view(self, exe: Executable, name: str, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef]) -> Any:
+        node = self.program.nodes[name]
+        if node.op == "scalar":  # a pass-by-value constant
+            return self.cupy.asarray(float(node.attrs["value"]), dtype=self.cupy.float32)
         s = exe.storage(name)
         return device.view(self._pointer(exe, name, refs, outputs), s.shape, s.strides, s.dtype)
 
