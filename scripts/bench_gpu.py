@@ -118,13 +118,15 @@ def main() -> int:
 
         ms_torch_graph = timed(replay, args.iters)
         exe = model.executable({"N": batch})
-        ours_bytes = exe.layout.arena + int(exe.workspace.nbytes) + sum(
-            int(w.nbytes) for w in (model._weights or {}).values()) + batch * 1000 * 4
+        # Activation memory of both (weights excluded: torch's were allocated before the reset).
+        ours_bytes = exe.layout.arena + int(exe.workspace.nbytes) + batch * 1000 * 4
         rows.append({"batch": batch, "dslc_ms": ms_ours, "dslc_graph_ms": ms_ours_graph,
                      "torch_ms": ms_torch, "torch_graph_ms": ms_torch_graph,
                      "dslc_first_call_s": first_s, "rel_error_vs_torch": err,
                      "dslc_bytes": ours_bytes, "torch_peak_bytes": int(torch_peak)})
+    weights_bytes = sum(int(w.nbytes) for w in (model._weights or {}).values())
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "dslc_weights_bytes": weights_bytes,
               "build_s": build_s, "load_s": load_s, "startup": model.startup[:3],
               "rows": rows}
     if args.out:

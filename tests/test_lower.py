@@ -54,7 +54,8 @@ model m {
 %c.folded_weight = mul(%c.weight, %b.scale_col) : f32[4, 3, 3, 3]
 %c.folded_weight.f16 = cast(%c.folded_weight) {dtype="f16"} : f16[4, 3, 3, 3]
 %b.shift.f16 = cast(%b.shift) {dtype="f16"} : f16[4]
-%c = conv(%x, %c.folded_weight.f16) {dilation=[1, 1], groups=1, pad=none, post_pad=[1, 1], pre_pad=[1, 1], stride=[1, 1]} : f16[1, 4, 8, 8] @NHWC
+%c.folded_weight.f16.channels_last = contiguous(%c.folded_weight.f16) : f16[4, 3, 3, 3] @NHWC
+%c = conv(%x, %c.folded_weight.f16.channels_last) {dilation=[1, 1], groups=1, pad=none, post_pad=[1, 1], pre_pad=[1, 1], stride=[1, 1]} : f16[1, 4, 8, 8] @NHWC
 %b = bias_add(%c, %b.shift.f16) {axis=1} : f16[1, 4, 8, 8] @NHWC
 %y = relu(%b) : f16[1, 4, 8, 8] @NHWC
 output y = %y
@@ -138,7 +139,8 @@ def test_reshape_that_is_no_view_of_channels_last_gets_a_copy(tmp_path: Path) ->
     assert _lowered(src, tmp_path) == """\
 %x = input {name="x"} : f32[1, 3, 8, 8] @NHWC
 %w = param {path="w"} : f32[4, 3, 3, 3]
-%c.conv = conv(%x, %w) {dilation=[1, 1], groups=1, pad=none, post_pad=[1, 1], pre_pad=[1, 1], stride=[1, 1]} : f32[1, 4, 8, 8] @NHWC
+%w.channels_last = contiguous(%w) : f32[4, 3, 3, 3] @NHWC
+%c.conv = conv(%x, %w.channels_last) {dilation=[1, 1], groups=1, pad=none, post_pad=[1, 1], pre_pad=[1, 1], stride=[1, 1]} : f32[1, 4, 8, 8] @NHWC
 %c = relu(%c.conv) : f32[1, 4, 8, 8] @NHWC
 %y.copy = contiguous(%c) : f32[1, 4, 8, 8]
 %y = view(%y.copy) {offset=0, steps=[["reshape", [1, 256]]], strides=[256, 1]} : f32[1, 256]

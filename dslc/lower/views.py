@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from dslc.check.types import Layout, TensorType
 from dslc.ir import views
-from dslc.ir.graph import Attrs, Node
+from dslc.ir.graph import Attrs, Graph, Node
+from dslc.lower.canonical import load_time
 from dslc.lower.rewrite import Rewriter
 
 VIEW_OPS = ("reshape", "transpose", "slice")
@@ -59,6 +60,27 @@ def assign_layouts(rw: Rewriter, node: Node) -> str | None:
         return None
     layout = _chosen_layout(rw, node)
     return rw.emit(replace(node, type=TensorType(node.type.dtype, node.type.shape, layout)))
+
+
+def make_weights_rule(graph: Graph):  # type: ignore[no-untyped-def]
+    constants = load_time(graph)
+
+    def weights_like_inputs(rw: Rewriter, node: Node) -> str | None:
+        """A conv on channels-last data reads channels-last (KRSC) weights: the layout of the
+        fast tensor-core kernels. The weights are load-time values: the copy costs nothing."""
+        if node.op not in ("conv", "conv_transpose") or node.inputs[1] not in constants:
+            return None
+        x, w = rw.node(node.inputs[0]), rw.node(node.inputs[1])
+        order = CHANNELS_LAST.get(x.type.rank)
+        if x.type.layout is None or x.type.layout.order != order or w.type.layout is None \
+                or w.type.layout.order == order:
+            return None
+        copy = rw.new("contiguous", (w.name,), {}, TensorType(w.type.dtype, w.type.shape,
+                                                              Layout(order)),
+                      w, f"{w.name}.channels_last")
+        return rw.emit(replace(node, inputs=(node.inputs[0], copy)))
+
+    return weights_like_inputs
 
 
 def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, ...], ...],

@@ -79,6 +79,7 @@ class Model:
         self.startup: list[dict[str, Any]] = []
         self._executables: dict[str, Executable] = {}
         self._weights: dict[str, Any] | None = None
+        self._host_weights: dict[str, Any] | None = None
         self._gpu: tuple[Any, Any] | None = None
         self._handle: Any = None
         if weights is not None:
@@ -123,13 +124,25 @@ class Model:
 
     # -- weights -------------------------------------------------------------------------------
     def load_weights(self, path: str | Path) -> None:
+        """Read and check the weights now (R0202) and compute the load-time values; they go to
+        the GPU at the first call (so a runner imports and loads on a machine without one)."""
         from dslc.runtime import params
 
         tensors = params.read(Path(path), self.manifest)
-        wanted = self.program.weights_used()
-        values = params.load_time_values(self.program, tensors, wanted)
-        self.cupy  # noqa: B018 - fail early, with R0801, without a GPU
-        self._weights = params.upload(self.program, values)
+        self._host_weights = params.load_time_values(self.program, tensors,
+                                                     self.program.weights_used())
+        self._weights = None
+
+    def _device_weights(self) -> dict[str, Any]:
+        if self._weights is None:
+            if self._host_weights is None:
+                raise RunnerError("R0202", "no weights loaded: pass a safetensors file to the "
+                                  "runner, or call `load_weights(path)`")
+            from dslc.runtime import params
+
+            self.cupy  # noqa: B018 - R0801 without a GPU
+            self._weights = params.upload(self.program, self._host_weights)
+        return self._weights
 
     # -- running -------------------------------------------------------------------------------
     def executable(self, dims: dict[str, int]) -> Executable:
@@ -160,9 +173,7 @@ class Model:
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Run the model on `inputs` (by name); returns the outputs by name."""
-        if self._weights is None:
-            raise RunnerError("R0202", "no weights loaded: pass a safetensors file to the "
-                              "runner, or call `load_weights(path)`")
+        self._device_weights()
         refs, dims = self._check(inputs)
         exe = self.executable(dims)
         kind = "torch" if any(r.kind == "torch" for r in refs.values()) else "cupy"
@@ -249,6 +260,7 @@ class Captured:
 
     def __init__(self, model: Model, inputs: Mapping[str, Any]) -> None:
         self.model = model
+        model._device_weights()
         refs, dims = model._check(inputs)
         self.exe = model.executable(dims)
         kind = "torch" if any(r.kind == "torch" for r in refs.values()) else "cupy"

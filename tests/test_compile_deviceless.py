@@ -1,0 +1,73 @@
+"""The cuDNN backend without a GPU: every group of every example model becomes a real cuDNN graph
+for the H200 profile (validated and lowered to an operation graph by the cuDNN library), the
+graphs served by precompiled engines also get plans, and a group cuDNN rejects is split."""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import cache
+
+import pytest
+
+from dslc.compile.stage import Compiled, compile_model
+from dslc.compile.target import load_target
+from dslc.diag.diagnostic import Sink
+from dslc.fuse.plan import FusionPlan, make_group
+from dslc.pipeline import Options, front_end, middle_end
+from tests.conftest import ROOT
+from tests.helpers import check_source
+
+MODELS = ["mlp", "resnet18", "resnet50", "encoder", "unet"]
+
+
+@cache
+def compiled(name: str) -> Compiled:
+    result = front_end(ROOT / "models" / f"{name}.cgraph", Options(), Sink())
+    assert result.model is not None
+    lowered, plan = middle_end(result.model)
+    return compile_model(result.model, lowered, plan, load_target("h200"))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_group_is_a_cudnn_graph_deviceless(name: str) -> None:
+    c = compiled(name)
+    assert len(c.steps) == len(c.plan.groups)  # nothing rejected, nothing split
+    kernels = Counter(c.graph.by_name()[s.group.nodes[0]].op for s in c.steps if s.kind == "kernel")
+    expected = {"mlp": {}, "encoder": {}, "resnet18": {"maxpool": 1}, "resnet50": {"maxpool": 1},
+                "unet": {"maxpool": 2, "concat": 2}}[name]
+    assert dict(kernels) == expected
+    graph_signatures = {s.group.signature for s in c.steps if s.kind == "graph"}
+    assert len(c.builds) == len(graph_signatures) * len(c.model.buckets)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "unet"])
+def test_precompiled_conv_engines_build_plans_deviceless(name: str) -> None:
+    c = compiled(name)
+    nodes = c.graph.by_name()
+    for (bucket, signature), built in c.builds.items():
+        step = next(s for s in c.steps if s.group.signature == signature)
+        ops = [nodes[n].op for n in step.group.nodes]
+        if ops == ["conv", "bias_add", "relu"] or ops == ["conv", "bias_add"]:
+            assert built.has_plan and built.serialized, (bucket, step.group.name, built.note)
+            assert built.engine_id is not None and built.candidates > 0
+
+
+def test_a_group_cudnn_rejects_is_split_and_retried(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """matmul then layernorm, fused by hand (fusion never proposes it): cuDNN rejects the graph,
+    the compiler splits it, and each half is a graph of its own."""
+    src = """import "std/nn.cgraph"
+model m {
+  precision io=f16
+  input x: [64, 256]
+  param w: [256, 256]
+  output y = layer_norm(matmul(x, w)) as "ln"
+}"""
+    model = check_source(src, tmp_path).model
+    lowered, plan = middle_end(model)
+    runs = [n.name for n in lowered.nodes if n.op in ("matmul", "layernorm")]
+    fused = make_group(lowered, runs, "by hand")
+    hand = FusionPlan(lowered, (fused,), plan.load_time, plan.views)
+    c = compile_model(model, lowered, hand, load_target("h200"))
+    assert [s.group.nodes for s in c.steps] == [(runs[0],), (runs[1],)]
+    assert all(s.kind == "graph" for s in c.steps)
+    assert "split from the fused group" in c.steps[0].reason and "cuDNN rejected it" in c.steps[0].reason
