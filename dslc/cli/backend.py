@@ -84,6 +84,12 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
         if not quiet and sys.stderr.isatty():
             print("\r\x1b[K", end="", file=sys.stderr)
     payload = emit_bundle.payload(compiled)
+    if target.live and args.tune:
+        report = _tune(payload, args, quiet)
+        if not quiet:
+            from dslc.tune import format_report
+
+            print(format_report(report), file=sys.stderr)
     name = model.name
     # Everything is written next to its final name, then renamed: a failed build keeps the
     # previous artifacts.
@@ -122,6 +128,49 @@ def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
     return chosen
 
 
+def _tune(payload: dict[str, Any], args: argparse.Namespace, quiet: bool) -> Any:
+    from dslc.tune import tune_payload
+    from dslc.tune.db import TuningDB
+
+    def progress(text: str) -> None:
+        if not quiet and sys.stderr.isatty():
+            print(f"\r\x1b[K  tuning {text}", end="", file=sys.stderr, flush=True)
+
+    db = None if args.tuning_db == "none" else TuningDB(Path(args.tuning_db) if args.tuning_db
+                                                        else None)
+    try:
+        return tune_payload(payload, db, args.budget, args.model_budget, args.search, progress)
+    finally:
+        if not quiet and sys.stderr.isatty():
+            print("\r\x1b[K", end="", file=sys.stderr)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune a bundle (compiled deviceless, or elsewhere) on this GPU; written back atomically."""
+    from dslc.emit import bundle as emit_bundle
+    from dslc.runtime.bundle import read
+    from dslc.tune import format_report
+
+    payload = read(args.bundle)
+    report = _tune(payload, args, args.quiet)
+    target = args.output or args.bundle
+    emit_bundle.write(target, payload)
+    print(format_report(report))
+    print(f"wrote {target}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _tune_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget", type=float, default=20.0, metavar="S",
+                   help="seconds of measuring per graph (default 20)")
+    p.add_argument("--model-budget", type=float, default=900.0, metavar="S",
+                   help="seconds for the whole model (default 900); the rest keep their plan")
+    p.add_argument("--search", choices=("heuristics", "exhaustive"), default="heuristics",
+                   help="candidates: the heuristics' list, or every engine too")
+    p.add_argument("--tuning-db", metavar="PATH",
+                   help="the tuning database (default: the user cache folder; `none`: no database)")
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from dslc.cli.build import checked
 
@@ -138,6 +187,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from dslc.runtime.schedule import Program
 
     payload = read(args.bundle)
+    if args.env:
+        return _inspect_env(payload, args.on_mismatch)
     program = Program(payload)
     env = payload["environment"]
     print(f"model {payload['model']}  (from {payload['source']}, dslc {payload['dslc_version']}, "
@@ -171,6 +222,35 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _inspect_env(payload: dict[str, Any], policy: str) -> int:
+    from dslc.compile.target import live_device_available
+    from dslc.runtime import environment, startup
+    from dslc.runtime.errors import RunnerError
+
+    recorded = payload["environment"]
+    print(f"bundle tuned in: {recorded.get('device_name')}, cuDNN {recorded.get('cudnn_backend')}"
+          f" (frontend {recorded.get('cudnn_frontend')}), CUDA {recorded.get('cuda_runtime')}, "
+          f"driver {recorded.get('driver')}{'' if recorded.get('live') else ' (deviceless: untuned)'}")
+    if not live_device_available():
+        print("this machine: no GPU; start-up would stop with R0801")
+        return EXIT_OK
+    live = environment.live()
+    print(f"this machine:    {live.get('device_name')}, cuDNN {live.get('cudnn_backend')} "
+          f"(frontend {live.get('cudnn_frontend')}), CUDA {live.get('cuda_runtime')}, driver "
+          f"{live.get('driver')}")
+    for name in startup.FIELD_ACTION:
+        was, now = recorded.get(name), live.get(name)
+        mark = "same" if str(was) == str(now) else f"changed -> {startup.FIELD_ACTION[name]}"
+        print(f"  {name:<20} {was!s:<24} {now!s:<24} {mark}")
+    try:
+        decision = startup.decide(recorded, live, policy)
+    except RunnerError as err:
+        print(f"start-up: {err}")
+        return EXIT_OK
+    print(f"start-up (on_mismatch={policy!r}): {decision.explain()}")
+    return EXIT_OK
+
+
 def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
     """`dslc run --backend cudnn`: a bundle, or a `.cgraph` file compiled for this GPU first."""
     from dslc.runtime import Model
@@ -185,6 +265,7 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
         args.weights = None
         args.bucket = []
         args.quiet = True
+        args.tune = False
         status = compile_to(result, args, tmp, Output("human", "never", quiet=True))
         if status:
             return status
@@ -238,12 +319,26 @@ def add_commands(sub: Any, diag_options: Any) -> None:
                    help="compile only this bucket (repeatable); others build on first use")
     p.add_argument("--precision", metavar="P", type=_precision,
                    help="override the model's precision: `f32` or `io=..,intermediate=..,compute=..`")
+    p.add_argument("--no-tune", dest="tune", action="store_false",
+                   help="on a GPU, keep the heuristics' plans (tune later with `dslc tune`)")
+    _tune_options(p)
     p.add_argument("-q", "--quiet", action="store_true")
     diag_options(p)
     p.set_defaults(run=cmd_compile)
 
+    p = sub.add_parser("tune", help="measure and pick the fastest plans of a bundle on this GPU")
+    p.add_argument("bundle", type=Path, metavar="BUNDLE")
+    p.add_argument("-o", "--output", type=Path, metavar="BUNDLE",
+                   help="write the tuned bundle here (default: in place)")
+    _tune_options(p)
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(run=cmd_tune)
+
     p = sub.add_parser("inspect", help="what a bundle holds: steps, plans, where each runs")
     p.add_argument("bundle", type=Path, metavar="BUNDLE")
+    p.add_argument("--env", action="store_true",
+                   help="compare the bundle's environment with this machine's: what start-up does")
+    p.add_argument("--on-mismatch", choices=("retune", "heuristic", "error"), default="retune")
     p.set_defaults(run=cmd_inspect)
 
     p = sub.add_parser("target", help="device profiles for deviceless compiles")

@@ -18,6 +18,7 @@ from dslc.diag.diagnostic import Label
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 from dslc.ops.pointwise import special_functions
+from dslc.ops.reference_conv import array_module
 
 
 def _head_dim(ctx: InferCtx, name: str, d: dims.Dim) -> bool:
@@ -113,9 +114,10 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     scores = np.matmul(q, k.swapaxes(-1, -2)) * np.float32(scale)
     if "bias" in named:
         scores = scores + named["bias"]
-    i = np.arange(q.shape[2])[:, None]
-    j = np.arange(k.shape[2])[None, :]
-    mask = np.zeros((q.shape[2], k.shape[2]), dtype=bool)
+    xp = array_module(q)
+    i = xp.arange(q.shape[2])[:, None]
+    j = xp.arange(k.shape[2])[None, :]
+    mask = xp.zeros((q.shape[2], k.shape[2]), dtype=bool)
     if a["causal"]:
         mask |= j > i
     if a["window"] is not None:

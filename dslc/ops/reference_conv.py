@@ -11,15 +11,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 Array = np.ndarray
 
 
+def array_module(x: Any) -> Any:
+    """numpy, or CuPy for CuPy arrays (the fallback kernels and the tuner run these on the GPU)."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
 def _windows(xp: Array, eff: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Array:
     """Windows of a padded [N, C, *S] array: [N, C, *O, *R], strided and dilated."""
-    n = len(eff)
-    win = sliding_window_view(xp, tuple(eff), axis=tuple(range(2, 2 + n)))
+    mod = array_module(xp)
+    full = tuple(s - e + 1 for s, e in zip(xp.shape[2:], eff, strict=True))
+    win = mod.lib.stride_tricks.as_strided(xp, (*xp.shape[:2], *full, *eff),
+                                           (*xp.strides, *xp.strides[2:]))
     index = (slice(None), slice(None), *(slice(None, None, s) for s in stride),
              *(slice(None, None, d) for d in dilation))
     return win[index]
@@ -53,7 +63,7 @@ def conv_transpose(x: Array, w: Array, stride: Sequence[int], pad: Sequence[int]
     then convolve with the spatially flipped, channel-swapped kernel."""
     n = x.ndim - 2
     sizes = [(s - 1) * st + 1 for s, st in zip(x.shape[2:], stride, strict=True)]
-    xd = np.zeros((*x.shape[:2], *sizes), dtype=x.dtype)
+    xd = array_module(x).zeros((*x.shape[:2], *sizes), dtype=x.dtype)
     xd[(slice(None), slice(None), *(slice(None, None, st) for st in stride))] = x
     kernel = w.shape[2:]
     pre = [d * (r - 1) - p for d, r, p in zip(dilation, kernel, pad, strict=True)]
@@ -63,13 +73,13 @@ def conv_transpose(x: Array, w: Array, stride: Sequence[int], pad: Sequence[int]
                  enumerate(zip(pre, post, strict=True)))
     xd = xd[(slice(None), slice(None), *crop)]
     wf = np.flip(w, axis=tuple(range(2, 2 + n))).swapaxes(0, 1)
-    return conv(xd, np.ascontiguousarray(wf), [1] * n, [max(a, 0) for a in pre],
+    return conv(xd, array_module(x).ascontiguousarray(wf), [1] * n, [max(a, 0) for a in pre],
                 [max(b, 0) for b in post], dilation, 1)
 
 
 def pool(x: Array, a: Mapping[str, Any], mode: str) -> Array:
     window, stride, pad = a["window"], a["stride"], a["pad"]
-    lowest = np.iinfo(x.dtype).min if np.issubdtype(x.dtype, np.integer) else -np.inf
+    lowest = int(np.iinfo(x.dtype).min) if np.issubdtype(x.dtype, np.integer) else -np.inf
     fill = lowest if mode == "max" else 0
     pads = [(0, 0), (0, 0), *((p, p) for p in pad)]
     xp = np.pad(x, pads, constant_values=fill)
@@ -80,7 +90,7 @@ def pool(x: Array, a: Mapping[str, Any], mode: str) -> Array:
     total = win.sum(axis=axes)
     if a.get("count_pad"):
         return total / math.prod(window)
-    ones = np.pad(np.ones(x.shape[2:], dtype=x.dtype), [(p, p) for p in pad])
+    ones = np.pad(array_module(x).ones(x.shape[2:], dtype=x.dtype), [(p, p) for p in pad])
     counts = _windows(ones[None, None], window, stride, [1] * len(window)).sum(axis=axes)
     return total / counts
 
@@ -95,13 +105,14 @@ def upsample(x: Array, a: Mapping[str, Any]) -> Array:
             continue
         # Bilinear with half-pixel centres (PyTorch's align_corners=False).
         size = out.shape[axis]
-        dst = np.arange(size * f)
-        src = np.maximum((dst + 0.5) / f - 0.5, 0)
-        i0 = np.minimum(np.floor(src).astype(np.int64), size - 1)
-        i1 = np.minimum(i0 + 1, size - 1)
+        xp = array_module(x)
+        dst = xp.arange(size * f)
+        src = xp.maximum((dst + 0.5) / f - 0.5, 0)
+        i0 = xp.minimum(xp.floor(src).astype(np.int64), size - 1)
+        i1 = xp.minimum(i0 + 1, size - 1)
         lam = (src - i0).astype(out.dtype)
         shape = [1] * out.ndim
         shape[axis] = -1
         lam = lam.reshape(shape)
-        out = np.take(out, i0, axis=axis) * (1 - lam) + np.take(out, i1, axis=axis) * lam
+        out = xp.take(out, i0, axis=axis) * (1 - lam) + xp.take(out, i1, axis=axis) * lam
     return out

@@ -16,11 +16,11 @@ from typing import Any
 
 from dslc.ir.interp import concrete_attrs
 from dslc.runtime import bundle as bundlefile
-from dslc.runtime import device
+from dslc.runtime import device, startup
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.kernels import run_kernel
-from dslc.runtime.plans import Ready, prepare
+from dslc.runtime.plans import Ready, prepare, retime, retune
 from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
 
 LOG = logging.getLogger("dslc.runtime")
@@ -36,6 +36,7 @@ class Executable:
         self.layout: Layout = model.program.layout(dims)
         self.graphs: dict[str, Ready] = {}
         bucket = model.buckets.get(self.key)
+        decision = model.decision()
         for step in model.program.steps:
             if step.kind != "graph" or step.signature in self.graphs:
                 continue
@@ -43,7 +44,7 @@ class Executable:
             if bucket is not None and step.signature in bucket["graphs"]:
                 entry = bucket["graphs"][step.signature]
                 spec = model.spec_from(entry["spec"])
-                ready = prepare(spec, entry["plan"], model.handle, where, model.log)
+                ready = self._saved(spec, entry["plan"], decision.action, where)
             else:
                 spec = model.spec_at(step, dims)
                 ready = prepare(spec, None, model.handle, where, model.log,
@@ -63,13 +64,28 @@ class Executable:
                 self.bindings[step.name] = [(t.uid, names[t.uid - 1]) for t in spec.tensors
                                             if t.role in ("input", "output")]
 
+    def _saved(self, spec: Any, plan: dict[str, Any], action: str, where: str) -> Ready:
+        """A bucket's graph, as the start-up decision says (see `dslc.runtime.startup`)."""
+        m = self.model
+        if action == "retime":
+            return retime(spec, plan, m.handle, self.layout.storage, m.program.nodes, where, m.log)
+        if action == "retune":
+            return retune(spec, m.program, self.layout.storage, m.handle, where, m.log)
+        if action == "heuristic":
+            return prepare(spec, None, m.handle, where, m.log)
+        return prepare(spec, plan, m.handle, where, m.log)
+
     def storage(self, name: str) -> Storage:
         return self.layout.storage[name]
 
 
 class Model:
     def __init__(self, bundle: str | Path, weights: str | Path | None = None, *,
-                 log: logging.Logger | None = None) -> None:
+                 on_mismatch: str = "retune", log: logging.Logger | None = None) -> None:
+        if on_mismatch not in startup.POLICIES:
+            raise ValueError(f"on_mismatch must be one of {', '.join(startup.POLICIES)}")
+        self.on_mismatch = on_mismatch
+        self._decision: startup.Decision | None = None
         self.path = Path(bundle)
         self.payload = bundlefile.read(self.path)
         self.program = Program(self.payload)
@@ -98,6 +114,17 @@ class Model:
             cudnn = (self._gpu or device.require())[1]
             self._handle = cudnn.create_handle()
         return self._handle
+
+    def decision(self) -> startup.Decision:
+        """What start-up does with the saved plans here (decided once, logged)."""
+        if self._decision is None:
+            from dslc.runtime import environment
+
+            self.cupy  # noqa: B018 - R0801 without a GPU
+            self._decision = startup.decide(self.payload["environment"], environment.live(),
+                                            self.on_mismatch)
+            self.log.info("start-up of %s: %s", self.payload["model"], self._decision.explain())
+        return self._decision
 
     def spec_from(self, data: Mapping[str, Any]) -> Any:
         from dslc.compile.spec import GroupSpec
@@ -225,21 +252,32 @@ class Model:
         return ptr + s.offset * ITEMSIZE[s.dtype]
 
     def _launch(self, exe: Executable, refs: Mapping[str, device.ArrayRef],
-                outputs: Mapping[str, device.ArrayRef], stream: Any) -> None:
+                outputs: Mapping[str, device.ArrayRef], stream: Any,
+                events: list[tuple[Any, Any]] | None = None) -> None:
         _, cudnn = self._gpu or device.require()
         cudnn.set_stream(handle=self.handle, stream=stream.ptr)
         workspace = int(exe.workspace.data.ptr)
         with stream:
             for step in self.program.steps:
-                if step.kind == "graph":
-                    pack = {uid: self._pointer(exe, value, refs, outputs)
-                            for uid, value in exe.bindings[step.name]}
-                    exe.graphs[step.signature].graph.execute(pack, workspace, handle=self.handle)
-                    continue
-                node = self.program.nodes[step.nodes[0]]
-                xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
-                y = self._view(exe, node.name, refs, outputs)
-                run_kernel(node.op, xs, y, concrete_attrs(node, exe.dims, self.program.env))
+                if events is not None:
+                    start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
+                    events.append((start, end))
+                    start.record(stream)
+                self._step(exe, step, refs, outputs, workspace)
+                if events is not None:
+                    end.record(stream)
+
+    def _step(self, exe: Executable, step: Any, refs: Mapping[str, device.ArrayRef],
+              outputs: Mapping[str, device.ArrayRef], workspace: int) -> None:
+        if step.kind == "graph":
+            pack = {uid: self._pointer(exe, value, refs, outputs)
+                    for uid, value in exe.bindings[step.name]}
+            exe.graphs[step.signature].graph.execute(pack, workspace, handle=self.handle)
+            return
+        node = self.program.nodes[step.nodes[0]]
+        xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
+        y = self._view(exe, node.name, refs, outputs)
+        run_kernel(node.op, xs, y, concrete_attrs(node, exe.dims, self.program.env))
 
     def _view(self, exe: Executable, name: str, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef]) -> Any:
@@ -248,6 +286,28 @@ class Model:
             return self.cupy.asarray(float(node.attrs["value"]), dtype=self.cupy.float32)
         s = exe.storage(name)
         return device.view(self._pointer(exe, name, refs, outputs), s.shape, s.strides, s.dtype)
+
+    def profile(self, inputs: Mapping[str, Any], repeats: int = 10) -> list[dict[str, Any]]:
+        """Milliseconds per step (median over `repeats` runs, CUDA events), in schedule order."""
+        self._device_weights()
+        refs, dims = self._check(inputs)
+        exe = self.executable(dims)
+        kind = "torch" if any(r.kind == "torch" for r in refs.values()) else "cupy"
+        outputs = self._allocate_outputs(exe, kind)
+        stream = _stream_of(kind, self.cupy)
+        samples: list[list[float]] = [[] for _ in self.program.steps]
+        for _ in range(repeats + 1):
+            events: list[tuple[Any, Any]] = []
+            self._launch(exe, refs, outputs, stream, events)
+            stream.synchronize()
+            for i, (start, end) in enumerate(events):
+                samples[i].append(self.cupy.cuda.get_elapsed_time(start, end))
+        rows = []
+        for step, times in zip(self.program.steps, samples, strict=True):
+            ordered = sorted(times[1:])  # the first run warms up
+            rows.append({"step": step.name, "kind": step.kind, "pattern": step.pattern,
+                         "ms": ordered[len(ordered) // 2]})
+        return rows
 
     def capture(self, inputs: Mapping[str, Any]) -> Captured:
         """The whole schedule at these inputs' sizes, recorded as one CUDA graph."""

@@ -70,6 +70,64 @@ def prepare(spec: GroupSpec, plan: Mapping[str, Any] | None, handle: Any, where:
                  built.engine_id, built.knobs)
 
 
+def retime(spec: GroupSpec, plan: Mapping[str, Any], handle: Any, storage: Mapping[str, Any],
+           nodes: Mapping[str, Any], where: str, log: logging.Logger) -> Ready:
+    """The driver changed: rebuild the saved top candidates, check each against the reference,
+    time them here, keep the fastest."""
+    from dslc.compile import graphs as cbuild
+    from dslc.runtime.device import require
+    from dslc.tune.measure import TOLERANCE, Bench, relative_error, time_plan
+
+    cupy, _ = require()
+    start = time.perf_counter()
+    bench = Bench(spec, nodes, storage, cupy)
+    want = bench.reference()
+    tops = list(plan.get("top") or [])
+    if not tops and plan.get("engine_id") is not None:
+        tops = [{"engine_id": plan["engine_id"], "knobs": plan["knobs"]}]
+    best: tuple[float, Any] | None = None
+    for top in tops:
+        try:
+            built = cbuild.build(spec, handle, engine=(int(top["engine_id"]), dict(top["knobs"])))
+        except Exception:
+            continue
+        if not built.has_plan:
+            continue
+        workspace = cupy.empty(max(built.workspace, 256), dtype=cupy.uint8)
+        built.graph.execute(bench.pack(), int(workspace.data.ptr), handle=handle)
+        cupy.cuda.get_current_stream().synchronize()
+        if relative_error(cupy, bench.outputs(), want) > TOLERANCE.get(spec.io, 2e-2):
+            continue
+        ms = time_plan(built.graph, bench, workspace, handle, cupy)
+        if best is None or ms < best[0]:
+            best = (ms, built)
+    if best is None:
+        log.info("%s: no saved candidate builds and checks out here; heuristics", where)
+        return prepare(spec, None, handle, where, log)
+    built = best[1]
+    log.info("%s: re-timed %d saved candidates; engine %s", where, len(tops), built.engine_id)
+    return Ready(built.graph, spec, built.workspace, "retimed", time.perf_counter() - start,
+                 built.engine_id, built.knobs)
+
+
+def retune(spec: GroupSpec, program: Any, storage: dict[str, Any], handle: Any, where: str,
+           log: logging.Logger, budget_s: float = 20.0) -> Ready:
+    """The GPU changed: measure the candidates here (checked against the reference)."""
+    from dslc.compile import graphs as cbuild
+    from dslc.tune import tune_spec
+
+    start = time.perf_counter()
+    result = tune_spec(spec, program, storage, handle, budget_s)
+    if result.chosen is None or result.serialized is None:
+        log.info("%s: re-tuning found no valid plan; heuristics", where)
+        return prepare(spec, None, handle, where, log)
+    log.info("%s: re-tuned %d candidates; engine %s (%.3f ms)", where, len(result.candidates),
+             result.chosen.engine_id, result.chosen.ms)
+    graph = cbuild.restore(result.serialized, handle)
+    return Ready(graph, spec, result.workspace, "retuned", time.perf_counter() - start,
+                 result.chosen.engine_id, result.chosen.knobs)
+
+
 def _short(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return (text[0] if text else type(err).__name__)[:200]

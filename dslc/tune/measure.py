@@ -1,0 +1,246 @@
+"""Measure the plans of one group graph on the GPU: every candidate built and timed with CUDA
+events (warm-up, then the median of several runs, stopping early once it settles, with the L2
+cache flushed before each run so it does not flatter), and its output checked against the
+reference before it may win. A candidate that fails to build, run or match counts as infinitely
+slow. The heuristics' choice is kept unless another plan beats it beyond noise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dslc.compile.spec import GroupSpec
+from dslc.ir.graph import Node
+from dslc.runtime.schedule import ITEMSIZE, Storage
+
+NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to replace it
+TOLERANCE = {"f32": 5e-3, "f16": 2e-2, "bf16": 4e-2}
+L2_FLUSH_BYTES = 128 << 20  # twice the H200's 60 MB L2
+
+
+@dataclass
+class Candidate:
+    index: int
+    engine_id: int | None
+    knobs: dict[str, int]
+    ms: float = math.inf
+    error: float | None = None  # relative error against the reference
+    note: str = ""
+
+
+@dataclass
+class TuneResult:
+    candidates: list[Candidate] = field(default_factory=list)
+    chosen: Candidate | None = None
+    heuristic: Candidate | None = None
+    serialized: bytes | None = None
+    workspace: int = 0
+    seconds: float = 0.0
+
+    @property
+    def speedup(self) -> float:
+        if self.chosen is None or self.heuristic is None or not math.isfinite(self.heuristic.ms):
+            return 1.0
+        return self.heuristic.ms / self.chosen.ms
+
+    def record(self, top: int = 5) -> dict[str, Any]:
+        """What the bundle and the tuning database keep."""
+        ranked = sorted((c for c in self.candidates if math.isfinite(c.ms)), key=lambda c: c.ms)
+        chosen, heur = self.chosen, self.heuristic
+        return {
+            "engine_id": chosen.engine_id if chosen else None,
+            "knobs": dict(chosen.knobs) if chosen else {},
+            "ms": chosen.ms if chosen else None,
+            "error": chosen.error if chosen else None,
+            "heuristic": ({"engine_id": heur.engine_id, "knobs": dict(heur.knobs), "ms": heur.ms}
+                          if heur else None),
+            "top": [{"engine_id": c.engine_id, "knobs": dict(c.knobs), "ms": c.ms,
+                     "error": c.error} for c in ranked[:top]],
+            "candidates": len(self.candidates),
+            "tuned": True,
+            "tune_s": round(self.seconds, 3),
+        }
+
+
+def _bf16_round(cupy: Any, x: Any) -> Any:
+    """f32 -> the nearest bf16 value, still in f32 (round to nearest even)."""
+    u = x.astype(cupy.float32).view(cupy.uint32)
+    u = (u + cupy.uint32(0x7FFF) + ((u >> cupy.uint32(16)) & cupy.uint32(1))) & cupy.uint32(0xFFFF0000)
+    return u.view(cupy.float32)
+
+
+class Bench:
+    """Device buffers for one group at one size: random inputs, outputs, the reference."""
+
+    def __init__(self, spec: GroupSpec, nodes: Mapping[str, Node], storage: Mapping[str, Storage],
+                 cupy: Any, seed: int = 0) -> None:
+        self.cupy = cupy
+        self.spec = spec
+        self.nodes = nodes
+        self.storage = storage
+        rng = cupy.random.default_rng(seed)
+        self.buffers: dict[str, Any] = {}  # raw device memory by tensor name
+        self.logical: dict[str, Any] = {}  # f32 logical views of the inputs (reference operands)
+        for t in spec.tensors:
+            if t.role not in ("input", "output"):
+                continue
+            s = storage[t.name]
+            span = (1 + sum((d - 1) * st for d, st in zip(s.shape, s.strides, strict=True))
+                    if all(s.shape) else 1)
+            buf = cupy.zeros(span * ITEMSIZE[s.dtype], dtype=cupy.uint8)
+            self.buffers[t.name] = buf
+            if t.role == "input":
+                values = rng.standard_normal(span, dtype=cupy.float32) * 0.5
+                self._fill(buf, values, s.dtype)
+                self.logical[t.name] = self._read(t.name)
+        self.flush = cupy.empty(L2_FLUSH_BYTES, dtype=cupy.uint8)
+
+    def _fill(self, buf: Any, values: Any, dtype: str) -> None:
+        cupy = self.cupy
+        if dtype == "bf16":
+            bits = (_bf16_round(cupy, values).view(cupy.uint32) >> cupy.uint32(16)).astype(cupy.uint16)
+            buf.view(cupy.uint16)[...] = bits
+        elif dtype in ("f16", "f32"):
+            buf.view(cupy.float16 if dtype == "f16" else cupy.float32)[...] = values
+        else:
+            buf.view(cupy.uint8)[...] = 0
+
+    def _read(self, name: str) -> Any:
+        """A tensor as an f32 array in its logical shape."""
+        cupy = self.cupy
+        s = self.storage[name]
+        buf = self.buffers[name]
+        if s.dtype == "bf16":
+            flat = (buf.view(cupy.uint16).astype(cupy.uint32) << cupy.uint32(16)).view(cupy.float32)
+        else:
+            flat = buf.view(cupy.float16 if s.dtype == "f16" else cupy.float32).astype(cupy.float32)
+        item = flat.dtype.itemsize
+        return cupy.lib.stride_tricks.as_strided(flat, s.shape,
+                                                  tuple(st * item for st in s.strides)).copy()
+
+    def reference(self) -> dict[str, Any]:
+        """The group's outputs from the ops' references run on CuPy, rounded as stored."""
+        from dslc.ops import OPS
+
+        cupy = self.cupy
+        values = dict(self.logical)
+        for t in self.spec.tensors:
+            if t.role == "scalar":
+                values[t.name] = cupy.asarray(t.value, dtype=cupy.float32)
+        for op in self.spec.ops:
+            reference = OPS[op.op].reference
+            assert reference is not None
+            out = cupy.asarray(reference([values[i] for i in op.inputs], op.attrs))
+            dtype = self.spec.tensor(op.node).dtype
+            if dtype == "f16":
+                out = out.astype(cupy.float16).astype(cupy.float32)
+            elif dtype == "bf16":
+                out = _bf16_round(cupy, out)
+            values[op.node] = out.astype(cupy.float32) if out.dtype.kind == "f" else out
+        return {t.name: values[t.name] for t in self.spec.tensors if t.role == "output"}
+
+    def pack(self) -> dict[int, int]:
+        return {t.uid: int(self.buffers[t.name].data.ptr) for t in self.spec.tensors
+                if t.role in ("input", "output")}
+
+    def outputs(self) -> dict[str, Any]:
+        return {t.name: self._read(t.name) for t in self.spec.tensors if t.role == "output"}
+
+
+def relative_error(cupy: Any, got: Mapping[str, Any], want: Mapping[str, Any]) -> float:
+    worst = 0.0
+    for name, w in want.items():
+        g = got[name]
+        scale = float(cupy.abs(w).max()) if w.size else 0.0
+        diff = float(cupy.abs(g.astype(cupy.float32) - w.astype(cupy.float32)).max()) if w.size else 0.0
+        worst = max(worst, diff / max(scale, 1e-30))
+    return worst
+
+
+def time_plan(graph: Any, bench: Bench, workspace: Any, handle: Any, cupy: Any,
+              max_runs: int = 25) -> float:
+    """Median milliseconds of `graph.execute`, L2 flushed before each run; stops early when the
+    last five runs agree within 1%."""
+    pack = bench.pack()
+    ws = int(workspace.data.ptr)
+    for _ in range(3):
+        graph.execute(pack, ws, handle=handle)
+    samples: list[float] = []
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    for _ in range(max_runs):
+        bench.flush.fill(1)
+        start.record()
+        graph.execute(pack, ws, handle=handle)
+        end.record()
+        end.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, end))
+        if len(samples) >= 8:
+            last = sorted(samples[-5:])
+            if last[-1] - last[0] <= 0.01 * last[2]:
+                break
+    return statistics.median(samples)
+
+
+def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: float,
+               tolerance: float, extra: list[tuple[int, dict[str, int]]] | None = None,
+               ) -> TuneResult:
+    """Build every candidate of `make()` (the heuristics' list, plus `extra` (engine_id, knobs)
+    pairs), check each against the reference, time the valid ones, pick the fastest."""
+    from dslc.compile.graphs import HEURISTICS, _knobs_in, knobs_out
+
+    cupy = bench.cupy
+    started = time.perf_counter()
+    out = TuneResult()
+    graph = make()
+    graph.create_execution_plans(HEURISTICS)
+    for engine_id, knobs in extra or []:
+        try:
+            graph.create_execution_plan(engine_id, _knobs_in(knobs))
+        except Exception:
+            continue
+    count = graph.get_execution_plan_count()
+    want = bench.reference()
+    workspace = cupy.empty(256, dtype=cupy.uint8)
+    for index in range(count):
+        if time.perf_counter() - started > budget_s and out.heuristic is not None:
+            break
+        engine_id, knobs = graph.get_engine_and_knobs_at_index(index)
+        cand = Candidate(index, int(engine_id), knobs_out(knobs))
+        out.candidates.append(cand)
+        try:
+            graph.build_plan_at_index(index)
+            size = int(graph.get_workspace_size())
+            if size > workspace.nbytes:
+                workspace = cupy.empty(size, dtype=cupy.uint8)
+            graph.execute(bench.pack(), int(workspace.data.ptr), handle=handle)
+            cupy.cuda.get_current_stream().synchronize()
+        except Exception as err:
+            cand.note = str(err).strip().splitlines()[0][:160] if str(err).strip() else "failed"
+            continue
+        cand.error = relative_error(cupy, bench.outputs(), want)
+        if not cand.error <= tolerance:
+            cand.note = f"wrong result (relative error {cand.error:.2e})"
+            if out.heuristic is None:
+                out.heuristic = cand
+            continue
+        cand.ms = time_plan(graph, bench, workspace, handle, cupy)
+        if out.heuristic is None:
+            out.heuristic = cand
+    valid = [c for c in out.candidates if math.isfinite(c.ms)]
+    if valid:
+        best = min(valid, key=lambda c: c.ms)
+        heur = out.heuristic
+        keep = heur is not None and math.isfinite(heur.ms) and best.ms >= heur.ms * (1 - NOISE)
+        out.chosen = heur if keep else best
+        assert out.chosen is not None
+        graph.build_plan_at_index(out.chosen.index)
+        out.workspace = int(graph.get_workspace_size())
+        out.serialized = bytes(graph.serialize(as_bytes=True))
+    out.seconds = time.perf_counter() - started
+    return out
+
