@@ -2,7 +2,10 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|ops|models|bench|all] [extra pytest args...]
+# Usage: scripts/gpu_check.sh [tests|ops|models|startup|bench|tune|all] [extra pytest args...]
+#   tests: every GPU test; ops/models/startup: one file's worth (startup: tuning, start-up
+#   decisions, CLI); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
+#   start, tuned benchmarks); all: tests, then tune.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -14,18 +17,25 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 status=0
+run_tests() {  # name, then test files
+  local name=$1; shift
+  python3 -m pytest "$@" -m gpu -q -s -rA -p no:cacheprovider $extra 2>&1 | tee "$out/gpu_$name.log" \
+    | grep -E "compiled|relative error|fresh process|heuristic|restore|replay|retime|retune|no bucket|PASSED|FAILED|ERROR|passed|failed|Error" \
+    | tail -60
+  grep -qE "[0-9]+ passed" "$out/gpu_$name.log" && ! grep -qE "[0-9]+ (failed|error)" "$out/gpu_$name.log" || status=1
+}
+extra="$*"
 case $what in
-  ops|tests|all)
-    python3 -m pytest tests/gpu/test_ops_gpu.py -m gpu -q -rA -p no:cacheprovider "$@" \
-      2>&1 | tee "$out/gpu_ops.log" | tail -40 || status=1 ;;
+  ops) run_tests ops tests/gpu/test_ops_gpu.py ;;
+  models) run_tests models tests/gpu/test_models_gpu.py ;;
+  startup) run_tests startup tests/gpu/test_tune_gpu.py tests/gpu/test_cli_gpu.py ;;
+  tests|all) run_tests all tests/gpu ;;
 esac
 case $what in
-  models|tests|all)
-    python3 -m pytest tests/gpu/test_models_gpu.py -m gpu -q -s -rA -p no:cacheprovider "$@" \
-      2>&1 | tee "$out/gpu_models.log" | grep -E "compiled|relative error|fresh process|passed|failed|Error|error" | tail -40 || status=1 ;;
-esac
-case $what in
-  bench|all)
+  bench)
     python3 scripts/bench_gpu.py --out "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -12 || status=1 ;;
+  tune|all)
+    python3 scripts/bench_tune.py --out "$out" > "$out/bench_tune.log" 2>&1 || status=1
+    sed -n '/^== summary/,$p' "$out/bench_tune.log" ;;
 esac
 exit $status

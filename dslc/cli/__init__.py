@@ -8,6 +8,7 @@ GitHub Actions read them.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 from collections.abc import Callable
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
+    _configure_logging(args.debug)
     try:
         return run(args)
     except (ReadError, WeightError, build.UsageError, TargetError, BundleError) as err:
@@ -90,6 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         print("note: this is a bug in dslc, not in your model; rerun with --debug and report it",
               file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _configure_logging(debug: bool) -> None:
+    """dslc's own warnings to stderr; with --debug, everything down to INFO. The cuDNN frontend's
+    logger stays quiet without --debug: deviceless, it warns about every graph the backend is not
+    asked to build, which `dslc compile` already reports in its own terms."""
+    logging.basicConfig(level=logging.INFO if debug else logging.WARNING,
+                        format="%(levelname)s: %(name)s: %(message)s")
+    if not debug:
+        logging.getLogger("cudnn").setLevel(logging.ERROR)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""Tuning and start-up on the GPU: a tuned bundle is correct and never slower than the
+heuristics' choice beyond noise; one case per start-up decision path, simulated by editing the
+recorded environment, each taken, logged and still matching the reference; the tuning database
+serves a second build; a size between buckets runs correctly, built on first use."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dslc.emit import bundle as emit_bundle
+from dslc.runtime.bundle import read
+from dslc.runtime.errors import RunnerError
+from dslc.tune import tune_payload
+from dslc.tune.db import TuningDB
+from dslc.tune.measure import NOISE
+from tests.conftest import ROOT
+from tests.gpu.common import TOLERANCE, compile_file, random_inputs, reference, rel_error, to_device, to_host
+
+pytestmark = pytest.mark.gpu
+
+BUCKET = {"N": 16}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    outdir = tmp_path_factory.mktemp("tuned")
+    bundle = compile_file(ROOT / "models" / "mlp.cgraph", outdir, BUCKET)
+    payload = read(bundle)
+    report = tune_payload(payload, TuningDB(outdir / "db.json"), budget_s=3.0)
+    emit_bundle.write(bundle, payload)
+    return bundle, report
+
+
+def _run(bundle: Path, inputs: dict[str, np.ndarray], **options: Any) -> tuple[Any, dict]:
+    from dslc.runtime import Model
+
+    model = Model(bundle, bundle.with_suffix(".safetensors"), **options)
+    return model, to_host(model.run(to_device(inputs, bundle)))
+
+
+def _check(bundle: Path, outputs: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> None:
+    for name, want in reference(bundle, inputs).items():
+        assert rel_error(outputs[name], want) <= TOLERANCE["f16"], name
+
+
+def test_tuned_plans_are_correct_and_not_slower(tuned: tuple[Path, Any]) -> None:
+    bundle, report = tuned
+    assert report.rows and all(r.source == "tuned" for r in report.rows)
+    for r in report.rows:
+        print(f"{r.group}: heuristic {r.heuristic_ms:.4f} ms, tuned {r.tuned_ms:.4f} ms, "
+              f"error {r.error:.1e}, {r.candidates} candidates")
+        assert r.tuned_ms <= r.heuristic_ms * (1 + NOISE)
+    plan = next(iter(read(bundle)["buckets"][0]["graphs"].values()))["plan"]
+    assert plan["tuned"] and plan["top"] and plan["heuristic"]["ms"] > 0
+    inputs = random_inputs(bundle, BUCKET, seed=11)
+    _check(bundle, _run(bundle, inputs)[1], inputs)
+
+
+def _edited(tuned: Path, tmp: Path, env: dict[str, Any], corrupt: bool = False) -> Path:
+    payload = read(tuned)
+    payload["environment"] = {**payload["environment"], **env}
+    if corrupt:  # a plan that will not deserialize: start-up must fall back to the engine id
+        for bucket in payload["buckets"]:
+            for entry in bucket["graphs"].values():
+                entry["plan"]["serialized"] = b"not a plan"
+    bundle = tmp / tuned.name
+    emit_bundle.write(bundle, payload)
+    (tmp / tuned.with_suffix(".safetensors").name).write_bytes(
+        tuned.with_suffix(".safetensors").read_bytes())
+    return bundle
+
+
+CASES = [  # edit to the recorded environment, policy, decision, how each plan was made
+    ({}, "retune", "restore", "restored", False),
+    ({"cudnn_backend": 1}, "retune", "replay", "replayed", True),
+    ({"driver": 1}, "retune", "retime", "retimed", False),
+    ({"device_name": "Another GPU"}, "retune", "retune", "retuned", False),
+    ({"device_name": "Another GPU"}, "heuristic", "heuristic", "heuristics", False),
+]
+
+
+@pytest.mark.parametrize("env,policy,action,how,corrupt", CASES,
+                         ids=[c[2] if c[1] == "retune" else f"policy-{c[1]}" for c in CASES])
+def test_startup_decision_path(tuned: tuple[Path, Any], tmp_path: Path,
+                               caplog: pytest.LogCaptureFixture, env: dict, policy: str,
+                               action: str, how: str, corrupt: bool) -> None:
+    bundle = _edited(tuned[0], tmp_path, env, corrupt)
+    inputs = random_inputs(bundle, BUCKET, seed=12)
+    with caplog.at_level(logging.INFO, logger="dslc.runtime"):
+        start = time.perf_counter()
+        model, outputs = _run(bundle, inputs, on_mismatch=policy)
+        seconds = time.perf_counter() - start
+    print(f"{action}: {model.decision().explain()}; {seconds:.2f} s")
+    assert model.decision().action == action
+    assert {s["how"] for s in model.startup} == {how}
+    assert f"start-up of {read(bundle)['model']}" in caplog.text
+    _check(bundle, outputs, inputs)
+
+
+def test_error_policy_refuses_a_changed_gpu(tuned: tuple[Path, Any], tmp_path: Path) -> None:
+    bundle = _edited(tuned[0], tmp_path, {"device_name": "Another GPU"})
+    with pytest.raises(RunnerError, match="R0802"):
+        _run(bundle, random_inputs(bundle, BUCKET), on_mismatch="error")
+
+
+def test_database_serves_a_second_build(tuned: tuple[Path, Any], tmp_path: Path) -> None:
+    bundle = compile_file(ROOT / "models" / "mlp.cgraph", tmp_path, BUCKET)
+    payload = read(bundle)
+    report = tune_payload(payload, TuningDB(tuned[0].parent / "db.json"), budget_s=3.0)
+    assert report.rows and all(r.source == "database" for r in report.rows)
+    emit_bundle.write(bundle, payload)
+    inputs = random_inputs(bundle, BUCKET, seed=13)
+    _check(bundle, _run(bundle, inputs)[1], inputs)
+
+
+def test_size_between_buckets_is_built_on_first_use(tuned: tuple[Path, Any]) -> None:
+    from dslc.runtime import Model
+
+    bundle = tuned[0]
+    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    inputs = random_inputs(bundle, {"N": 24}, seed=14)
+    device_inputs = to_device(inputs, bundle)
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        outputs = to_host(model.run(device_inputs))
+        times.append(time.perf_counter() - start)
+    print(f"N=24 (no bucket): first use {times[0] * 1e3:.1f} ms, second {times[1] * 1e3:.2f} ms")
+    assert {s["how"] for s in model.startup if s["bucket"] == "N=24"} == {"replayed"}
+    _check(bundle, outputs, inputs)
+    with pytest.raises(RunnerError, match="R0601"):
+        model.run(to_device(random_inputs(bundle, {"N": 300}), bundle))
