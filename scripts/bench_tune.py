@@ -82,17 +82,30 @@ def compile_and_tune(source: Path, outdir: Path, bucket: dict[str, int] | None, 
 
 COLD = """
 import json, sys, time
-t0 = time.perf_counter()
+marks = [('start', time.perf_counter())]
+def mark(name):
+    marks.append((name, time.perf_counter()))
 import cupy
+mark('import cupy')
 from dslc.runtime import Model
-t1 = time.perf_counter()
+mark('import dslc.runtime')
 model = Model(sys.argv[1], sys.argv[1].replace('.bundle', '.safetensors'))
+mark('read bundle + weights, load-time values')
+model.handle
+mark('CUDA context + cuDNN handle')
+model.decision()
+mark('environment check')
+model._device_weights()
+mark('upload weights')
+model.executable({'N': 1})
+mark('restore plans, arena')
 x = cupy.random.default_rng(0).standard_normal((1, 224, 224, 3), dtype=cupy.float32)
 x = x.astype(cupy.float16).transpose(0, 3, 1, 2)  # NCHW logical, NHWC in memory
 out = model.run({'image': x})['logits']
 cupy.cuda.get_current_stream().synchronize()
-t2 = time.perf_counter()
-print(json.dumps({'import_s': t1 - t0, 'load_and_first_run_s': t2 - t1, 'total_s': t2 - t0,
+mark('first run')
+phases = {b[0]: round(b[1] - a[1], 4) for a, b in zip(marks, marks[1:])}
+print(json.dumps({'total_s': marks[-1][1] - marks[0][1], 'phases': phases,
                   'how': sorted({s['how'] for s in model.startup}),
                   'finite': bool(cupy.isfinite(out).all())}))
 """
@@ -102,7 +115,7 @@ def cold_start(bundle: Path, tune_s: float, out: Path) -> dict[str, Any]:
     script = out / "cold.py"
     script.write_text(COLD)
     runs = []
-    for _ in range(2):
+    for _ in range(3):
         proc = subprocess.run([sys.executable, str(script), str(bundle)], capture_output=True,
                               text=True, check=True)
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -118,6 +131,30 @@ def bench_resnet50(bundle: Path, out: Path) -> dict[str, Any]:
     (out / "bench_resnet50.log").write_text(proc.stdout + proc.stderr)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
     return json.loads((out / "bench.json").read_text())
+
+
+def profile(bundle: Path, batch: int, out: Path) -> list[dict[str, Any]]:
+    """Milliseconds per step at `batch`, slowest first (where the time goes)."""
+    import cupy
+
+    from dslc.runtime import Model
+
+    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    x = cupy.random.default_rng(0).standard_normal((batch, 224, 224, 3), dtype=cupy.float32)
+    rows = model.profile({"image": x.astype(cupy.float16).transpose(0, 3, 1, 2)}, repeats=10)
+    total = sum(r["ms"] for r in rows)
+    by_kind: dict[str, float] = {}
+    for r in rows:
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["ms"]
+    lines = [f"resnet50 batch {batch}: {len(rows)} steps, {total:.3f} ms in all; by kind: "
+             + ", ".join(f"{k} {v:.3f} ms" for k, v in by_kind.items())]
+    for r in sorted(rows, key=lambda r: -r["ms"])[:25]:
+        lines.append(f"{r['ms']:8.3f} ms {100 * r['ms'] / total:5.1f}%  {r['kind']:<9} "
+                     f"{r['pattern'] or '-':<22} {r['step']}")
+    text = "\n".join(lines)
+    print(text)
+    (out / f"profile_resnet50_b{batch}.txt").write_text(text + "\n")
+    return rows
 
 
 def layer_source() -> str:
@@ -173,7 +210,7 @@ def main() -> int:
     ap.add_argument("--model-budget", type=float, default=120.0)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: "
-                    "resnet50,encoder,resnet18,cold,bench,layer")
+                    "resnet50,encoder,resnet18,cold,profile,bench,layer")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -199,6 +236,8 @@ def main() -> int:
     if r50 and "cold" not in skip:
         RESULTS["cold_start"] = section("cold start", cold_start, r50["tuned"], r50["tune_s"],
                                         args.out)
+    if r50 and "profile" not in skip:
+        section("resnet50 profile at batch 256", profile, r50["tuned"], 256, args.out)
     if r50 and "bench" not in skip:
         RESULTS["bench"] = section("resnet50 benchmark (tuned)", bench_resnet50, r50["tuned"],
                                    args.out)
@@ -226,7 +265,7 @@ def summary(r: dict[str, Any]) -> None:
     c = r.get("cold_start")
     if c:
         print(f"cold start {[round(x['total_s'], 3) for x in c['runs']]} s ({c['runs'][-1]['how']}); "
-              f"tuning {c['tune_s']:.1f} s; ratio {c['ratio']:.0f}x")
+              f"tuning {c['tune_s']:.1f} s; ratio {c['ratio']:.0f}x; last: {c['runs'][-1]['phases']}")
     b = r.get("bench")
     if b:
         for row in b["rows"]:

@@ -10,8 +10,8 @@ from dslc.runtime.errors import RunnerError
 from dslc.runtime.startup import decide
 
 TUNED = {"live": True, "cudnn_backend": 92100, "cudnn_frontend": "1.16.0", "cuda_runtime": 12090,
-         "driver": "580.95", "device_name": "NVIDIA H200", "compute_capability": "9.0",
-         "sm_count": 132, "memory_bytes": 150 << 30}
+         "driver": 13000, "driver_release": "580.95", "device_name": "NVIDIA H200",
+         "compute_capability": "9.0", "sm_count": 132, "memory_bytes": 150 << 30}
 
 
 def live(**changes: Any) -> dict[str, Any]:
@@ -35,8 +35,9 @@ def test_library_change_replays(field: str) -> None:
     assert d.changes[0][0] == field and "replay" in d.explain()
 
 
-def test_driver_change_retimes() -> None:
-    assert decide(TUNED, live(driver="590.10")).action == "retime"
+@pytest.mark.parametrize("field,value", [("driver", 13010), ("driver_release", "590.10")])
+def test_driver_change_retimes(field: str, value: Any) -> None:
+    assert decide(TUNED, live(**{field: value})).action == "retime"
 
 
 @pytest.mark.parametrize("field,value", [("device_name", "NVIDIA H100 80GB HBM3"),

@@ -39,7 +39,7 @@ def payload(compiled: Compiled) -> dict[str, Any]:
         "load_time": list(compiled.plan.load_time),
         "steps": steps,
         "target": compiled.target.name,
-        "environment": (environment.live() if compiled.target.live
+        "environment": (environment.live(properties=True) if compiled.target.live
                         else environment.from_profile(compiled.target.properties_json)),
     }
     program = Program(out)

@@ -6,8 +6,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-FIELDS = ("cudnn_backend", "cudnn_frontend", "cuda_runtime", "driver", "device_name",
-          "compute_capability", "sm_count", "memory_bytes")
+FIELDS = ("cudnn_backend", "cudnn_frontend", "cuda_runtime", "driver", "driver_release",
+          "device_name", "compute_capability", "sm_count", "memory_bytes")
+
+
+def driver_release() -> str | None:
+    """The kernel driver's release ("580.159.04"): driverGetVersion only gives the CUDA API level
+    it supports, which stays the same across most driver updates."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            for word in f.readline().split():
+                if word.count(".") >= 1 and word.replace(".", "").isdigit():
+                    return word
+    except OSError:
+        pass
+    return None
 
 
 def _cudnn_versions() -> dict[str, Any]:
@@ -29,18 +42,22 @@ def from_profile(properties_json: str) -> dict[str, Any]:
             "device_properties": properties_json, "live": False}
 
 
-def live() -> dict[str, Any]:
-    """This machine's GPU 0 (needs CuPy and a driver)."""
+def live(properties: bool = False) -> dict[str, Any]:
+    """This machine's GPU 0 (needs CuPy and a driver); with `properties`, also the full
+    device-properties JSON (what a bundle records; start-up's comparison does not need it)."""
     import cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     name = props["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
     out = {**_cudnn_versions(), "cuda_runtime": int(cupy.cuda.runtime.runtimeGetVersion()),
-           "driver": int(cupy.cuda.runtime.driverGetVersion()), "device_name": name,
+           "driver": int(cupy.cuda.runtime.driverGetVersion()),
+           "driver_release": driver_release(), "device_name": name,
            "compute_capability": f"{props['major']}.{props['minor']}",
            "sm_count": int(props["multiProcessorCount"]), "memory_bytes": int(props["totalGlobalMem"]),
-           "live": True}
+           "live": True, "device_properties": None}
+    if not properties:
+        return out
     try:
         from dslc.compile.target import capture
 

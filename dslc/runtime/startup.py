@@ -22,7 +22,8 @@ from dslc.runtime.errors import RunnerError
 
 RANK = {"restore": 0, "replay": 1, "retime": 2, "retune": 3}
 FIELD_ACTION = {"cudnn_backend": "replay", "cudnn_frontend": "replay", "cuda_runtime": "replay",
-                "driver": "retime", "device_name": "retune", "compute_capability": "retune",
+                "driver": "retime", "driver_release": "retime",
+                "device_name": "retune", "compute_capability": "retune",
                 "sm_count": "retune", "memory_bytes": "restore"}
 POLICIES = ("retune", "heuristic", "error")
 

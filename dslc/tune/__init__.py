@@ -79,7 +79,7 @@ def tune_payload(payload: dict[str, Any], db: TuningDB | None = None, budget_s: 
 
     _, cudnn = _gpu()
     handle = cudnn.create_handle()
-    live = environment.live()
+    live = environment.live(properties=True)
     env = env_key(live)
     program = Program(payload)
     names = {s.signature: s.name for s in program.steps}
