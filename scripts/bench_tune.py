@@ -198,6 +198,11 @@ def bench_layer(out: Path, db: Any, budget_s: float, iters: int) -> dict[str, An
         rows[f"{kind}_ms"] = timed(lambda m=model: m.run({"tokens": x}), iters)
         captured = model.capture({"tokens": x})
         rows[f"{kind}_graph_ms"] = timed(lambda c=captured: c({"tokens": x}), iters)
+        if kind == "tuned":
+            steps = model.profile({"tokens": x}, repeats=10)
+            rows["profile"] = [(r["step"], r["kind"], r["pattern"], round(r["ms"], 4)) for r in steps]
+            for r in steps:
+                print(f"  {r['ms']:8.4f} ms  {r['kind']:<6} {r['pattern'] or '-':<20} {r['step']}")
     rows["tune"] = {k: v for k, v in done.items() if k not in ("untuned", "tuned")}
     print(rows)
     return rows

@@ -97,3 +97,20 @@ def test_hostile_names_cannot_change_the_runner(tmp_path: Path) -> None:
     module = _import(runner)
     assert module.__doc__ and "os.system" not in dir(module)
     shutil.rmtree(tmp_path / "out")
+
+
+def test_run_on_cudnn_without_gpu_says_so_in_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("cudnn")
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("this machine has CuPy; the GPU tests cover `dslc run --backend cudnn`")
+    import numpy as np
+
+    bundle = _compile(ROOT / "models" / "mlp.cgraph", tmp_path) / "mnist_mlp.bundle"
+    weights = tmp_path / "w.safetensors"
+    assert run_cli("weights", "random", "models/mlp.cgraph", "-o", str(weights)).code == 0
+    np.save(tmp_path / "x.npy", np.zeros((16, 784), np.float16))
+    run = run_cli("run", str(bundle), "--backend", "cudnn", "--weights", str(weights),
+                  "--input", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npz"))
+    assert run.code == 3
+    assert run.stderr.startswith("error[R0801]: running a compiled model needs a CUDA GPU")
+    assert not (tmp_path / "y.npz").exists()

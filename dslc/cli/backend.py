@@ -272,11 +272,8 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
         bundle = tmp / f"{result.model.name}.bundle"
     try:
         model = Model(bundle, args.weights_file)
-        arrays = {name: np.load(path, allow_pickle=False) for name, path in args.inputs.items()}
-        import cupy
-
-        outputs = model.run({k: cupy.asarray(v) for k, v in arrays.items()})
-        host = {k: cupy.asnumpy(v) for k, v in outputs.items()}
+        outputs = model.run({k: _to_device(model, k, v) for k, v in args.inputs.items()})
+        host = {k: v.get() for k, v in outputs.items()}  # CuPy arrays, as the inputs were
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -285,6 +282,18 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
         v = value.astype(np.float64)
         print(f"{name}: {value.dtype}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}")
     return EXIT_OK
+
+
+def _to_device(model: Any, name: str, a: np.ndarray) -> Any:
+    """A host array (logical axis order) on the GPU, in the input's declared memory layout."""
+    cupy = model.cupy  # R0801 where there is no GPU
+    node = model.program.nodes.get(model.program.inputs.get(name, ""), None)
+    layout = node.type.layout if node is not None else None
+    if layout is None:
+        return cupy.asarray(a)
+    order = layout.order
+    physical = cupy.asarray(np.ascontiguousarray(a.transpose(order)))
+    return physical.transpose([order.index(i) for i in range(a.ndim)])
 
 
 def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:

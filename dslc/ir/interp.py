@@ -108,15 +108,16 @@ def evaluate_node(node: Node, operands: list[np.ndarray], attrs: Mapping[str, An
     compute = str(attrs.get("compute", node.precision.compute))
     math = _MATH.get(compute, np.float32)
     # Integers are widened (i8 x i8 accumulates in i32 on the GPU; int64 here is exact).
-    xs = [x.astype(math) if is_float(_dtype_name(x)) else
-          x.astype(np.int64) if np.issubdtype(x.dtype, np.integer) else x for x in operands]
+    xs = [x.astype(math, copy=False) if is_float(_dtype_name(x)) else
+          x.astype(np.int64, copy=False) if np.issubdtype(x.dtype, np.integer) else x
+          for x in operands]
     reference = OPS[node.op].reference
     assert reference is not None, node.op
     with np.errstate(all="ignore"):
         out = np.asarray(reference(xs, attrs))
         if storage == "f8e4m3":  # e4m3 has no infinity: conversions saturate, as cuDNN's do
             out = np.clip(out, -448.0, 448.0)
-        return out.astype(NUMPY_DTYPES[storage])
+        return out.astype(NUMPY_DTYPES[storage], copy=False)
 
 
 def _dtype_name(x: np.ndarray) -> str:

@@ -55,7 +55,7 @@ def load_time_values(program: Program, tensors: Mapping[str, np.ndarray],
             continue
         if node.op == "param":
             values[node.name] = np.asarray(tensors[node.attrs["path"]]).astype(
-                NUMPY_DTYPES[node.type.dtype])
+                NUMPY_DTYPES[node.type.dtype], copy=False)
         elif node.op == "scalar":
             values[node.name] = np.asarray(node.attrs["value"], dtype=np.float32)
         else:
