@@ -18,19 +18,19 @@ from typing import Any
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
 
 _POOL = r"""
-long long idx = i, n, c, ho, wo;
+I idx = (I)i, n, c, ho, wo;
 if (c_inner) {  // channels last: neighbouring threads take neighbouring channels (coalesced)
   c = idx % C; idx /= C; wo = idx % Wo; idx /= Wo; ho = idx % Ho; n = idx / Ho;
 } else {
   wo = idx % Wo; idx /= Wo; ho = idx % Ho; idx /= Ho; c = idx % C; n = idx / C;
 }
 float acc = is_max ? -3.402823466e38f : 0.0f;
-long long count = 0;
-for (long long a = 0; a < kh; ++a) {
-  const long long h = ho * sh - ph + a;
+I count = 0;
+for (I a = 0; a < kh; ++a) {
+  const I h = ho * sh - ph + a;
   if (h < 0 || h >= H) continue;
-  for (long long b = 0; b < kw; ++b) {
-    const long long w = wo * sw - pw + b;
+  for (I b = 0; b < kw; ++b) {
+    const I w = wo * sw - pw + b;
     if (w < 0 || w >= W) continue;
     const float v = (float)x[n * xn + c * xc + h * xh + w * xw];
     acc = is_max ? (v > acc ? v : acc) : acc + v;
@@ -42,21 +42,21 @@ y[n * yn + c * yc + ho * yh + wo * yw] = (T)acc;
 """
 
 _UPSAMPLE = r"""
-long long idx = i, n, c, ho, wo;
+I idx = (I)i, n, c, ho, wo;
 if (c_inner) {  // channels last: neighbouring threads take neighbouring channels (coalesced)
   c = idx % C; idx /= C; wo = idx % Wo; idx /= Wo; ho = idx % Ho; n = idx / Ho;
 } else {
   wo = idx % Wo; idx /= Wo; ho = idx % Ho; idx /= Ho; c = idx % C; n = idx / C;
 }
-const long long base = n * xn + c * xc;
+const I base = n * xn + c * xc;
 float v;
 if (bilinear) {
   float sy = ((float)ho + 0.5f) / (float)fh - 0.5f; if (sy < 0.0f) sy = 0.0f;
   float sx = ((float)wo + 0.5f) / (float)fw - 0.5f; if (sx < 0.0f) sx = 0.0f;
-  long long y0 = (long long)sy; if (y0 > H - 1) y0 = H - 1;
-  long long x0 = (long long)sx; if (x0 > W - 1) x0 = W - 1;
-  const long long y1 = y0 + 1 < H ? y0 + 1 : H - 1;
-  const long long x1 = x0 + 1 < W ? x0 + 1 : W - 1;
+  I y0 = (I)sy; if (y0 > H - 1) y0 = H - 1;
+  I x0 = (I)sx; if (x0 > W - 1) x0 = W - 1;
+  const I y1 = y0 + 1 < H ? y0 + 1 : H - 1;
+  const I x1 = x0 + 1 < W ? x0 + 1 : W - 1;
   const float ly = sy - (float)y0, lx = sx - (float)x0;
   const float a = (float)x[base + y0 * xh + x0 * xw], b = (float)x[base + y0 * xh + x1 * xw];
   const float c0 = (float)x[base + y1 * xh + x0 * xw], d = (float)x[base + y1 * xh + x1 * xw];
@@ -67,12 +67,13 @@ if (bilinear) {
 y[n * yn + c * yc + ho * yh + wo * yw] = (T)v;
 """
 
-_POOL_PARAMS = ("raw T x, int64 C, int64 H, int64 W, int64 Ho, int64 Wo, int64 xn, int64 xc, "
-                "int64 xh, int64 xw, int64 yn, int64 yc, int64 yh, int64 yw, int64 kh, int64 kw, "
-                "int64 sh, int64 sw, int64 ph, int64 pw, int32 is_max, int32 count_pad, int32 c_inner")
-_UPSAMPLE_PARAMS = ("raw T x, int64 C, int64 H, int64 W, int64 Ho, int64 Wo, int64 xn, int64 xc, "
-                    "int64 xh, int64 xw, int64 yn, int64 yc, int64 yh, int64 yw, int64 fh, "
-                    "int64 fw, int32 bilinear, int32 c_inner")
+# `I`, the index type, is int32 where every offset fits (64-bit division costs a loop of
+# instructions per thread), else int64: bound by the dtype of the sizes passed (`_ints`).
+_POOL_PARAMS = ("raw T x, I C, I H, I W, I Ho, I Wo, I xn, I xc, I xh, I xw, I yn, I yc, I yh, "
+                "I yw, I kh, I kw, I sh, I sw, I ph, I pw, int32 is_max, int32 count_pad, "
+                "int32 c_inner")
+_UPSAMPLE_PARAMS = ("raw T x, I C, I H, I W, I Ho, I Wo, I xn, I xc, I xh, I xw, I yn, I yc, "
+                    "I yh, I yw, I fh, I fw, int32 bilinear, int32 c_inner")
 
 
 @cache
@@ -80,6 +81,14 @@ def _elementwise(name: str, params: str, body: str) -> Any:
     import cupy
 
     return cupy.ElementwiseKernel(params, "raw T y", body, f"dslc_{name}")
+
+
+def _ints(spans: tuple[int, ...], *values: int) -> list[Any]:
+    """The size arguments as int32 when every offset of the tensors fits, else int64."""
+    import numpy as np
+
+    kind = np.int64 if max(spans) >= 2**31 - 1 else np.int32
+    return [kind(v) for v in values]
 
 
 def _flat(a: Any) -> tuple[Any, list[int]]:
@@ -117,8 +126,10 @@ def _pool(x: Any, y: Any, a: Mapping[str, Any], is_max: bool) -> None:
     yf, ys = _flat(y)
     _n, c, h, w = x.shape
     kernel = _elementwise("pool", _POOL_PARAMS, _POOL)
-    kernel(xf, c, h, w, y.shape[2], y.shape[3], *xs, *ys, a["window"][0], a["window"][1],
-           a["stride"][0], a["stride"][1], a["pad"][0], a["pad"][1], int(is_max),
+    sizes = _ints((xf.size, yf.size, y.size), c, h, w, y.shape[2], y.shape[3], *xs, *ys,
+                  a["window"][0], a["window"][1], a["stride"][0], a["stride"][1], a["pad"][0],
+                  a["pad"][1])
+    kernel(xf, *sizes, int(is_max),
            int(bool(a.get("count_pad"))), _c_inner(ys), yf, size=y.size)
 
 
@@ -129,8 +140,9 @@ def upsample(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     yf, yst = _flat(y)
     _n, c, h, w = x.shape
     kernel = _elementwise("upsample", _UPSAMPLE_PARAMS, _UPSAMPLE)
-    kernel(xf, c, h, w, y.shape[2], y.shape[3], *xst, *yst, a["factor"][0], a["factor"][1],
-           int(a["mode"] == "bilinear"), _c_inner(yst), yf, size=y.size)
+    sizes = _ints((xf.size, yf.size, y.size), c, h, w, y.shape[2], y.shape[3], *xst, *yst,
+                  a["factor"][0], a["factor"][1])
+    kernel(xf, *sizes, int(a["mode"] == "bilinear"), _c_inner(yst), yf, size=y.size)
 
 
 def concat(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
