@@ -19,12 +19,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 status=0
 run_tests() {  # name, then test files
   local name=$1; shift
-  python3 -m pytest "$@" -m gpu -q -s -rA -p no:cacheprovider $extra 2>&1 | tee "$out/gpu_$name.log" \
+  python3 -m pytest "$@" -m gpu -q -s -rA -p no:cacheprovider "${extra[@]}" 2>&1 | tee "$out/gpu_$name.log" \
     | grep -E "compiled|relative error|fresh process|heuristic|restore|replay|retime|retune|no bucket|PASSED|FAILED|ERROR|passed|failed|Error" \
     | tail -60
   grep -qE "[0-9]+ passed" "$out/gpu_$name.log" && ! grep -qE "[0-9]+ (failed|error)" "$out/gpu_$name.log" || status=1
 }
-extra="$*"
+extra=("$@")
 case $what in
   ops) run_tests ops tests/gpu/test_ops_gpu.py ;;
   models) run_tests models tests/gpu/test_models_gpu.py ;;

@@ -86,7 +86,20 @@ class CallEval(ExprEval):
         if any(k and not later for k, later in itertools.pairwise(kinds)) or \
                 len(set(names)) != len(names):
             return ERROR  # argument order or a repeated keyword: E0104 said so already
-        pos: list[Arg] = []
+        args = self.eval_args(call, [], scope, hint)
+        if args is None:
+            return ERROR
+        pos, kws = args
+        if isinstance(callee, DefRef):
+            return self.apply_def(callee, call, pos, kws, scope, hint)
+        return self.apply_op(callee, call.span, call.func.span, pos, kws, scope, hint)
+
+    # -- built-in ops ----------------------------------------------------------------------------
+    def eval_args(self, call: ast.Call, pos: list[Arg], scope: Scope, hint: str,
+                  ) -> tuple[list[Arg], dict[str, Arg]] | None:
+        """The call's arguments evaluated, after `pos` (already evaluated ones); None when one
+        of them failed (its error is reported)."""
+        pos = list(pos)
         kws: dict[str, Arg] = {}
         for a in call.args:
             if isinstance(a, ast.Kwarg):
@@ -94,12 +107,9 @@ class CallEval(ExprEval):
             else:
                 pos.append((self.eval(a, scope, hint), a.span))
         if any(v is ERROR for v, _ in pos) or any(v is ERROR for v, _ in kws.values()):
-            return ERROR
-        if isinstance(callee, DefRef):
-            return self.apply_def(callee, call, pos, kws, scope, hint)
-        return self.apply_op(callee, call.span, call.func.span, pos, kws, scope, hint)
+            return None
+        return pos, kws
 
-    # -- built-in ops ----------------------------------------------------------------------------
     def apply_op(self, name: str, call_span: Span, func_span: Span, pos: list[Arg],
                  kws: dict[str, Arg], scope: Scope, hint: str) -> Any:
         op = OPS[name]

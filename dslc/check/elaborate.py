@@ -463,15 +463,10 @@ class Elaborator(CallEval):
         callee = ns.lookup(rest.func)
         if callee is None:
             return ERROR
-        pos = [carried]
-        kws: dict[str, tuple[Any, Span]] = {}
-        for a in rest.args:
-            if isinstance(a, ast.Kwarg):
-                kws[a.name.name] = (self.eval(a.value, scope, hint), a.span)
-            else:
-                pos.append((self.eval(a, scope, hint), a.span))
-        if any(v is ERROR for v, _ in pos) or any(v is ERROR for v, _ in kws.values()):
+        args = self.eval_args(rest, [carried], scope, hint)
+        if args is None:
             return ERROR
+        pos, kws = args
         if isinstance(callee, str):
             return self.apply_op(callee, rest.span, rest.func.span, pos, kws, scope, hint)
         return self.apply_def(callee, rest, pos, kws, scope, hint)

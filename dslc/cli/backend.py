@@ -102,8 +102,10 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
     kernels = len(compiled.steps) - graphs
     built = sum(1 for b in compiled.builds.values() if b.has_plan)
     split = sum(1 for s in compiled.steps if s.reason.startswith("split"))
+    plural = "" if kernels == 1 else "s"
+    splits = f", {split} split" if split else ""
     out.info(f"compiled {args.file} for {target.name}: {len(compiled.steps)} steps ({graphs} cuDNN "
-             f"graphs, {kernels} fallback kernels{f', {split} split' if split else ''}), "
+             f"graphs, {kernels} fallback kernel{plural}{splits}), "
              f"{len(compiled.builds)} graphs over {len(model.buckets)} buckets, {built} plans "
              f"built, in {time.perf_counter() - started:.1f} s -> {outdir}/")
     return EXIT_OK
@@ -228,9 +230,14 @@ def _inspect_env(payload: dict[str, Any], policy: str) -> int:
     from dslc.runtime.errors import RunnerError
 
     recorded = payload["environment"]
-    print(f"bundle tuned in: {recorded.get('device_name')}, cuDNN {recorded.get('cudnn_backend')}"
-          f" (frontend {recorded.get('cudnn_frontend')}), CUDA {recorded.get('cuda_runtime')}, "
-          f"driver {recorded.get('driver')}{'' if recorded.get('live') else ' (deviceless: untuned)'}")
+    if recorded.get("live"):
+        print(f"bundle tuned on: {recorded.get('device_name')}, cuDNN {recorded.get('cudnn_backend')}"
+              f" (frontend {recorded.get('cudnn_frontend')}), CUDA {recorded.get('cuda_runtime')}, "
+              f"driver {recorded.get('driver_release') or recorded.get('driver')}")
+    else:
+        print(f"bundle compiled deviceless (untuned) for {recorded.get('device_name')} "
+              f"(sm {recorded.get('compute_capability')}), cuDNN {recorded.get('cudnn_backend')}"
+              f" (frontend {recorded.get('cudnn_frontend')})")
     if not live_device_available():
         print("this machine: no GPU; start-up would stop with R0801")
         return EXIT_OK

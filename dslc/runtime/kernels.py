@@ -68,7 +68,7 @@ y[n * yn + c * yc + ho * yh + wo * yw] = (T)v;
 """
 
 # `I`, the index type, is int32 where every offset fits (64-bit division costs a loop of
-# instructions per thread), else int64: bound by the dtype of the sizes passed (`_ints`).
+# instructions per thread), else int64 (see `_elementwise`).
 _POOL_PARAMS = ("raw T x, I C, I H, I W, I Ho, I Wo, I xn, I xc, I xh, I xw, I yn, I yc, I yh, "
                 "I yw, I kh, I kw, I sh, I sw, I ph, I pw, int32 is_max, int32 count_pad, "
                 "int32 c_inner")
@@ -77,18 +77,20 @@ _UPSAMPLE_PARAMS = ("raw T x, I C, I H, I W, I Ho, I Wo, I xn, I xc, I xh, I xw,
 
 
 @cache
-def _elementwise(name: str, params: str, body: str) -> Any:
+def _elementwise(name: str, params: str, body: str, wide: bool = False) -> Any:
+    """The kernel, with `I` (sizes, strides, indices) as int64 if `wide`, else int32."""
     import cupy
 
-    return cupy.ElementwiseKernel(params, "raw T y", body, f"dslc_{name}")
+    index, ctype = ("int64", "long long") if wide else ("int32", "int")
+    params = ", ".join(f"{index} {p[2:]}" if p.startswith("I ") else p
+                       for p in params.split(", "))
+    return cupy.ElementwiseKernel(params, "raw T y", f"typedef {ctype} I;\n{body}",
+                                  f"dslc_{name}_{index}")
 
 
-def _ints(spans: tuple[int, ...], *values: int) -> list[Any]:
-    """The size arguments as int32 when every offset of the tensors fits, else int64."""
-    import numpy as np
-
-    kind = np.int64 if max(spans) >= 2**31 - 1 else np.int32
-    return [kind(v) for v in values]
+def _wide(*spans: int) -> bool:
+    """Whether some offset of the tensors needs 64 bits."""
+    return max(spans) >= 2**31 - 1
 
 
 def _flat(a: Any) -> tuple[Any, list[int]]:
@@ -125,8 +127,8 @@ def _pool(x: Any, y: Any, a: Mapping[str, Any], is_max: bool) -> None:
     xf, xs = _flat(x)
     yf, ys = _flat(y)
     _n, c, h, w = x.shape
-    kernel = _elementwise("pool", _POOL_PARAMS, _POOL)
-    sizes = _ints((xf.size, yf.size, y.size), c, h, w, y.shape[2], y.shape[3], *xs, *ys,
+    kernel = _elementwise("pool", _POOL_PARAMS, _POOL, _wide(xf.size, yf.size, y.size))
+    sizes = (c, h, w, y.shape[2], y.shape[3], *xs, *ys,
                   a["window"][0], a["window"][1], a["stride"][0], a["stride"][1], a["pad"][0],
                   a["pad"][1])
     kernel(xf, *sizes, int(is_max),
@@ -139,8 +141,8 @@ def upsample(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     xf, xst = _flat(x)
     yf, yst = _flat(y)
     _n, c, h, w = x.shape
-    kernel = _elementwise("upsample", _UPSAMPLE_PARAMS, _UPSAMPLE)
-    sizes = _ints((xf.size, yf.size, y.size), c, h, w, y.shape[2], y.shape[3], *xst, *yst,
+    kernel = _elementwise("upsample", _UPSAMPLE_PARAMS, _UPSAMPLE, _wide(xf.size, yf.size, y.size))
+    sizes = (c, h, w, y.shape[2], y.shape[3], *xst, *yst,
                   a["factor"][0], a["factor"][1])
     kernel(xf, *sizes, int(a["mode"] == "bilinear"), _c_inner(yst), yf, size=y.size)
 
