@@ -17,14 +17,17 @@ from typing import Any
 
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
 
-_POOL = r"""
+# Thread i -> output element (n, c, ho, wo), in the output's memory order (see `_c_inner`).
+_INDEX = r"""
 I idx = (I)i, n, c, ho, wo;
 if (c_inner) {  // channels last: neighbouring threads take neighbouring channels (coalesced)
   c = idx % C; idx /= C; wo = idx % Wo; idx /= Wo; ho = idx % Ho; n = idx / Ho;
 } else {
   wo = idx % Wo; idx /= Wo; ho = idx % Ho; idx /= Ho; c = idx % C; n = idx / C;
 }
-float acc = is_max ? -3.402823466e38f : 0.0f;
+"""
+
+_POOL = _INDEX + r"""float acc = is_max ? -3.402823466e38f : 0.0f;
 I count = 0;
 for (I a = 0; a < kh; ++a) {
   const I h = ho * sh - ph + a;
@@ -41,14 +44,7 @@ if (!is_max) acc = acc / (float)(count_pad ? kh * kw : (count > 0 ? count : 1));
 y[n * yn + c * yc + ho * yh + wo * yw] = (T)acc;
 """
 
-_UPSAMPLE = r"""
-I idx = (I)i, n, c, ho, wo;
-if (c_inner) {  // channels last: neighbouring threads take neighbouring channels (coalesced)
-  c = idx % C; idx /= C; wo = idx % Wo; idx /= Wo; ho = idx % Ho; n = idx / Ho;
-} else {
-  wo = idx % Wo; idx /= Wo; ho = idx % Ho; idx /= Ho; c = idx % C; n = idx / C;
-}
-const I base = n * xn + c * xc;
+_UPSAMPLE = _INDEX + r"""const I base = n * xn + c * xc;
 float v;
 if (bilinear) {
   float sy = ((float)ho + 0.5f) / (float)fh - 0.5f; if (sy < 0.0f) sy = 0.0f;

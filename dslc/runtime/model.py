@@ -198,12 +198,18 @@ class Model:
                                   "contiguous in that layout", specs[name]["span"])
         return refs, dims
 
-    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Run the model on `inputs` (by name); returns the outputs by name."""
+    def _bind(self, inputs: Mapping[str, Any]) -> tuple[dict[str, device.ArrayRef], Executable,
+                                                        str]:
+        """What every call does first: weights on the GPU, the inputs checked, the executable of
+        their sizes, and the array kind ("torch" or "cupy") outputs are made in."""
         self._device_weights()
         refs, dims = self._check(inputs)
-        exe = self.executable(dims)
         kind = "torch" if any(r.kind == "torch" for r in refs.values()) else "cupy"
+        return refs, self.executable(dims), kind
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run the model on `inputs` (by name); returns the outputs by name."""
+        refs, exe, kind = self._bind(inputs)
         outputs = self._allocate_outputs(exe, kind)
         stream = _stream_of(kind, self.cupy)
         self._launch(exe, refs, outputs, stream)
@@ -289,10 +295,7 @@ class Model:
 
     def profile(self, inputs: Mapping[str, Any], repeats: int = 10) -> list[dict[str, Any]]:
         """Milliseconds per step (median over `repeats` runs, CUDA events), in schedule order."""
-        self._device_weights()
-        refs, dims = self._check(inputs)
-        exe = self.executable(dims)
-        kind = "torch" if any(r.kind == "torch" for r in refs.values()) else "cupy"
+        refs, exe, kind = self._bind(inputs)
         outputs = self._allocate_outputs(exe, kind)
         stream = _stream_of(kind, self.cupy)
         samples: list[list[float]] = [[] for _ in self.program.steps]
@@ -320,10 +323,7 @@ class Captured:
 
     def __init__(self, model: Model, inputs: Mapping[str, Any]) -> None:
         self.model = model
-        model._device_weights()
-        refs, dims = model._check(inputs)
-        self.exe = model.executable(dims)
-        kind = "torch" if any(r.kind == "torch" for r in refs.values()) else "cupy"
+        refs, self.exe, kind = model._bind(inputs)
         self.kind = kind
         self.inputs = {name: device.empty(r.shape, r.strides, r.dtype, kind)
                        for name, r in refs.items()}
