@@ -39,6 +39,14 @@ CASES: dict[str, str] = {
   let b = batchnorm2d(c)
   output y = relu(b + x)
 }""",
+    "conv_bn_relu_bf16": NN + """model m {
+  precision io=bf16
+  layout NHWC
+  input x: [2, 32, 12, 12]
+  let c = conv2d(x, out=32, k=3, pad=1)
+  let b = batchnorm2d(c)
+  output y = relu(b)
+}""",
     "conv_stride2_dilated_f16": NN + """model m {
   precision io=f16
   layout NHWC
@@ -181,6 +189,13 @@ model m {
   output a = maxpool(x, window=3, stride=2, pad=1)
   output b = avgpool(x, window=2)
   output c = avgpool(x, window=3, stride=2, pad=1, count_pad=true)
+}""",
+    "maxpool_avgpool_f32_channels_not_in_vectors": """model m {
+  precision io=f32
+  layout NHWC
+  input x: [2, 6, 9, 11]
+  output a = maxpool(x, window=3, stride=2, pad=1)
+  output b = avgpool(x, window=3, stride=2, pad=1)
 }""",
     "upsample_concat_f16": """model m {
   precision io=f16
