@@ -63,8 +63,9 @@ def _inputs(specs: list[str]) -> dict[str, np.ndarray]:
             raise UsageError(f"`--input {spec}`: write NAME=FILE.npy")
         try:
             arrays[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as err:
-            raise UsageError(f"cannot read input `{name}` from `{path}`: {err}") from err
+        except (OSError, ValueError, EOFError) as err:  # EOFError: an empty file
+            raise UsageError(f"cannot read input `{name}` from `{path}`: "
+                             f"{err or 'the file is empty'}") from err
     return arrays
 
 
@@ -167,6 +168,27 @@ def cmd_weights(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_weights_prepare(args: argparse.Namespace) -> int:
+    """The load-time values of a bundle (batchnorm folding, layouts) computed once and saved, so
+    start-up uploads them as they are."""
+    from dslc.runtime import params
+    from dslc.runtime.bundle import read
+    from dslc.runtime.schedule import Program
+
+    program = Program(read(args.bundle))
+    try:
+        tensors = params.read(args.weights, program.payload["manifest"])
+    except RunnerError as err:
+        print(err, file=sys.stderr)
+        return EXIT_ERRORS
+    data = params.prepare(program, tensors)
+    params.save_prepared(args.output, program, data, source=str(args.weights))
+    total = sum(int(a.nbytes) for a in data.values())
+    print(f"wrote {args.output}: {len(data)} values prepared for `{args.bundle}`, "
+          f"{total / 2**20:,.1f} MiB", file=sys.stderr)
+    return EXIT_OK
+
+
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("run", help="run a model (a .cgraph file or a bundle) on given inputs")
     p.add_argument("file", type=Path, metavar="FILE|BUNDLE")
@@ -192,3 +214,9 @@ def add_commands(sub: Any) -> None:
     t.add_argument("-o", "--output", type=Path, required=True, metavar="W.safetensors")
     add_diag_options(t)
     t.set_defaults(run=cmd_weights)
+    w = actions.add_parser("prepare", help="a bundle's load-time values from these weights, for "
+                           "the fastest start-up (the runner takes either file)")
+    w.add_argument("bundle", type=Path, metavar="BUNDLE")
+    w.add_argument("weights", type=Path, metavar="W.safetensors")
+    w.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.safetensors")
+    w.set_defaults(run=cmd_weights_prepare)

@@ -119,3 +119,31 @@ def view(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str)
     mem = cupy.cuda.UnownedMemory(ptr, max(span, 1), None)
     return cupy.ndarray(shape, dt, memptr=cupy.cuda.MemoryPointer(mem, 0),
                         strides=tuple(s * dt.itemsize for s in strides))
+
+
+# -- floating-point storage on the device: CuPy has no bf16, so bf16 lives as uint16 bits --------
+def round_to(cupy: Any, x: Any, dtype: str) -> Any:
+    """An f32 array rounded to the values `dtype` holds (round to nearest even), still f32."""
+    if dtype == "f16":
+        return x.astype(cupy.float16).astype(cupy.float32)
+    if dtype == "bf16":
+        u = x.astype(cupy.float32).view(cupy.uint32)
+        u = (u + cupy.uint32(0x7FFF) + ((u >> cupy.uint32(16)) & cupy.uint32(1))) \
+            & cupy.uint32(0xFFFF0000)
+        return u.view(cupy.float32)
+    return x
+
+
+def encode(cupy: Any, x: Any, dtype: str) -> Any:
+    """A logical array as `dtype` stores it (bf16 as its uint16 bits)."""
+    if dtype == "bf16":
+        bits = round_to(cupy, x, "bf16").view(cupy.uint32) >> cupy.uint32(16)
+        return bits.astype(cupy.uint16)
+    return x.astype(CUPY_DTYPES[dtype])
+
+
+def decode(cupy: Any, stored: Any, dtype: str) -> Any:
+    """A stored array back as f32 (floats; bf16 given as its uint16 bits) or as it is."""
+    if dtype == "bf16":
+        return (stored.view(cupy.uint16).astype(cupy.uint32) << cupy.uint32(16)).view(cupy.float32)
+    return stored.astype(cupy.float32) if dtype in ("f16", "f32") else stored

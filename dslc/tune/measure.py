@@ -16,6 +16,7 @@ from typing import Any
 
 from dslc.compile.spec import GroupSpec
 from dslc.ir.graph import Node
+from dslc.runtime.device import decode, encode, round_to
 from dslc.runtime.schedule import ITEMSIZE, Storage
 
 NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to replace it
@@ -67,13 +68,6 @@ class TuneResult:
         }
 
 
-def _bf16_round(cupy: Any, x: Any) -> Any:
-    """f32 -> the nearest bf16 value, still in f32 (round to nearest even)."""
-    u = x.astype(cupy.float32).view(cupy.uint32)
-    u = (u + cupy.uint32(0x7FFF) + ((u >> cupy.uint32(16)) & cupy.uint32(1))) & cupy.uint32(0xFFFF0000)
-    return u.view(cupy.float32)
-
-
 class Bench:
     """Device buffers for one group at one size: random inputs, outputs, the reference."""
 
@@ -101,24 +95,20 @@ class Bench:
         self.flush = cupy.empty(L2_FLUSH_BYTES, dtype=cupy.uint8)
 
     def _fill(self, buf: Any, values: Any, dtype: str) -> None:
-        cupy = self.cupy
-        if dtype == "bf16":
-            bits = (_bf16_round(cupy, values).view(cupy.uint32) >> cupy.uint32(16)).astype(cupy.uint16)
-            buf.view(cupy.uint16)[...] = bits
-        elif dtype in ("f16", "f32"):
-            buf.view(cupy.float16 if dtype == "f16" else cupy.float32)[...] = values
+        if dtype in ("bf16", "f16", "f32"):
+            stored = encode(self.cupy, values, dtype)
+            buf.view(stored.dtype)[...] = stored
         else:
-            buf.view(cupy.uint8)[...] = 0
+            buf.view(self.cupy.uint8)[...] = 0
 
     def _read(self, name: str) -> Any:
         """A tensor as an f32 array in its logical shape."""
         cupy = self.cupy
         s = self.storage[name]
         buf = self.buffers[name]
-        if s.dtype == "bf16":
-            flat = (buf.view(cupy.uint16).astype(cupy.uint32) << cupy.uint32(16)).view(cupy.float32)
-        else:
-            flat = buf.view(cupy.float16 if s.dtype == "f16" else cupy.float32).astype(cupy.float32)
+        stored = buf.view(cupy.uint16 if s.dtype == "bf16" else
+                          cupy.float16 if s.dtype == "f16" else cupy.float32)
+        flat = decode(cupy, stored, s.dtype if s.dtype in ("bf16", "f16") else "f32")
         item = flat.dtype.itemsize
         return cupy.lib.stride_tricks.as_strided(flat, s.shape,
                                                   tuple(st * item for st in s.strides)).copy()
@@ -136,11 +126,7 @@ class Bench:
             reference = OPS[op.op].reference
             assert reference is not None
             out = cupy.asarray(reference([values[i] for i in op.inputs], op.attrs))
-            dtype = self.spec.tensor(op.node).dtype
-            if dtype == "f16":
-                out = out.astype(cupy.float16).astype(cupy.float32)
-            elif dtype == "bf16":
-                out = _bf16_round(cupy, out)
+            out = round_to(cupy, out, self.spec.tensor(op.node).dtype)
             values[op.node] = out.astype(cupy.float32) if out.dtype.kind == "f" else out
         return {t.name: values[t.name] for t in self.spec.tensors if t.role == "output"}
 
@@ -186,6 +172,28 @@ def time_plan(graph: Any, bench: Bench, workspace: Any, handle: Any, cupy: Any,
     return statistics.median(samples)
 
 
+def check_and_time(graph: Any, bench: Bench, want: Mapping[str, Any], handle: Any,
+                   tolerance: float, workspace: Any) -> tuple[float, float, Any]:
+    """Run the graph's built plan once, compare its outputs with the reference, and time it if
+    they match: (milliseconds, or infinity when wrong; relative error; the workspace, grown to
+    the plan's size)."""
+    cupy = bench.cupy
+    size = int(graph.get_workspace_size())
+    if size > workspace.nbytes:
+        workspace = cupy.empty(size, dtype=cupy.uint8)
+    graph.execute(bench.pack(), int(workspace.data.ptr), handle=handle)
+    cupy.cuda.get_current_stream().synchronize()
+    error = relative_error(cupy, bench.outputs(), want)
+    if not error <= tolerance:
+        return math.inf, error, workspace
+    return time_plan(graph, bench, workspace, handle, cupy), error, workspace
+
+
+def _plan_key(engine_id: Any, knobs: Mapping[Any, Any]) -> tuple[int, tuple[tuple[str, int], ...]]:
+    return int(engine_id), tuple(sorted((getattr(k, "name", str(k)), int(v))
+                                        for k, v in knobs.items()))
+
+
 def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: float,
                tolerance: float, extra: list[tuple[int, dict[str, int]]] | None = None,
                ) -> TuneResult:
@@ -198,7 +206,12 @@ def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: 
     out = TuneResult()
     graph = make()
     graph.create_execution_plans(HEURISTICS)
+    seen = {_plan_key(*graph.get_engine_and_knobs_at_index(i))
+            for i in range(graph.get_execution_plan_count())}
     for engine_id, knobs in extra or []:
+        if _plan_key(engine_id, knobs) in seen:
+            continue
+        seen.add(_plan_key(engine_id, knobs))
         try:
             graph.create_execution_plan(engine_id, _knobs_in(knobs))
         except Exception:
@@ -214,21 +227,17 @@ def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: 
         out.candidates.append(cand)
         try:
             graph.build_plan_at_index(index)
-            size = int(graph.get_workspace_size())
-            if size > workspace.nbytes:
-                workspace = cupy.empty(size, dtype=cupy.uint8)
-            graph.execute(bench.pack(), int(workspace.data.ptr), handle=handle)
-            cupy.cuda.get_current_stream().synchronize()
+            ms, cand.error, workspace = check_and_time(graph, bench, want, handle, tolerance,
+                                                       workspace)
         except Exception as err:
             cand.note = str(err).strip().splitlines()[0][:160] if str(err).strip() else "failed"
             continue
-        cand.error = relative_error(cupy, bench.outputs(), want)
-        if not cand.error <= tolerance:
+        if not math.isfinite(ms):
             cand.note = f"wrong result (relative error {cand.error:.2e})"
             if out.heuristic is None:
                 out.heuristic = cand
             continue
-        cand.ms = time_plan(graph, bench, workspace, handle, cupy)
+        cand.ms = ms
         if out.heuristic is None:
             out.heuristic = cand
     valid = [c for c in out.candidates if math.isfinite(c.ms)]

@@ -153,3 +153,47 @@ def test_cuda_graph_replay_equals_plain_runner(bundles: dict[str, Path]) -> None
         plain = to_host(model.run(inputs))["logits"]
         replay = to_host(captured(inputs))["logits"]
         np.testing.assert_array_equal(replay, plain)
+
+
+@pytest.mark.parametrize(("name", "folds"), [("resnet50", True), ("encoder", False)])
+def test_load_time_values_on_gpu_equal_the_numpy_ones(name: str, folds: bool,
+                                                      bundles: dict[str, Path]) -> None:
+    import cupy
+
+    from dslc.runtime import Model, params
+
+    bundle = bundles[name]
+    model = Model(bundle)
+    tensors = params.read(bundle.with_suffix(".safetensors"), model.manifest)
+    wanted = model.program.weights_used()
+    gpu = params.upload(model.program, tensors, wanted)
+    host = params.load_time_values(model.program, tensors, wanted)
+    computed = 0
+    for value in wanted:
+        node = model.program.nodes[value]
+        order = params.memory_order(model.program, value, host[value].ndim)
+        want = params.physical(host[value], order)
+        got = cupy.asnumpy(gpu[value]).view(want.dtype).reshape(want.shape)
+        computed += node.op != "param"
+        assert rel_error(got.astype(np.float64), want.astype(np.float64)) <= 1e-3, value
+    print(f"{name}: {len(wanted)} load-time values, {computed} computed on the GPU, equal to numpy")
+    assert (computed > 0) == folds  # resnet50 folds its batchnorms; the encoder has views only
+
+
+def test_prepared_weights_run_like_the_raw_ones(bundles: dict[str, Path], tmp_path: Path) -> None:
+    from dslc.runtime import Model, params
+
+    bundle = bundles["resnet50"]
+    raw = bundle.with_suffix(".safetensors")
+    model = Model(bundle, raw)
+    prepared = tmp_path / "prepared.safetensors"
+    params.save_prepared(prepared, model.program,
+                         params.prepare(model.program, params.read(raw, model.manifest)), str(raw))
+    inputs = random_inputs(bundle, MODELS["resnet50"], seed=3)
+    ours = to_host(model.run(to_device(inputs, bundle)))["logits"]
+    fast = Model(bundle, prepared)
+    assert fast._prepared
+    theirs = to_host(fast.run(to_device(inputs, bundle)))["logits"]
+    err = rel_error(theirs, ours)
+    print(f"resnet50 prepared weights vs raw: relative error {err:.2e}")
+    assert err <= 2e-3  # load-time values from numpy vs the GPU differ by an ulp at most
