@@ -71,3 +71,20 @@ model m {
     assert [s.group.nodes for s in c.steps] == [(runs[0],), (runs[1],)]
     assert all(s.kind == "graph" for s in c.steps)
     assert "split from the fused group" in c.steps[0].reason and "cuDNN rejected it" in c.steps[0].reason
+
+
+def test_exhaustive_search_space_covers_every_engine_and_kernel_config() -> None:
+    """`--search exhaustive` candidates from the real library, deviceless: the mlp's matmul group
+    offers several engines, each with its kernel configurations, interleaved by engine."""
+    from dslc.compile.graphs import knob_space, make_graph
+
+    c = compiled("mlp")
+    spec = next(iter(c.specs.values()))
+    space = knob_space(make_graph(spec, properties=c.target.properties()), limit=10_000)
+    engines = {engine for engine, _ in space}
+    assert len(engines) >= 3
+    assert len(space) > 10 * len(engines)  # knob values, not one default per engine
+    assert len({(e, tuple(sorted(k.items()))) for e, k in space}) == len(space)
+    assert [e for e, _ in space[:len(engines)]] == sorted(engines)  # round robin
+    assert all(k.get("SPLIT_K_SLC", 1) in (1, 2, 4, 8) for _, k in space)
+    assert len(knob_space(make_graph(spec, properties=c.target.properties()), limit=7)) == 7

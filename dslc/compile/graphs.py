@@ -162,3 +162,47 @@ def restore(blob: bytes, handle: Any) -> Any:
     g = cudnn.pygraph()
     g.deserialize(handle, blob)
     return g
+
+
+# Values tried per knob in the exhaustive search: every kernel configuration, a few split-K
+# factors (each split adds a reduction pass, so large ones rarely win at inference sizes),
+# and at most `_OTHER_VALUES` values of any other knob.
+_SPLIT_K = (1, 2, 4, 8)
+_OTHER_VALUES = 8
+
+
+def knob_space(graph: Any, limit: int = 512) -> list[tuple[int, dict[str, int]]]:
+    """Every (engine_id, knobs) of the library for this graph (after `build_operation_graph`),
+    engines interleaved so that a time budget that stops early has still sampled each engine;
+    at most `limit`. The engine and knob lists live on the backend graph, which frontend
+    1.32's Python graph keeps in `_lowered_graph` (its public class does not forward them)."""
+    backend = getattr(graph, "_lowered_graph", None) or graph
+    try:
+        engines = int(backend.get_engine_count())
+    except Exception:
+        return []
+    per_engine: list[list[tuple[int, dict[str, int]]]] = []
+    for engine in range(engines):
+        try:
+            knobs = backend.get_knobs_for_engine(engine)
+        except Exception:  # an engine that does not support this graph
+            continue
+        axes: list[tuple[str, list[int]]] = [(k.type.name, _knob_values(k)) for k in knobs]
+        combos: list[dict[str, int]] = [{}]
+        for name, values in axes:
+            combos = [{**c, name: v} for c in combos for v in values]
+        per_engine.append([(engine, c) for c in combos])
+    out: list[tuple[int, dict[str, int]]] = []
+    for i in range(max((len(e) for e in per_engine), default=0)):
+        out.extend(e[i] for e in per_engine if i < len(e))
+    return out[:limit]
+
+
+def _knob_values(knob: Any) -> list[int]:
+    low, high, step = int(knob.min_value), int(knob.max_value), max(1, int(knob.stride))
+    values = list(range(low, high + 1, step))
+    if knob.type.name == "KERNEL_CFG":
+        return values
+    if knob.type.name == "SPLIT_K_SLC":
+        return [v for v in _SPLIT_K if low <= v <= high] or values[:1]
+    return values[:_OTHER_VALUES]

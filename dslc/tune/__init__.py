@@ -54,19 +54,13 @@ def _gpu() -> tuple[Any, Any]:
 
 def tune_spec(spec: GroupSpec, program: Program, storage: dict[str, Any], handle: Any,
               budget_s: float, search: str = "heuristics") -> TuneResult:
-    """Measure the candidates of one graph (`search="exhaustive"` adds every engine of the
-    library with its default knobs to the heuristics' list)."""
-    from dslc.compile.graphs import make_graph
+    """Measure the candidates of one graph (`search="exhaustive"` adds the library's engine x
+    knob space after the heuristics' list; the time budget bounds how much of it is tried)."""
+    from dslc.compile.graphs import knob_space, make_graph
 
     cupy, _ = _gpu()
     bench = Bench(spec, program.nodes, storage, cupy)
-    extra: list[tuple[int, dict[str, int]]] = []
-    if search == "exhaustive":
-        probe = make_graph(spec, handle)
-        try:
-            extra = [(e, {}) for e in range(int(probe.get_engine_count()))]
-        except Exception:
-            extra = []
+    extra = knob_space(make_graph(spec, handle)) if search == "exhaustive" else []
     return tune_graph(lambda: make_graph(spec, handle), spec, bench, handle, budget_s,
                       TOLERANCE.get(spec.io, 2e-2), extra)
 
