@@ -17,7 +17,6 @@ from dslc.check import dims
 from dslc.check.dims import DimEnv, Poly
 from dslc.check.types import is_float
 from dslc.ir.graph import Graph, Node
-from dslc.ops import OPS
 
 NUMPY_DTYPES: dict[str, Any] = {
     "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
@@ -111,6 +110,8 @@ def evaluate_node(node: Node, operands: list[np.ndarray], attrs: Mapping[str, An
     xs = [x.astype(math, copy=False) if is_float(_dtype_name(x)) else
           x.astype(np.int64, copy=False) if np.issubdtype(x.dtype, np.integer) else x
           for x in operands]
+    from dslc.ops import OPS  # here: the runtime imports this module, and rarely needs it
+
     reference = OPS[node.op].reference
     assert reference is not None, node.op
     with np.errstate(all="ignore"):

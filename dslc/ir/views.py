@@ -13,7 +13,6 @@ from typing import Any
 from dslc.check import dims
 from dslc.check.dims import Dim
 from dslc.check.types import Layout
-from dslc.ops.layout import reshape_groups
 
 Step = tuple[Any, ...]  # ("transpose", perm) | ("reshape", shape) | ("slice", starts, ends)
 
@@ -46,6 +45,8 @@ def _reshape_strides(shape: tuple[Dim, ...], strides: tuple[Dim, ...], new: tupl
                      ) -> tuple[Dim, ...] | None:
     """Strides of `new` as a view of (shape, strides), or None (PyTorch's computeStride,
     on symbolic dims: within each group of merged axes the old strides must chain)."""
+    from dslc.ops.layout import reshape_groups  # here: importing dslc.ops registers every op
+
     groups = reshape_groups(shape, new)
     if groups is None:
         return None
