@@ -16,7 +16,7 @@ from typing import Any
 
 from dslc.ir.interp import concrete_attrs
 from dslc.runtime import bundle as bundlefile
-from dslc.runtime import device, startup
+from dslc.runtime import device, plancache, startup
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.kernels import run_kernel
@@ -46,9 +46,7 @@ class Executable:
                 spec = model.spec_from(entry["spec"])
                 ready = self._saved(spec, entry["plan"], decision.action, where)
             else:
-                spec = model.spec_at(step, dims)
-                ready = prepare(spec, None, model.handle, where, model.log,
-                                seed=model.nearest_engine(step.signature, dims))
+                ready = self._between_buckets(model.spec_at(step, dims), step, where)
             model.startup.append({"bucket": self.key, "signature": step.signature,
                                   "how": ready.how, "seconds": ready.seconds})
             self.graphs[step.signature] = ready
@@ -75,16 +73,40 @@ class Executable:
             return prepare(spec, None, m.handle, where, m.log)
         return prepare(spec, plan, m.handle, where, m.log)
 
+    def _between_buckets(self, spec: Any, step: Any, where: str) -> Ready:
+        """A size no bucket has: from the on-disk plan cache, else built (seeded with the
+        nearest bucket's engine) and put there for the next process."""
+        m = self.model
+        path = m.plan_cache_file(spec)
+        cached = plancache.load(path) if path is not None else None
+        ready = prepare(spec, cached, m.handle, where, m.log,
+                        seed=m.nearest_engine(step.signature, self.dims))
+        if path is not None and ready.how != "restored":
+            try:
+                blob = bytes(ready.graph.serialize(as_bytes=True))
+            except Exception:
+                return ready
+            plancache.store(path, {"engine_id": ready.engine_id, "knobs": ready.knobs or {},
+                                   "workspace": ready.workspace, "serialized": blob})
+        return ready
+
     def storage(self, name: str) -> Storage:
         return self.layout.storage[name]
 
 
 class Model:
     def __init__(self, bundle: str | Path, weights: str | Path | None = None, *,
-                 on_mismatch: str = "retune", log: logging.Logger | None = None) -> None:
+                 on_mismatch: str = "retune", write_back: bool = False,
+                 plan_cache: str | Path | None = "default",
+                 log: logging.Logger | None = None) -> None:
         if on_mismatch not in startup.POLICIES:
             raise ValueError(f"on_mismatch must be one of {', '.join(startup.POLICIES)}")
         self.on_mismatch = on_mismatch
+        self.write_back = write_back  # save re-made plans into the bundle (see `save_plans`)
+        # Plans for sizes between buckets, kept across processes (None: memory only).
+        self.plan_cache = (plancache.default_dir() if plan_cache == "default" else
+                           Path(plan_cache) if plan_cache is not None else None)
+        self._live: dict[str, Any] | None = None
         self._decision: startup.Decision | None = None
         self.path = Path(bundle)
         self.payload = bundlefile.read(self.path)
@@ -96,6 +118,7 @@ class Model:
         self._executables: dict[str, Executable] = {}
         self._weights: dict[str, Any] | None = None
         self._host_weights: dict[str, Any] | None = None
+        self._prepared = False
         self._gpu: tuple[Any, Any] | None = None
         self._handle: Any = None
         if weights is not None:
@@ -121,7 +144,8 @@ class Model:
             from dslc.runtime import environment
 
             self.cupy  # noqa: B018 - R0801 without a GPU
-            self._decision = startup.decide(self.payload["environment"], environment.live(),
+            self._live = environment.live()
+            self._decision = startup.decide(self.payload["environment"], self._live,
                                             self.on_mismatch)
             self.log.info("start-up of %s: %s", self.payload["model"], self._decision.explain())
         return self._decision
@@ -138,6 +162,13 @@ class Model:
         group = make_group(self.program.graph, list(step.nodes), step.pattern)
         return group_spec(self.program.graph, group, dims, self.program.env)
 
+    def plan_cache_file(self, spec: Any) -> Path | None:
+        if self.plan_cache is None:
+            return None
+        self.decision()  # the live environment
+        assert self._live is not None
+        return plancache.path_for(self.plan_cache, spec.data(), self._live)
+
     def nearest_engine(self, signature: str, dims: dict[str, int]) -> tuple[int, dict[str, int]] | None:
         best = None
         for b in self.buckets.values():
@@ -151,13 +182,15 @@ class Model:
 
     # -- weights -------------------------------------------------------------------------------
     def load_weights(self, path: str | Path) -> None:
-        """Read and check the weights now (R0202) and compute the load-time values; they go to
-        the GPU at the first call (so a runner imports and loads on a machine without one)."""
+        """Read and check the weights now (R0202); they go to the GPU at the first call, where
+        the load-time values are computed (so a runner imports and loads without a GPU).
+        Weights prepared for this bundle (`dslc weights prepare`) hold those values already."""
         from dslc.runtime import params
 
-        tensors = params.read(Path(path), self.manifest)
-        self._host_weights = params.load_time_values(self.program, tensors,
-                                                     self.program.weights_used())
+        prepared = params.read_prepared(Path(path), self.program)
+        self._prepared = prepared is not None
+        self._host_weights = prepared if prepared is not None else \
+            params.read(Path(path), self.manifest)
         self._weights = None
 
     def _device_weights(self) -> dict[str, Any]:
@@ -168,7 +201,11 @@ class Model:
             from dslc.runtime import params
 
             self.cupy  # noqa: B018 - R0801 without a GPU
-            self._weights = params.upload(self.program, self._host_weights)
+            if self._prepared:
+                self._weights = {k: self.cupy.asarray(v) for k, v in self._host_weights.items()}
+            else:
+                self._weights = params.upload(self.program, self._host_weights,
+                                              self.program.weights_used())
         return self._weights
 
     # -- running -------------------------------------------------------------------------------
@@ -176,7 +213,34 @@ class Model:
         key = ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
         if key not in self._executables:
             self._executables[key] = Executable(self, dims)
+            if self.write_back and self.decision().action != "restore":
+                self.write_back = False  # once; save_plans prepares the other buckets
+                self.save_plans()
         return self._executables[key]
+
+    def save_plans(self, path: str | Path | None = None) -> Path:
+        """Prepare every bucket here (as start-up decided: re-timed, re-tuned, replayed...) and
+        write the bundle with these plans and this machine's environment, atomically, to `path`
+        (default: the bundle itself), so that the next start-up here restores them."""
+        from dslc import fsutil
+        from dslc.runtime import environment
+
+        for bucket in self.payload["buckets"]:
+            exe = self.executable({k: int(v) for k, v in bucket["dims"].items()})
+            for signature, entry in bucket["graphs"].items():
+                ready = exe.graphs[signature]
+                try:
+                    blob: bytes | None = bytes(ready.graph.serialize(as_bytes=True))
+                except Exception:  # replay by (engine_id, knobs) then
+                    blob = None
+                entry["plan"] = {**entry["plan"], "engine_id": ready.engine_id,
+                                 "knobs": dict(ready.knobs or {}), "workspace": ready.workspace,
+                                 "serialized": blob, "made_at_startup": ready.how}
+        self.payload["environment"] = environment.live(properties=True)
+        target = Path(path) if path is not None else self.path
+        fsutil.write_bytes(target, bundlefile.pack(self.payload))
+        self.log.info("saved the plans of %s for this machine to %s", self.payload["model"], target)
+        return target
 
     def prepare(self, **dims: int) -> Executable:
         """Build (or restore) everything for these dim values now, not at the first call."""
@@ -319,7 +383,9 @@ class Model:
 
 class Captured:
     """A CUDA graph of the model at fixed sizes: calls copy the inputs into static buffers and
-    replay the graph. The outputs are static too: the next call overwrites them."""
+    replay the graph on the caller's current stream, without waiting (as a torch CUDA graph
+    does): read the outputs on that stream, or synchronize. The outputs are static too: the
+    next call overwrites them; calls on different streams must not overlap."""
 
     def __init__(self, model: Model, inputs: Mapping[str, Any]) -> None:
         self.model = model
@@ -329,8 +395,9 @@ class Captured:
                        for name, r in refs.items()}
         self.outputs = model._allocate_outputs(self.exe, kind)
         cupy = model.cupy
+        _stream_of(kind, cupy).synchronize()  # the inputs are ready before the side stream reads
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self._copy_in(inputs)
+        self._copy_in(inputs, self.stream)
         model._launch(self.exe, self.inputs, self.outputs, self.stream)  # warm, outside capture
         self.stream.begin_capture()
         try:
@@ -339,22 +406,22 @@ class Captured:
             self.graph = self.stream.end_capture()
         self.stream.synchronize()
 
-    def _copy_in(self, inputs: Mapping[str, Any]) -> None:
+    def _copy_in(self, inputs: Mapping[str, Any], stream: Any) -> None:
         for name, obj in inputs.items():
             dst = self.inputs[name].obj
-            with self.stream:
-                if self.kind == "torch":
-                    import torch
+            if self.kind == "torch":
+                import torch
 
-                    with torch.cuda.stream(torch.cuda.ExternalStream(self.stream.ptr)):
-                        dst.copy_(obj)
-                else:
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):
+                    dst.copy_(obj)
+            else:
+                with stream:
                     dst[...] = obj
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        self._copy_in(inputs)
-        self.graph.launch(self.stream)
-        self.stream.synchronize()
+        stream = _stream_of(self.kind, self.model.cupy)
+        self._copy_in(inputs, stream)
+        self.graph.launch(stream)
         return {name: self.model._output_view(self.exe, name, self.outputs, self.kind)
                 for name in self.model.program.outputs}
 

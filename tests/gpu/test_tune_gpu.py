@@ -103,6 +103,20 @@ def test_startup_decision_path(tuned: tuple[Path, Any], tmp_path: Path,
     _check(bundle, outputs, inputs)
 
 
+def test_write_back_saves_plans_the_next_start_restores(tuned: tuple[Path, Any],
+                                                        tmp_path: Path) -> None:
+    bundle = _edited(tuned[0], tmp_path, {"driver": 1})
+    inputs = random_inputs(bundle, BUCKET, seed=13)
+    model, outputs = _run(bundle, inputs, write_back=True)
+    assert model.decision().action == "retime"
+    _check(bundle, outputs, inputs)
+    again, outputs = _run(bundle, inputs)  # a fresh start-up on the rewritten bundle
+    print(f"after write-back: {again.decision().explain()}")
+    assert again.decision().action == "restore"
+    assert {s["how"] for s in again.startup} == {"restored"}
+    _check(bundle, outputs, inputs)
+
+
 def test_error_policy_refuses_a_changed_gpu(tuned: tuple[Path, Any], tmp_path: Path) -> None:
     bundle = _edited(tuned[0], tmp_path, {"device_name": "Another GPU"})
     with pytest.raises(RunnerError, match="R0802"):
@@ -119,11 +133,13 @@ def test_database_serves_a_second_build(tuned: tuple[Path, Any], tmp_path: Path)
     _check(bundle, _run(bundle, inputs)[1], inputs)
 
 
-def test_size_between_buckets_is_built_on_first_use(tuned: tuple[Path, Any]) -> None:
+def test_size_between_buckets_is_built_on_first_use(tuned: tuple[Path, Any],
+                                                    tmp_path: Path) -> None:
     from dslc.runtime import Model
 
     bundle = tuned[0]
-    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    cache = tmp_path / "plans"
+    model = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=cache)
     inputs = random_inputs(bundle, {"N": 24}, seed=14)
     device_inputs = to_device(inputs, bundle)
     times = []
@@ -136,3 +152,11 @@ def test_size_between_buckets_is_built_on_first_use(tuned: tuple[Path, Any]) -> 
     _check(bundle, outputs, inputs)
     with pytest.raises(RunnerError, match="R0601"):
         model.run(to_device(random_inputs(bundle, {"N": 300}), bundle))
+    # The next process finds the plans in the on-disk cache.
+    later = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=cache)
+    start = time.perf_counter()
+    outputs = to_host(later.run(device_inputs))
+    print(f"N=24 in a new model, from the plan cache: {(time.perf_counter() - start) * 1e3:.1f} ms")
+    assert {s["how"] for s in later.startup if s["bucket"] == "N=24"} == {"restored"}
+    assert len(list(cache.glob("*.plan"))) >= 1
+    _check(bundle, outputs, inputs)
