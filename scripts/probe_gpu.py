@@ -1,0 +1,244 @@
+"""Where the time goes, on the GPU: the pooling kernels against PyTorch, the phases of a cold
+start (imports, context, plan restore sequential against threaded), and the kernels of one
+encoder layer in dslc and in PyTorch (CUPTI, through torch.profiler). Diagnostics for the
+benchmarks in docs/benchmarks.md, not a benchmark itself.
+
+    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def events_ms(fn: Any, iters: int = 30) -> float:
+    import cupy
+
+    fn()
+    times = []
+    for _ in range(iters):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(a, b))
+    return sorted(times)[len(times) // 2]
+
+
+def pool(out: Path) -> dict[str, Any]:
+    import cupy
+    import torch
+
+    from dslc.runtime import kernels
+
+    rows: dict[str, Any] = {}
+    for n, c, hw in ((256, 64, 112), (32, 64, 112), (8, 96, 57)):
+        x = cupy.random.default_rng(0).standard_normal((n, hw, hw, c), dtype=cupy.float32)
+        x = x.astype(cupy.float16).transpose(0, 3, 1, 2)
+        ho = (hw + 2 - 3) // 2 + 1
+        y = cupy.empty((n, ho, ho, c), dtype=cupy.float16).transpose(0, 3, 1, 2)
+        attrs = {"window": [3, 3], "stride": [2, 2], "pad": [1, 1]}
+        run = lambda x=x, y=y, attrs=attrs: kernels.maxpool([x], y, attrs)  # noqa: E731
+        vec = events_ms(run)
+        got = cupy.asnumpy(y.astype(cupy.float32))
+        original = kernels._vector_width
+        kernels._vector_width = lambda *a: 1  # type: ignore[assignment]
+        try:
+            scalar = events_ms(run)
+        finally:
+            kernels._vector_width = original
+        tx = torch.as_tensor(x, device="cuda")
+        want = torch.nn.functional.max_pool2d(tx, 3, 2, 1)
+        tms = events_ms(lambda tx=tx: torch.nn.functional.max_pool2d(tx, 3, 2, 1))
+        err = float(abs(got - want.float().cpu().numpy()).max())
+        key = f"maxpool n{n} c{c} {hw}x{hw}"
+        rows[key] = {"vector_ms": vec, "scalar_ms": scalar, "torch_ms": tms, "max_abs_err": err,
+                     "GBps_vector": (x.nbytes + y.nbytes) / vec / 1e6}
+        print(key, rows[key], flush=True)
+    return rows
+
+
+def cold(out: Path) -> dict[str, Any]:
+    from bench_tune import COLD
+
+    res: dict[str, Any] = {}
+    build = out / "r50"
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "dslc", "compile", str(ROOT / "models/resnet50.cgraph"),
+                    "-o", str(build), "--bucket", "N=1", "--no-tune", "-q"], check=True)
+    res["compile_s"] = time.perf_counter() - t
+    bundle = build / "resnet50.bundle"
+    subprocess.run([sys.executable, "-m", "dslc", "weights", "random",
+                    str(ROOT / "models/resnet50.cgraph"), "-o",
+                    str(bundle.with_suffix(".safetensors"))], check=True)
+    prepared = bundle.with_suffix(".prepared.safetensors")
+    subprocess.run([sys.executable, "-m", "dslc", "weights", "prepare", str(bundle),
+                    str(bundle.with_suffix(".safetensors")), "-o", str(prepared)], check=True)
+    script = out / "cold.py"
+    script.write_text(COLD)
+    res["runs"] = []
+    for weights in (prepared, prepared, prepared, bundle.with_suffix(".safetensors")):
+        proc = subprocess.run([sys.executable, str(script), str(bundle), str(weights)],
+                              capture_output=True, text=True)
+        print(proc.stderr[-2000:])
+        res["runs"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(weights.name, res["runs"][-1], flush=True)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import cupy"],
+                          capture_output=True, text=True)
+    lines = [ln for ln in proc.stderr.splitlines() if "|" in ln and "cumulative" not in ln]
+    top = sorted(lines, key=lambda ln: -int(ln.split("|")[1]))[:12]
+    res["cupy_import_top"] = top
+    print("\n".join(top), flush=True)
+    res["parts"] = []
+    libs: list[str] = []
+    for attempt in range(4):  # plain, then with the libraries preloaded in a thread
+        cmd = [sys.executable, "-c", PARTS, str(bundle)] + (libs if attempt >= 2 else [])
+        parts = subprocess.run(cmd, capture_output=True, text=True)
+        print(parts.stdout[-3000:], parts.stderr[-2000:], flush=True)
+        if parts.returncode == 0:
+            row = json.loads(parts.stdout.strip().splitlines()[-1])
+            libs = libs or [lib for lib in row.pop("libs") if "libcudnn" in lib]
+            row.pop("libs", None)
+            res["parts"].append(row)
+    return res
+
+
+PARTS = """
+import json, sys, time, threading, ctypes
+from concurrent.futures import ThreadPoolExecutor
+T0 = time.perf_counter()
+preload = sys.argv[2:]  # libraries to dlopen in a background thread (ctypes releases the GIL)
+if preload:
+    def load():
+        for lib in preload:
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    worker = threading.Thread(target=load, daemon=True); worker.start()
+t = time.perf_counter(); import cupy; r = {'import cupy': time.perf_counter() - t}
+t = time.perf_counter(); cupy.cuda.runtime.free(0); r['context'] = time.perf_counter() - t
+t = time.perf_counter(); import cudnn; r['import cudnn'] = time.perf_counter() - t
+t = time.perf_counter(); h = cudnn.create_handle(); r['cudnn handle'] = time.perf_counter() - t
+from dslc.runtime import Model
+from dslc.compile import graphs
+m = Model(sys.argv[1])
+blobs = [g['plan']['serialized'] for b in m.payload['buckets'] for g in b['graphs'].values()]
+if preload:
+    t = time.perf_counter(); worker.join(); r['wait preload'] = time.perf_counter() - t
+t = time.perf_counter(); graphs.restore(blobs[0], h); r['restore first'] = time.perf_counter() - t
+t = time.perf_counter(); [graphs.restore(b, h) for b in blobs]
+r['restore all after'] = time.perf_counter() - t
+with ThreadPoolExecutor(8) as pool:
+    t = time.perf_counter(); list(pool.map(lambda b: graphs.restore(b, h), blobs))
+    r['restore 8 threads'] = time.perf_counter() - t
+r['plans'] = len(blobs)
+r['total'] = time.perf_counter() - T0
+libs = sorted({ln.split()[-1] for ln in open('/proc/self/maps')
+               if any(k in ln for k in ('libcudnn', 'libcublas', 'libnvrtc'))})
+r['libs'] = libs
+print(json.dumps(r))
+"""
+
+
+def layer(out: Path) -> dict[str, Any]:
+    import torch
+    from bench_tune import layer_source
+    from safetensors.numpy import load_file
+    from torch.profiler import ProfilerActivity, profile
+
+    from dslc.runtime import Model
+    from tests.torch_models import Encoder
+
+    src = out / "layer" / "encoder_layer.cgraph"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text(layer_source())
+    subprocess.run([sys.executable, "-m", "dslc", "compile", str(src), "-o", str(src.parent),
+                    "--no-tune", "-q"], check=True)
+    bundle = src.parent / "vit_b_encoder.bundle"
+    subprocess.run([sys.executable, "-m", "dslc", "weights", "random", str(src), "-o",
+                    str(bundle.with_suffix(".safetensors"))], check=True)
+    torch.manual_seed(0)
+    x = torch.randn(8, 512, 1024, device="cuda").to(torch.bfloat16)
+    net = Encoder(d=1024, heads=16, layers=1)
+    state = {k: torch.from_numpy(v.astype("float32")) for k, v in
+             load_file(str(bundle.with_suffix(".safetensors"))).items()}
+    net.load_state_dict(state)
+    net = net.eval().cuda().to(torch.bfloat16)
+    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    res: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, fn in (("dslc", lambda: model.run({"tokens": x})), ("torch", lambda: net(x))):
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    fn()
+                torch.cuda.synchronize()
+            rows = []
+            for e in prof.key_averages():
+                us = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
+                if us > 0:
+                    rows.append((us / 10, e.count // 10, e.key[:90]))
+            rows.sort(reverse=True)
+            res[name] = rows[:16]
+            print(f"-- {name}: per call {sum(r[0] for r in rows):.1f} us of kernels")
+            for us, count, key in rows[:16]:
+                print(f"{us:9.1f} us x{count:<3} {key}")
+    from bench_gpu import timed, torch_cuda_graph
+
+    tuned = src.parent / "tuned.bundle"
+    shutil.copy(bundle.with_suffix(".safetensors"), tuned.with_suffix(".safetensors"))
+    proc = subprocess.run([sys.executable, "-m", "dslc", "tune", str(bundle), "-o", str(tuned),
+                           "--search", "exhaustive", "--budget", "30", "--model-budget", "120",
+                           "--tuning-db", "none"], capture_output=True, text=True)
+    print(proc.stdout[-4000:], proc.stderr[-3000:], flush=True)
+    with torch.no_grad():
+        want = net(x).float()
+        res["torch_graph_ms"] = timed(torch_cuda_graph(net, x), 50)
+        for name, path in (("untuned", bundle), ("exhaustive", tuned)):
+            if not path.exists():
+                continue
+            m = Model(path, bundle.with_suffix(".safetensors"))
+            got = m.run({"tokens": x})["hidden"].float()
+            captured = m.capture({"tokens": x})
+            res[f"{name}_graph_ms"] = timed(lambda c=captured: c({"tokens": x}), 50)
+            res[f"{name}_err"] = float((got - want).abs().max() / want.abs().max())
+    print({k: v for k, v in res.items() if k.endswith(("_ms", "_err"))}, flush=True)
+    return res
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("gpu-out"))
+    parser.add_argument("--skip", default="")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    for name, fn in (("pool", pool), ("cold", cold), ("layer", layer)):
+        if name in args.skip.split(","):
+            continue
+        print(f"== {name}", flush=True)
+        try:
+            results[name] = fn(args.out)
+        except Exception as err:  # one part failing must not hide the others
+            import traceback
+
+            traceback.print_exc()
+            results[name] = {"error": repr(err)}
+    (args.out / "probe.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
