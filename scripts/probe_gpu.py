@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -150,11 +149,33 @@ print(json.dumps(r))
 """
 
 
-def layer(out: Path) -> dict[str, Any]:
+def kernels(fn: Any, calls: int = 20) -> list[tuple[float, int, str]]:
+    """(microseconds per call, launches per call, name) of every device activity of `fn()`."""
     import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            rows.append((us / calls, e.count // calls, e.key[:90]))
+    return sorted(rows, reverse=True)
+
+
+def layer(out: Path) -> dict[str, Any]:
+    """The encoder layer, tuned as scripts/bench_tune.py tunes it, replayed as CUDA graphs:
+    what runs on the GPU per call, for dslc and for PyTorch, against the replay time."""
+    import torch
+    from bench_gpu import timed, torch_cuda_graph
     from bench_tune import layer_source
     from safetensors.numpy import load_file
-    from torch.profiler import ProfilerActivity, profile
 
     from dslc.runtime import Model
     from tests.torch_models import Encoder
@@ -165,56 +186,32 @@ def layer(out: Path) -> dict[str, Any]:
     subprocess.run([sys.executable, "-m", "dslc", "compile", str(src), "-o", str(src.parent),
                     "--no-tune", "-q"], check=True)
     bundle = src.parent / "vit_b_encoder.bundle"
+    weights = bundle.with_suffix(".safetensors")
     subprocess.run([sys.executable, "-m", "dslc", "weights", "random", str(src), "-o",
-                    str(bundle.with_suffix(".safetensors"))], check=True)
+                    str(weights)], check=True)
+    subprocess.run([sys.executable, "-m", "dslc", "tune", str(bundle), "--budget", "3",
+                    "--tuning-db", "none", "-q"], check=True)
     torch.manual_seed(0)
     x = torch.randn(8, 512, 1024, device="cuda").to(torch.bfloat16)
     net = Encoder(d=1024, heads=16, layers=1)
-    state = {k: torch.from_numpy(v.astype("float32")) for k, v in
-             load_file(str(bundle.with_suffix(".safetensors"))).items()}
-    net.load_state_dict(state)
+    net.load_state_dict({k: torch.from_numpy(v.astype("float32"))
+                         for k, v in load_file(str(weights)).items()})
     net = net.eval().cuda().to(torch.bfloat16)
-    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    model = Model(bundle, weights)
+    captured = model.capture({"tokens": x})
     res: dict[str, Any] = {}
     with torch.no_grad():
-        for name, fn in (("dslc", lambda: model.run({"tokens": x})), ("torch", lambda: net(x))):
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(10):
-                    fn()
-                torch.cuda.synchronize()
-            rows = []
-            for e in prof.key_averages():
-                us = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
-                if us > 0:
-                    rows.append((us / 10, e.count // 10, e.key[:90]))
-            rows.sort(reverse=True)
-            res[name] = rows[:16]
-            print(f"-- {name}: per call {sum(r[0] for r in rows):.1f} us of kernels")
-            for us, count, key in rows[:16]:
+        replay = torch_cuda_graph(net, x)
+        for name, fn in (("dslc graph", lambda: captured({"tokens": x})),
+                         ("torch graph", replay),
+                         ("dslc eager", lambda: model.run({"tokens": x}))):
+            rows = kernels(fn)
+            ms = timed(fn, 50)
+            res[name] = {"ms": ms, "kernel_us": sum(r[0] for r in rows), "rows": rows}
+            print(f"-- {name}: {ms * 1e3:.1f} us per call, {sum(r[0] for r in rows):.1f} us of "
+                  f"device work in {sum(r[1] for r in rows)} launches")
+            for us, count, key in rows:
                 print(f"{us:9.1f} us x{count:<3} {key}")
-    from bench_gpu import timed, torch_cuda_graph
-
-    tuned = src.parent / "tuned.bundle"
-    shutil.copy(bundle.with_suffix(".safetensors"), tuned.with_suffix(".safetensors"))
-    proc = subprocess.run([sys.executable, "-m", "dslc", "tune", str(bundle), "-o", str(tuned),
-                           "--search", "exhaustive", "--budget", "30", "--model-budget", "120",
-                           "--tuning-db", "none"], capture_output=True, text=True)
-    print(proc.stdout[-4000:], proc.stderr[-3000:], flush=True)
-    with torch.no_grad():
-        want = net(x).float()
-        res["torch_graph_ms"] = timed(torch_cuda_graph(net, x), 50)
-        for name, path in (("untuned", bundle), ("exhaustive", tuned)):
-            if not path.exists():
-                continue
-            m = Model(path, bundle.with_suffix(".safetensors"))
-            got = m.run({"tokens": x})["hidden"].float()
-            captured = m.capture({"tokens": x})
-            res[f"{name}_graph_ms"] = timed(lambda c=captured: c({"tokens": x}), 50)
-            res[f"{name}_err"] = float((got - want).abs().max() / want.abs().max())
-    print({k: v for k, v in res.items() if k.endswith(("_ms", "_err"))}, flush=True)
     return res
 
 

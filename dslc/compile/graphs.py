@@ -70,12 +70,17 @@ class _Lowering:
         return list(self.spec.tensor(self.current).strides)
 
 
-def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None) -> Any:
-    """The cuDNN graph of `spec`, validated and lowered to an operation graph (GraphError)."""
+def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None,
+               kernel_cache: Any = None) -> Any:
+    """The cuDNN graph of `spec`, validated and lowered to an operation graph (GraphError).
+    With a `kernel_cache` (`new_kernel_cache()`), the graph is built with dynamic shapes, so a
+    graph of the same form at another size reuses the kernels compiled for the first."""
+    extra = {"kernel_cache": kernel_cache, "is_dynamic_shape_enabled": True} if kernel_cache \
+        else {}
     g = cudnn.pygraph(io_data_type=DATA_TYPES[spec.io],
                       intermediate_data_type=DATA_TYPES[spec.intermediate],
                       compute_data_type=DATA_TYPES[spec.compute], handle=handle,
-                      device_property=properties)
+                      device_property=properties, **extra)
     tensors: dict[str, Any] = {}
     for t in spec.tensors:
         if t.role == "scalar":
@@ -112,11 +117,11 @@ def _first_line(err: BaseException) -> str:
 
 
 def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
-          engine: tuple[int, dict[str, int]] | None = None) -> Built:
+          engine: tuple[int, dict[str, int]] | None = None, kernel_cache: Any = None) -> Built:
     """Graph and plan: `engine` replays a recorded (engine_id, knobs); otherwise the
     heuristics' list, the first candidate that builds. GraphError if cuDNN rejects the graph."""
     start = time.perf_counter()
-    g = make_graph(spec, handle, properties)
+    g = make_graph(spec, handle, properties, kernel_cache)
     out = Built(g, spec)
     try:
         if engine is not None:
@@ -155,6 +160,10 @@ def knobs_out(knobs: dict[Any, Any]) -> dict[str, int]:
 
 def _knobs_in(knobs: dict[str, int]) -> dict[Any, int]:
     return {getattr(cudnn.knob_type, k): int(v) for k, v in knobs.items()}
+
+
+def new_kernel_cache() -> Any:
+    return cudnn.create_kernel_cache()
 
 
 def restore(blob: bytes, handle: Any) -> Any:

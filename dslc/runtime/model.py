@@ -48,7 +48,8 @@ class Executable:
             else:
                 ready = self._between_buckets(model.spec_at(step, dims), step, where)
             model.startup.append({"bucket": self.key, "signature": step.signature,
-                                  "how": ready.how, "seconds": ready.seconds})
+                                  "how": ready.how, "seconds": ready.seconds,
+                                  "kernel_cache": ready.kernel_cache})
             self.graphs[step.signature] = ready
         cupy = model.cupy
         self.arena = cupy.empty(max(self.layout.arena, 1), dtype=cupy.uint8)
@@ -79,8 +80,17 @@ class Executable:
         m = self.model
         path = m.plan_cache_file(spec)
         cached = plancache.load(path) if path is not None else None
-        ready = prepare(spec, cached, m.handle, where, m.log,
-                        seed=m.nearest_engine(step.signature, self.dims))
+        seed = m.nearest_engine(step.signature, self.dims)
+        ready = None
+        if m.shared_kernels:  # the sizes of one graph share compiled kernels (cuDNN's cache)
+            try:
+                ready = prepare(spec, cached, m.handle, where, m.log, seed,
+                                kernel_cache=m.kernel_cache(step.signature))
+                ready.kernel_cache = ready.how != "restored"
+            except RunnerError as err:  # no dynamic-shape plan for this graph
+                m.log.info("%s: no plan with the kernel cache (%s); building without", where, err)
+        if ready is None:
+            ready = prepare(spec, cached, m.handle, where, m.log, seed)
         if path is not None and ready.how != "restored":
             try:
                 blob = bytes(ready.graph.serialize(as_bytes=True))
@@ -97,7 +107,7 @@ class Executable:
 class Model:
     def __init__(self, bundle: str | Path, weights: str | Path | None = None, *,
                  on_mismatch: str = "retune", write_back: bool = False,
-                 plan_cache: str | Path | None = "default",
+                 plan_cache: str | Path | None = "default", shared_kernels: bool = False,
                  log: logging.Logger | None = None) -> None:
         if on_mismatch not in startup.POLICIES:
             raise ValueError(f"on_mismatch must be one of {', '.join(startup.POLICIES)}")
@@ -107,6 +117,11 @@ class Model:
         self.plan_cache = (plancache.default_dir() if plan_cache == "default" else
                            Path(plan_cache) if plan_cache is not None else None)
         self._live: dict[str, Any] | None = None
+        # Sizes between buckets built with dynamic shapes and cuDNN's kernel cache: a second
+        # size of a graph builds ~4x faster, but its plans ran ResNet-50 at batch 48 1.55x
+        # slower on the H200 (docs/benchmarks.md), so it is opt-in, for many short-lived sizes.
+        self.shared_kernels = shared_kernels
+        self._kernel_caches: dict[str, Any] = {}  # cuDNN kernel caches by group signature
         self._decision: startup.Decision | None = None
         self.path = Path(bundle)
         self.payload = bundlefile.read(self.path)
@@ -161,6 +176,13 @@ class Model:
 
         group = make_group(self.program.graph, list(step.nodes), step.pattern)
         return group_spec(self.program.graph, group, dims, self.program.env)
+
+    def kernel_cache(self, signature: str) -> Any:
+        if signature not in self._kernel_caches:
+            from dslc.compile.graphs import new_kernel_cache
+
+            self._kernel_caches[signature] = new_kernel_cache()
+        return self._kernel_caches[signature]
 
     def plan_cache_file(self, spec: Any) -> Path | None:
         if self.plan_cache is None:
@@ -405,6 +427,9 @@ class Captured:
         finally:
             self.graph = self.stream.end_capture()
         self.stream.synchronize()
+        self._results = {name: model._output_view(self.exe, name, self.outputs, kind)
+                         for name in model.program.outputs}
+        self._streams: dict[int, Any] = {}  # CuPy handles of the caller's torch streams
 
     def _copy_in(self, inputs: Mapping[str, Any], stream: Any) -> None:
         for name, obj in inputs.items():
@@ -419,11 +444,22 @@ class Captured:
                     dst[...] = obj
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        stream = _stream_of(self.kind, self.model.cupy)
-        self._copy_in(inputs, stream)
+        # The per-call path is kept short: with a small model the GPU waits on it (measured
+        # ~40 us of Python per call on a 0.3 ms encoder layer before it was).
+        if self.kind == "torch":
+            import torch
+
+            for name, obj in inputs.items():  # on the caller's current stream
+                self.inputs[name].obj.copy_(obj)
+            ptr = torch.cuda.current_stream().cuda_stream
+            stream = self._streams.get(ptr)
+            if stream is None:
+                stream = self._streams[ptr] = _stream_of("torch", self.model.cupy)
+        else:
+            stream = self.model.cupy.cuda.get_current_stream()
+            self._copy_in(inputs, stream)
         self.graph.launch(stream)
-        return {name: self.model._output_view(self.exe, name, self.outputs, self.kind)
-                for name in self.model.program.outputs}
+        return dict(self._results)
 
 
 def _stream_of(kind: str, cupy: Any) -> Any:

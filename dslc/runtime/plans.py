@@ -28,12 +28,15 @@ class Ready:
     seconds: float
     engine_id: int | None = None
     knobs: dict[str, int] | None = None
+    kernel_cache: bool = False  # built with dynamic shapes and cuDNN's kernel cache
 
 
 def prepare(spec: GroupSpec, plan: Mapping[str, Any] | None, handle: Any, where: str,
-            log: logging.Logger, seed: tuple[int, dict[str, int]] | None = None) -> Ready:
+            log: logging.Logger, seed: tuple[int, dict[str, int]] | None = None,
+            kernel_cache: Any = None) -> Ready:
     """The graph for `spec`: from its recorded plan if there is one, else built (seeded with
-    `seed`, the (engine_id, knobs) of a neighbouring bucket, when given)."""
+    `seed`, the (engine_id, knobs) of a neighbouring bucket, when given; with cuDNN's
+    `kernel_cache`, shared by the sizes of one group graph, when given)."""
     from dslc.compile import graphs as cbuild
 
     start = time.perf_counter()
@@ -52,7 +55,7 @@ def prepare(spec: GroupSpec, plan: Mapping[str, Any] | None, handle: Any, where:
         engine = seed
     if engine is not None:
         try:
-            built = cbuild.build(spec, handle, engine=engine)
+            built = cbuild.build(spec, handle, engine=engine, kernel_cache=kernel_cache)
             if built.has_plan:
                 if reasons:
                     log.info("%s: %s; replayed engine %s", where, reasons[-1], engine[0])
@@ -62,7 +65,7 @@ def prepare(spec: GroupSpec, plan: Mapping[str, Any] | None, handle: Any, where:
         except Exception as err:
             reasons.append(f"engine {engine[0]} did not build ({_short(err)})")
     try:
-        built = cbuild.build(spec, handle)
+        built = cbuild.build(spec, handle, kernel_cache=kernel_cache)
     except Exception as err:
         raise RunnerError("R0802", f"{where}: cuDNN rejects this graph here ({_short(err)})") from err
     if not built.has_plan:

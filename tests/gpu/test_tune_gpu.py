@@ -150,6 +150,19 @@ def test_size_between_buckets_is_built_on_first_use(tuned: tuple[Path, Any],
     print(f"N=24 (no bucket): first use {times[0] * 1e3:.1f} ms, second {times[1] * 1e3:.2f} ms")
     assert {s["how"] for s in model.startup if s["bucket"] == "N=24"} == {"replayed"}
     _check(bundle, outputs, inputs)
+    # Opt-in: sizes of one graph share kernels through cuDNN's kernel cache.
+    shared = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=None,
+                   shared_kernels=True)
+    for n in (24, 20):
+        other = random_inputs(bundle, {"N": n}, seed=15)
+        start = time.perf_counter()
+        other_out = to_host(shared.run(to_device(other, bundle)))
+        hows = sorted({(s["how"], s["kernel_cache"]) for s in shared.startup
+                       if s["bucket"] == f"N={n}"})
+        print(f"N={n} (no bucket) with shared kernels: first use "
+              f"{(time.perf_counter() - start) * 1e3:.1f} ms, {hows}")
+        assert hows == [("replayed", True)]
+        _check(bundle, other_out, other)
     with pytest.raises(RunnerError, match="R0601"):
         model.run(to_device(random_inputs(bundle, {"N": 300}), bundle))
     # The next process finds the plans in the on-disk cache.
