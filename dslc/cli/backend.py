@@ -15,7 +15,7 @@ import numpy as np
 
 from dslc import fsutil, weights
 from dslc.check.dump import format_checked
-from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output
+from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.fuse import format_plan
 from dslc.ir.printer import format_graph
@@ -168,14 +168,12 @@ def _tune_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-budget", type=float, default=900.0, metavar="S",
                    help="seconds for the whole model (default 900); the rest keep their plan")
     p.add_argument("--search", choices=("heuristics", "exhaustive"), default="heuristics",
-                   help="candidates: the heuristics' list, or every engine too")
+                   help="candidates: the heuristics' list, or also the engine x knob space")
     p.add_argument("--tuning-db", metavar="PATH",
                    help="the tuning database (default: the user cache folder; `none`: no database)")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from dslc.cli.build import checked
-
     out = Output(args.error_format, args.color, args.quiet)
     result = checked(args, out)
     if result is None or result.model is None:

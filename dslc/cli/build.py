@@ -12,11 +12,11 @@ import numpy as np
 
 from dslc import fsutil, weights
 from dslc.check.types import DTYPES, PrecisionSpec
-from dslc.cli.front import EXIT_ERRORS, EXIT_OK, Output, add_diag_options, front, make_sink
+from dslc.cli.front import EXIT_ERRORS, EXIT_OK, Output, add_diag_options, checked
 from dslc.diag.diagnostic import Sink
 from dslc.emit.manifest import build_manifest
 from dslc.ir import interp
-from dslc.pipeline import FrontEnd, middle_end
+from dslc.pipeline import middle_end
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 
@@ -40,19 +40,6 @@ def parse_precision(text: str) -> PrecisionSpec:
             raise argparse.ArgumentTypeError(f"bad precision setting `{part}`")
         values[key.strip()] = value.strip()
     return PrecisionSpec(**values)
-
-
-def checked(args: argparse.Namespace, out: Output) -> FrontEnd | None:
-    sink = make_sink(args)
-    result = front(args.file, args, sink)
-    out.diagnostics(sink, result.program.sources)
-    if sink.error_count:
-        out.summary(sink, f"compile `{args.file}`")
-        return None
-    if result.model is None:
-        print(f"error: `{args.file}` declares no model (it is a library of defs)", file=sys.stderr)
-        return None
-    return result
 
 
 def _inputs(specs: list[str]) -> dict[str, np.ndarray]:

@@ -102,17 +102,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     return status
 
 
-def cmd_params(args: argparse.Namespace) -> int:
-    out = Output(args.error_format, args.color)
+def checked(args: argparse.Namespace, out: Output, action: str = "compile") -> FrontEnd | None:
+    """The checked model of `args.file`, or None once its errors are reported."""
     sink = make_sink(args)
     result = front(args.file, args, sink)
     out.diagnostics(sink, result.program.sources)
     if sink.error_count:
-        out.summary(sink, f"check `{args.file}`")
-        return EXIT_ERRORS
+        out.summary(sink, f"{action} `{args.file}`")
+        return None
     if result.model is None:
-        print(f"error: `{args.file}` declares no model", file=sys.stderr)
-        return EXIT_USAGE
+        print(f"error: `{args.file}` declares no model (it is a library of defs)", file=sys.stderr)
+        return None
+    return result
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    out = Output(args.error_format, args.color)
+    result = checked(args, out, "check")
+    if result is None or result.model is None:
+        return EXIT_ERRORS
     params = result.model.params
     if args.format == "json":
         print(json.dumps({p.path: {"dtype": p.dtype, "shape": list(p.shape)} for p in params},

@@ -27,15 +27,18 @@ if (c_inner) {  // channels last: neighbouring threads take neighbouring channel
 }
 """
 
-_POOL = _INDEX + r"""float acc = is_max ? -3.402823466e38f : 0.0f;
-I count = 0;
+# The pooling window of output pixel (ho, wo): the body that follows sees input row h, column w.
+_WINDOW = r"""I count = 0;
 for (I a = 0; a < kh; ++a) {
   const I h = ho * sh - ph + a;
   if (h < 0 || h >= H) continue;
   for (I b = 0; b < kw; ++b) {
     const I w = wo * sw - pw + b;
     if (w < 0 || w >= W) continue;
-    const float v = (float)x[n * xn + c * xc + h * xh + w * xw];
+"""
+
+_POOL = _INDEX + r"""float acc = is_max ? -3.402823466e38f : 0.0f;
+""" + _WINDOW + r"""    const float v = (float)x[n * xn + c * xc + h * xh + w * xw];
     acc = is_max ? (v > acc ? v : acc) : acc + v;
     ++count;
   }
@@ -74,14 +77,7 @@ const I ho = idx % Ho; const I n = idx / Ho;
 float acc[VEC];
 #pragma unroll
 for (int k = 0; k < VEC; ++k) acc[k] = is_max ? -3.402823466e38f : 0.0f;
-I count = 0;
-for (I a = 0; a < kh; ++a) {
-  const I h = ho * sh - ph + a;
-  if (h < 0 || h >= H) continue;
-  for (I b = 0; b < kw; ++b) {
-    const I w = wo * sw - pw + b;
-    if (w < 0 || w >= W) continue;
-    const uint4 raw = *reinterpret_cast<const uint4*>(&x[n * xn + c + h * xh + w * xw]);
+""" + _WINDOW + r"""    const uint4 raw = *reinterpret_cast<const uint4*>(&x[n * xn + c + h * xh + w * xw]);
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
