@@ -51,6 +51,14 @@ def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
     assert "cannot read" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_a_bundle_given_for_a_source_says_so(tmp_path: Path) -> None:
+    bundle = tmp_path / "m.bundle"
+    bundle.write_bytes(b"\x84\xa5magic\xab dslc-bundle")
+    run = run_cli("weights", "random", str(bundle), "-o", str(tmp_path / "w.safetensors"))
+    assert run.code == 2
+    assert "it is a compiled bundle; this command takes a .cgraph source file" in run.stderr
+
+
 def test_json_is_one_object_per_line_on_stdout(tmp_path: Path) -> None:
     run = run_cli("check", "--error-format", "json", _write(tmp_path, BROKEN))
     records = run.json_lines()

@@ -50,8 +50,12 @@ def load(entry: Path, include_dirs: list[Path], sink: Sink, program: Program | N
     path = entry.resolve()
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ReadError(f"cannot read `{entry}`: {getattr(err, 'strerror', None) or err}") from err
+    except UnicodeDecodeError as err:
+        what = "a compiled bundle" if path.suffix == ".bundle" else "not UTF-8 text"
+        raise ReadError(f"cannot read `{entry}`: it is {what}; this command takes a .cgraph "
+                        "source file") from err
+    except OSError as err:
+        raise ReadError(f"cannot read `{entry}`: {err.strerror or err}") from err
     module = _parse(program, path, text, sink)
     if module is not None:
         _load_imports(program, module, include_dirs, sink, stack=[str(path)])
