@@ -6,6 +6,7 @@ Importing this module needs no GPU; `require()` fails with one sentence (R0801) 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,17 @@ def encode(cupy: Any, x: Any, dtype: str) -> Any:
         bits = round_to(cupy, x, "bf16").view(cupy.uint32) >> cupy.uint32(16)
         return bits.astype(cupy.uint16)
     return x.astype(CUPY_DTYPES[dtype])
+
+
+def run_reference(cupy: Any, op: str, xs: list[Any], attrs: Mapping[str, Any], dtype: str) -> Any:
+    """An op's reference on CuPy operands (floats as f32), its result rounded to the values
+    `dtype` holds: f32 for floats, as it is for integers (the tuner's and the weights' oracle)."""
+    from dslc.ops import OPS
+
+    reference = OPS[op].reference
+    assert reference is not None, op
+    out = round_to(cupy, cupy.asarray(reference(xs, attrs)), dtype)
+    return out.astype(cupy.float32) if out.dtype.kind == "f" else out
 
 
 def decode(cupy: Any, stored: Any, dtype: str) -> Any:

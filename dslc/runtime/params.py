@@ -159,11 +159,12 @@ def upload(program: Program, tensors: Mapping[str, np.ndarray],
     ops' references on CuPy in f32, each result rounded to its dtype as the numpy path does."""
     import cupy
 
-    from dslc.runtime.device import CUPY_DTYPES, decode, encode, round_to
+    from dslc.runtime.device import CUPY_DTYPES, decode, encode, run_reference
 
     nodes = _needed(program, wanted)
     if any(n.type.dtype not in (*CUPY_DTYPES, "bf16") for n in nodes):
         return _upload_host(program, load_time_values(program, tensors, wanted))
+    operands = {i for n in nodes for i in n.inputs}  # what the computed values read
     values: dict[str, Any] = {}  # f32 (floats) or int64 logical arrays on the device
     out: dict[str, Any] = {}
     for node in nodes:
@@ -173,24 +174,18 @@ def upload(program: Program, tensors: Mapping[str, np.ndarray],
             if node.name in wanted:  # used as it is: its bytes, in its layout
                 order = memory_order(program, node.name, host.ndim)
                 out[node.name] = _device_bytes(cupy, physical(host, order))
-            bits = host.view(np.uint16) if dtype == "bf16" else host
-            values[node.name] = decode(cupy, cupy.asarray(bits), dtype)
-            if values[node.name].dtype.kind in "iub":
-                values[node.name] = values[node.name].astype(cupy.int64)
+            if node.name in operands:  # read by a computed value: its logical f32 or int64 form
+                bits = host.view(np.uint16) if dtype == "bf16" else host
+                values[node.name] = decode(cupy, cupy.asarray(bits), dtype)
+                if values[node.name].dtype.kind in "iub":
+                    values[node.name] = values[node.name].astype(cupy.int64)
         elif node.op == "scalar":
             values[node.name] = cupy.asarray(node.attrs["value"], dtype=cupy.float32)
         else:
             xs = [values[i] for i in node.inputs]
-            if node.op == "view":
-                values[node.name] = apply_view(xs[0], concrete_attrs(node, {})["steps"])
-            else:
-                from dslc.ops import OPS
-
-                reference = OPS[node.op].reference
-                assert reference is not None, node.op
-                result = cupy.asarray(reference(xs, concrete_attrs(node, {})))
-                values[node.name] = round_to(cupy, result.astype(cupy.float32), dtype) \
-                    if result.dtype.kind == "f" else result
+            attrs = concrete_attrs(node, {})
+            values[node.name] = apply_view(xs[0], attrs["steps"]) if node.op == "view" else \
+                run_reference(cupy, node.op, xs, attrs, dtype)
         if node.name in wanted and node.name not in out:
             logical = values[node.name]
             stored = encode(cupy, logical, dtype)

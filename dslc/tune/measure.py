@@ -16,7 +16,7 @@ from typing import Any
 
 from dslc.compile.spec import GroupSpec
 from dslc.ir.graph import Node
-from dslc.runtime.device import decode, encode, round_to
+from dslc.runtime.device import decode, encode, run_reference
 from dslc.runtime.schedule import ITEMSIZE, Storage
 
 NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to replace it
@@ -115,19 +115,14 @@ class Bench:
 
     def reference(self) -> dict[str, Any]:
         """The group's outputs from the ops' references run on CuPy, rounded as stored."""
-        from dslc.ops import OPS
-
         cupy = self.cupy
         values = dict(self.logical)
         for t in self.spec.tensors:
             if t.role == "scalar":
                 values[t.name] = cupy.asarray(t.value, dtype=cupy.float32)
         for op in self.spec.ops:
-            reference = OPS[op.op].reference
-            assert reference is not None
-            out = cupy.asarray(reference([values[i] for i in op.inputs], op.attrs))
-            out = round_to(cupy, out, self.spec.tensor(op.node).dtype)
-            values[op.node] = out.astype(cupy.float32) if out.dtype.kind == "f" else out
+            values[op.node] = run_reference(cupy, op.op, [values[i] for i in op.inputs], op.attrs,
+                                            self.spec.tensor(op.node).dtype)
         return {t.name: values[t.name] for t in self.spec.tensors if t.role == "output"}
 
     def pack(self) -> dict[int, int]:
@@ -189,11 +184,6 @@ def check_and_time(graph: Any, bench: Bench, want: Mapping[str, Any], handle: An
     return time_plan(graph, bench, workspace, handle, cupy), error, workspace
 
 
-def _plan_key(engine_id: Any, knobs: Mapping[Any, Any]) -> tuple[int, tuple[tuple[str, int], ...]]:
-    return int(engine_id), tuple(sorted((getattr(k, "name", str(k)), int(v))
-                                        for k, v in knobs.items()))
-
-
 def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: float,
                tolerance: float, extra: list[tuple[int, dict[str, int]]] | None = None,
                ) -> TuneResult:
@@ -206,12 +196,15 @@ def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: 
     out = TuneResult()
     graph = make()
     graph.create_execution_plans(HEURISTICS)
-    seen = {_plan_key(*graph.get_engine_and_knobs_at_index(i))
+    def key(engine_id: Any, knobs: dict[Any, Any]) -> tuple[int, tuple[tuple[str, int], ...]]:
+        return int(engine_id), tuple(sorted(knobs_out(knobs).items()))
+
+    seen = {key(*graph.get_engine_and_knobs_at_index(i))
             for i in range(graph.get_execution_plan_count())}
     for engine_id, knobs in extra or []:
-        if _plan_key(engine_id, knobs) in seen:
+        if key(engine_id, knobs) in seen:
             continue
-        seen.add(_plan_key(engine_id, knobs))
+        seen.add(key(engine_id, knobs))
         try:
             graph.create_execution_plan(engine_id, _knobs_in(knobs))
         except Exception:
