@@ -20,7 +20,7 @@ from dslc.runtime import device, plancache, startup
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.kernels import run_kernel
-from dslc.runtime.plans import Ready, prepare, retime, retune
+from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
 from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
 
 LOG = logging.getLogger("dslc.runtime")
@@ -92,12 +92,9 @@ class Executable:
         if ready is None:
             ready = prepare(spec, cached, m.handle, where, m.log, seed)
         if path is not None and ready.how != "restored":
-            try:
-                blob = bytes(ready.graph.serialize(as_bytes=True))
-            except Exception:
-                return ready
-            plancache.store(path, {"engine_id": ready.engine_id, "knobs": ready.knobs or {},
-                                   "workspace": ready.workspace, "serialized": blob})
+            plan = plan_record(ready)
+            if plan["serialized"] is not None:
+                plancache.store(path, plan)
         return ready
 
     def storage(self, name: str) -> Storage:
@@ -251,13 +248,7 @@ class Model:
             exe = self.executable({k: int(v) for k, v in bucket["dims"].items()})
             for signature, entry in bucket["graphs"].items():
                 ready = exe.graphs[signature]
-                try:
-                    blob: bytes | None = bytes(ready.graph.serialize(as_bytes=True))
-                except Exception:  # replay by (engine_id, knobs) then
-                    blob = None
-                entry["plan"] = {**entry["plan"], "engine_id": ready.engine_id,
-                                 "knobs": dict(ready.knobs or {}), "workspace": ready.workspace,
-                                 "serialized": blob, "made_at_startup": ready.how}
+                entry["plan"] = {**entry["plan"], **plan_record(ready), "made_at_startup": ready.how}
         self.payload["environment"] = environment.live(properties=True)
         target = Path(path) if path is not None else self.path
         fsutil.write_bytes(target, bundlefile.pack(self.payload))

@@ -31,6 +31,17 @@ class Ready:
     kernel_cache: bool = False  # built with dynamic shapes and cuDNN's kernel cache
 
 
+def plan_record(ready: Ready) -> dict[str, Any]:
+    """What a bundle or the plan cache keeps of a ready graph; `serialized` is None when the
+    plan does not serialize (start-up then replays its (engine_id, knobs))."""
+    try:
+        blob: bytes | None = bytes(ready.graph.serialize(as_bytes=True))
+    except Exception:
+        blob = None
+    return {"engine_id": ready.engine_id, "knobs": dict(ready.knobs or {}),
+            "workspace": ready.workspace, "serialized": blob}
+
+
 def prepare(spec: GroupSpec, plan: Mapping[str, Any] | None, handle: Any, where: str,
             log: logging.Logger, seed: tuple[int, dict[str, int]] | None = None,
             kernel_cache: Any = None) -> Ready:
