@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -21,24 +22,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def events_ms(fn: Any, iters: int = 30) -> float:
-    import cupy
-
-    fn()
-    times = []
-    for _ in range(iters):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(a, b))
-    return sorted(times)[len(times) // 2]
-
-
 def pool(out: Path) -> dict[str, Any]:
     import cupy
     import torch
+    from bench_gpu import timed
 
     from dslc.runtime import kernels
 
@@ -50,17 +37,17 @@ def pool(out: Path) -> dict[str, Any]:
         y = cupy.empty((n, ho, ho, c), dtype=cupy.float16).transpose(0, 3, 1, 2)
         attrs = {"window": [3, 3], "stride": [2, 2], "pad": [1, 1]}
         run = lambda x=x, y=y, attrs=attrs: kernels.maxpool([x], y, attrs)  # noqa: E731
-        vec = events_ms(run)
+        vec = timed(run, 30)
         got = cupy.asnumpy(y.astype(cupy.float32))
         original = kernels._vector_width
         kernels._vector_width = lambda *a: 1  # type: ignore[assignment]
         try:
-            scalar = events_ms(run)
+            scalar = timed(run, 30)
         finally:
             kernels._vector_width = original
         tx = torch.as_tensor(x, device="cuda")
         want = torch.nn.functional.max_pool2d(tx, 3, 2, 1)
-        tms = events_ms(lambda tx=tx: torch.nn.functional.max_pool2d(tx, 3, 2, 1))
+        tms = timed(lambda tx=tx: torch.nn.functional.max_pool2d(tx, 3, 2, 1), 30)
         err = float(abs(got - want.float().cpu().numpy()).max())
         key = f"maxpool n{n} c{c} {hw}x{hw}"
         rows[key] = {"vector_ms": vec, "scalar_ms": scalar, "torch_ms": tms, "max_abs_err": err,
@@ -70,7 +57,9 @@ def pool(out: Path) -> dict[str, Any]:
 
 
 def cold(out: Path) -> dict[str, Any]:
-    from bench_tune import COLD
+    """bench_tune's cold start on an untuned batch-1 bundle, then its parts: what importing
+    CuPy costs, and the CUDA context, cuDNN and plan restores timed alone."""
+    from bench_tune import cold_start
 
     res: dict[str, Any] = {}
     build = out / "r50"
@@ -82,18 +71,7 @@ def cold(out: Path) -> dict[str, Any]:
     subprocess.run([sys.executable, "-m", "dslc", "weights", "random",
                     str(ROOT / "models/resnet50.cgraph"), "-o",
                     str(bundle.with_suffix(".safetensors"))], check=True)
-    prepared = bundle.with_suffix(".prepared.safetensors")
-    subprocess.run([sys.executable, "-m", "dslc", "weights", "prepare", str(bundle),
-                    str(bundle.with_suffix(".safetensors")), "-o", str(prepared)], check=True)
-    script = out / "cold.py"
-    script.write_text(COLD)
-    res["runs"] = []
-    for weights in (prepared, prepared, prepared, bundle.with_suffix(".safetensors")):
-        proc = subprocess.run([sys.executable, str(script), str(bundle), str(weights)],
-                              capture_output=True, text=True)
-        print(proc.stderr[-2000:])
-        res["runs"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(weights.name, res["runs"][-1], flush=True)
+    res["runs"] = cold_start(bundle, math.nan, out)["runs"]  # no tuning here: no ratio
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import cupy"],
                           capture_output=True, text=True)
     lines = [ln for ln in proc.stderr.splitlines() if "|" in ln and "cumulative" not in ln]
