@@ -78,6 +78,9 @@ R0801 no usable GPU or cuDNN
 R0802 a saved plan could not be used
 """
 
+# Codes dslc no longer reports; they stay registered so `dslc explain` still answers for them.
+RETIRED = frozenset({"E0503"})  # a reshape that is no view copies its input (as numpy does)
+
 CODES: dict[str, Code] = {}
 for _line in _TABLE.strip().splitlines():
     _code, _title = _line.split(" ", 1)

@@ -31,6 +31,10 @@ class InterpError(Exception):
     """The inputs do not fit the graph (missing, wrong shape, dims out of range)."""
 
 
+class ViewError(AssertionError):
+    """A planned view reads other memory than its steps mean: a bug in dslc's lowering."""
+
+
 def bind_dims(graph: Graph, inputs: Mapping[str, np.ndarray], env: DimEnv | None = None,
               ) -> dict[str, int]:
     """Read each dynamic dim's value off the shapes of the inputs."""
@@ -99,6 +103,41 @@ def apply_view(x: np.ndarray, steps: tuple[Any, ...]) -> np.ndarray:
     return x
 
 
+def strided_view(base: np.ndarray, order: tuple[int, ...], shape: tuple[int, ...],
+                 strides: tuple[int, ...], offset: int, name: str = "") -> np.ndarray:
+    """What a view reads in memory: the base's elements laid out in its memory `order`
+    (outermost axis first), read at `offset` with element `strides`, as cuDNN reads them."""
+    memory = np.ascontiguousarray(base.transpose(order)).reshape(-1)
+    if any(d < 0 for d in shape) or any(s < 0 for s in strides) or offset < 0:
+        raise ViewError(f"view `{name}`: negative size, stride or offset")
+    last = offset + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+    if 0 in shape:
+        last = offset - 1
+    if last >= memory.size:
+        raise ViewError(f"view `{name}` reads element {last} of a base of {memory.size}")
+    item = memory.itemsize
+    out = np.lib.stride_tricks.as_strided(memory[offset:] if memory.size else memory, shape,
+                                          tuple(s * item for s in strides), writeable=False)
+    return np.array(out)
+
+
+def planned_view(node: Node, base: Node, x: np.ndarray, attrs: Mapping[str, Any],
+                 shape: tuple[int, ...], check: bool = False) -> np.ndarray:
+    """A lowered view: read through its planned strides when its base has a memory layout
+    (and, with `check`, compared with the meaning of its steps); else its logical steps."""
+    steps = attrs["steps"]
+    if "strides" not in attrs or base.type.layout is None:
+        return apply_view(x, steps)
+    out = strided_view(x, base.type.layout.order, shape, tuple(int(s) for s in attrs["strides"]),
+                       int(attrs["offset"]), node.name)
+    if check:
+        logical = np.ascontiguousarray(apply_view(x, steps))
+        if logical.shape != out.shape or logical.tobytes() != out.tobytes():
+            raise ViewError(f"view `{node.name}`: strides {list(attrs['strides'])} at offset "
+                            f"{attrs['offset']} over `{base.name}` do not read {list(steps)}")
+    return out
+
+
 def evaluate_node(node: Node, operands: list[np.ndarray], attrs: Mapping[str, Any],
                   storage: str) -> np.ndarray:
     """One op: operands to the compute dtype, the numpy reference, the result to `storage`."""
@@ -130,15 +169,19 @@ def _dtype_name(x: np.ndarray) -> str:
 
 def run(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
         env: DimEnv | None = None, virtual: Collection[str] = (),
-        keep: Callable[[Node], bool] | None = None) -> dict[str, np.ndarray]:
+        keep: Callable[[Node], bool] | None = None, check_views: bool = False,
+        ) -> dict[str, np.ndarray]:
     """Execute `graph`; returns the outputs by name (and every value `keep` selects, by node
-    name). Values in `virtual` are rounded to their `intermediate` dtype."""
+    name). Values in `virtual` are rounded to their `intermediate` dtype. A lowered view reads
+    its base's memory through its planned strides; `check_views` also applies its logical
+    steps and raises ViewError where the two differ."""
     values = bind_dims(graph, inputs, env)
     results: dict[str, np.ndarray] = {}
     kept: dict[str, np.ndarray] = {}
     users = graph.users()
     remaining = {name: len(us) for name, us in users.items()}
     outputs = {v for _, v in graph.outputs}
+    nodes = graph.by_name()
     for node in graph.nodes:
         attrs = concrete_attrs(node, values, env)
         if node.op == "input":
@@ -150,6 +193,10 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np
             out = np.asarray(weights[path]).astype(NUMPY_DTYPES[node.type.dtype])
         elif node.op == "scalar":
             out = np.asarray(attrs["value"], dtype=np.float32)
+        elif node.op == "view":
+            shape = tuple(int(d) for d in concrete(node.type.shape, values, env))
+            out = planned_view(node, nodes[node.inputs[0]], results[node.inputs[0]], attrs, shape,
+                               check_views)
         else:
             storage = node.type.dtype
             if node.name in virtual and is_float(storage):

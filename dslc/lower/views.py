@@ -95,7 +95,8 @@ def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, 
             continue
         if cut == len(steps):
             st, offset = found
-            attrs = {**dict(node.attrs), "strides": st, "offset": offset}
+            # `steps` are what remains after any copy below: the copy already holds the rest.
+            attrs = {**dict(node.attrs), "steps": steps, "strides": st, "offset": offset}
             return rw.emit(replace(node, inputs=(base,), attrs=Attrs(attrs)))
         head = base
         shape = views.view_shape(b.type.shape, steps[:cut])

@@ -2,8 +2,8 @@
 syntax), `concat`.
 
 On a materialised tensor, reshape, transpose and slice are views (new strides and offset, no
-copy). A tensor whose layout is fixed (an input, a param, an ascribed value) can only be reshaped
-where the merged axes are adjacent in memory (E0503); a free layout is chosen later to suit.
+copy). A reshape that merges axes which are not adjacent in memory (of a transposed input, say)
+reads a row-major copy of its input, inserted by lowering, as numpy and PyTorch do.
 """
 
 from __future__ import annotations
@@ -114,14 +114,9 @@ def _reshape(ctx: InferCtx, a: Args) -> TensorType | None:
     layout = reshape_layout(x.layout, x.shape, shape)
     if ctx.producer("x") == "slice" and not _only_splits(x.shape, shape):
         layout = None  # a sliced tensor is not dense: merging its axes is no view
-    if layout is None:
-        ctx.error("E0503", "this reshape is not a view of its input's layout", at="x",
-                  label=f"{common.fmt(x)}",
-                  notes=(f"reshaping {format_shape(x.shape)} to {format_shape(shape)} merges axes "
-                         "that are not adjacent in memory",),
-                  help=("copy into a fitting layout first with `contiguous(...)`, or ascribe a "
-                        "better layout upstream (e.g. `@BSHD` on an attention output)",))
-        return None
+    # Where the merged axes are not adjacent in memory the result has a free layout: lowering
+    # copies the input into row-major order first (numpy/PyTorch semantics; the copy shows as a
+    # `contiguous` step in `--dump fused` and `dslc inspect`).
     return TensorType(x.dtype, shape, layout)
 
 
