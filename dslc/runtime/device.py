@@ -17,6 +17,8 @@ TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i8": "i
                 "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
 CUPY_DTYPES = {"f32": "float32", "f16": "float16", "i8": "int8", "u8": "uint8",
                "i32": "int32", "i64": "int64", "bool": "bool"}
+# What the fallback kernels are given: CuPy has no bf16, so a bf16 tensor is its uint16 bits.
+KERNEL_DTYPES = {**CUPY_DTYPES, "bf16": "uint16"}
 
 
 def require() -> tuple[Any, Any]:
@@ -110,12 +112,14 @@ def empty(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, kind: st
     return ArrayRef(int(arr.data.ptr), shape, strides, dtype, "cupy", arr)
 
 
-def view(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> Any:
-    """A CuPy array over memory the runtime owns elsewhere (for the fallback kernels)."""
+def view(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str,
+         table: Mapping[str, str] = CUPY_DTYPES) -> Any:
+    """A CuPy array over memory the runtime owns elsewhere (`table`: KERNEL_DTYPES for the
+    fallback kernels, which take bf16 as bits)."""
     cupy, _ = require()
-    if dtype not in CUPY_DTYPES:
+    if dtype not in table:
         raise RunnerError("R0801", f"the fallback kernels do not take {dtype} tensors")
-    dt = cupy.dtype(CUPY_DTYPES[dtype])
+    dt = cupy.dtype(table[dtype])
     span = (1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))) * dt.itemsize
     mem = cupy.cuda.UnownedMemory(ptr, max(span, 1), None)
     return cupy.ndarray(shape, dt, memptr=cupy.cuda.MemoryPointer(mem, 0),

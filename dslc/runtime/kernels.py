@@ -6,6 +6,9 @@ numpy reference on CuPy arrays (NumPy dispatches to CuPy): slower, always correc
 
 Each kernel reads and writes strided tensors in place (any layout: NCHW, NHWC, views), on the
 current CUDA stream, so it can be captured into a CUDA graph with the cuDNN graphs around it.
+CuPy has no bf16: a bf16 tensor reaches a kernel as its uint16 bits (`device.KERNEL_DTYPES`;
+dslc has no 16-bit integer dtype, so uint16 always means bf16), and the kernels convert through
+`to_f` / `from_f` (round to nearest even, as cuDNN stores bf16).
 `KERNELS` is importable without a GPU; CuPy is imported when a kernel first runs.
 """
 
@@ -16,6 +19,19 @@ from functools import cache
 from typing import Any
 
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
+
+# Loads and stores through f32: bf16 (uint16 bits) converted by hand, every other type by a cast.
+_PREAMBLE = r"""
+__device__ __forceinline__ float to_f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+template <typename T> __device__ __forceinline__ float to_f(T v) { return (float)v; }
+template <typename T> __device__ __forceinline__ T from_f(float v) { return (T)v; }
+template <> __device__ __forceinline__ unsigned short from_f<unsigned short>(float v) {
+  unsigned int u = __float_as_uint(v);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (unsigned short)(u >> 16);
+}
+"""
 
 # Thread i -> output element (n, c, ho, wo), in the output's memory order (see `_c_inner`).
 _INDEX = r"""
@@ -38,13 +54,13 @@ for (I a = 0; a < kh; ++a) {
 """
 
 _POOL = _INDEX + r"""float acc = is_max ? -3.402823466e38f : 0.0f;
-""" + _WINDOW + r"""    const float v = (float)x[n * xn + c * xc + h * xh + w * xw];
+""" + _WINDOW + r"""    const float v = to_f(x[n * xn + c * xc + h * xh + w * xw]);
     acc = is_max ? (v > acc ? v : acc) : acc + v;
     ++count;
   }
 }
 if (!is_max) acc = acc / (float)(count_pad ? kh * kw : (count > 0 ? count : 1));
-y[n * yn + c * yc + ho * yh + wo * yw] = (T)acc;
+y[n * yn + c * yc + ho * yh + wo * yw] = from_f<T>(acc);
 """
 
 _UPSAMPLE = _INDEX + r"""const I base = n * xn + c * xc;
@@ -57,13 +73,13 @@ if (bilinear) {
   const I y1 = y0 + 1 < H ? y0 + 1 : H - 1;
   const I x1 = x0 + 1 < W ? x0 + 1 : W - 1;
   const float ly = sy - (float)y0, lx = sx - (float)x0;
-  const float a = (float)x[base + y0 * xh + x0 * xw], b = (float)x[base + y0 * xh + x1 * xw];
-  const float c0 = (float)x[base + y1 * xh + x0 * xw], d = (float)x[base + y1 * xh + x1 * xw];
+  const float a = to_f(x[base + y0 * xh + x0 * xw]), b = to_f(x[base + y0 * xh + x1 * xw]);
+  const float c0 = to_f(x[base + y1 * xh + x0 * xw]), d = to_f(x[base + y1 * xh + x1 * xw]);
   v = (a * (1.0f - lx) + b * lx) * (1.0f - ly) + (c0 * (1.0f - lx) + d * lx) * ly;
 } else {
-  v = (float)x[base + (ho / fh) * xh + (wo / fw) * xw];
+  v = to_f(x[base + (ho / fh) * xh + (wo / fw) * xw]);
 }
-y[n * yn + c * yc + ho * yh + wo * yw] = (T)v;
+y[n * yn + c * yc + ho * yh + wo * yw] = from_f<T>(v);
 """
 
 # NHWC with channels contiguous and 16-byte aligned rows: thread i -> VEC consecutive channels of
@@ -81,7 +97,7 @@ for (int k = 0; k < VEC; ++k) acc[k] = is_max ? -3.402823466e38f : 0.0f;
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const float v = (float)e[k];
+      const float v = to_f(e[k]);
       acc[k] = is_max ? (v > acc[k] ? v : acc[k]) : acc[k] + v;
     }
     ++count;
@@ -91,7 +107,7 @@ const float div = is_max ? 1.0f : (float)(count_pad ? kh * kw : (count > 0 ? cou
 uint4 packed;
 T* o = reinterpret_cast<T*>(&packed);
 #pragma unroll
-for (int k = 0; k < VEC; ++k) o[k] = (T)(is_max ? acc[k] : acc[k] / div);
+for (int k = 0; k < VEC; ++k) o[k] = from_f<T>(is_max ? acc[k] : acc[k] / div);
 *reinterpret_cast<uint4*>(&y[n * yn + c + ho * yh + wo * yw]) = packed;
 """
 
@@ -115,7 +131,7 @@ def _elementwise(name: str, params: str, body: str, wide: bool = False) -> Any:
     params = ", ".join(f"{index} {p[2:]}" if p.startswith("I ") else p
                        for p in params.split(", "))
     return cupy.ElementwiseKernel(params, "raw T y", f"typedef {ctype} I;\n{body}",
-                                  f"dslc_{name}_{index}")
+                                  f"dslc_{name}_{index}", preamble=_PREAMBLE)
 
 
 def _wide(*spans: int) -> bool:
@@ -213,23 +229,37 @@ def _reduction(op: str) -> KernelFn:
     def kernel(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
         import cupy
 
-        x, axes = xs[0], tuple(int(i) for i in a["axes"])
+        x, axes = _math(cupy, xs[0]), tuple(int(i) for i in a["axes"])
         if op in ("reduce_sum", "reduce_mean"):
             r = cupy.sum(x, axis=axes, dtype=cupy.float32, keepdims=True)
             if op == "reduce_mean":
                 r *= 1.0 / max(1, x.size // max(1, r.size))
         else:
             r = (cupy.max if op == "reduce_max" else cupy.min)(x, axis=axes, keepdims=True)
-        y[...] = r.reshape(y.shape).astype(y.dtype)
+        _store(cupy, y, r.reshape(y.shape))
 
     return kernel
+
+
+def _math(cupy: Any, x: Any) -> Any:
+    """A kernel operand as the math reads it: bf16 bits as f32, anything else as it is."""
+    from dslc.runtime.device import decode
+
+    return decode(cupy, x, "bf16") if x.dtype == cupy.uint16 else x
+
+
+def _store(cupy: Any, y: Any, value: Any) -> None:
+    """`value` rounded into `y` (bf16 bits: rounded to nearest even)."""
+    from dslc.runtime.device import encode
+
+    y[...] = encode(cupy, value, "bf16") if y.dtype == cupy.uint16 else value.astype(y.dtype)
 
 
 KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
                                 "concat": concat,
                                 **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",
                                                                  "reduce_max", "reduce_min")}}
-DTYPES = ("f32", "f16", "i8", "u8", "i32", "i64", "bool")  # what CuPy arrays can hold
+DTYPES = ("f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool")  # bf16 as its uint16 bits
 
 
 def reference_kernel(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
@@ -240,8 +270,9 @@ def reference_kernel(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> No
 
     reference = OPS[op].reference
     assert reference is not None, op
-    math = [x.astype(cupy.float32) if x.dtype.kind == "f" else x for x in xs]
-    y[...] = cupy.asarray(reference(math, a)).astype(y.dtype)
+    math = [_math(cupy, x) for x in xs]
+    math = [x.astype(cupy.float32) if x.dtype.kind == "f" else x for x in math]
+    _store(cupy, y, cupy.asarray(reference(math, a)))
 
 
 def run_kernel(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:

@@ -368,7 +368,8 @@ class Model:
         if node.op == "scalar":  # a pass-by-value constant
             return self.cupy.asarray(float(node.attrs["value"]), dtype=self.cupy.float32)
         s = exe.storage(name)
-        return device.view(self._pointer(exe, name, refs, outputs), s.shape, s.strides, s.dtype)
+        return device.view(self._pointer(exe, name, refs, outputs), s.shape, s.strides, s.dtype,
+                           device.KERNEL_DTYPES)
 
     def profile(self, inputs: Mapping[str, Any], repeats: int = 10) -> list[dict[str, Any]]:
         """Milliseconds per step (median over `repeats` runs, CUDA events), in schedule order."""

@@ -206,6 +206,41 @@ model m {
   let b = upsample(x, factor=2, mode="bilinear")
   output y = concat([u, s, b], axis=1)
 }""",
+    "maxpool_avgpool_bf16": """model m {
+  precision io=bf16
+  layout NHWC
+  input x: [2, 16, 17, 16]
+  input z: [2, 6, 9, 11]
+  output a = maxpool(x, window=3, stride=2, pad=1)
+  output b = avgpool(x, window=3, stride=2, pad=1, count_pad=true)
+  output c = maxpool(z, window=3, stride=2, pad=1)
+  output d = avgpool(z, window=2)
+}""",
+    "upsample_concat_bf16": """model m {
+  precision io=bf16
+  layout NHWC
+  input x: [2, 8, 6, 7]
+  input s: [2, 4, 12, 14]
+  let u = upsample(x, factor=2)
+  let b = upsample(x, factor=2, mode="bilinear")
+  output y = concat([u, s, b], axis=1)
+}""",
+    "reductions_bf16": """model m {
+  precision io=bf16
+  input x: [4, 8, 6, 6]
+  output a = reduce_sum(x, axes=[2, 3])
+  output b = reduce_mean(x, axes=[1], keepdims=true)
+  output c = reduce_max(x, axes=[3])
+  output d = reduce_min(x, axes=[0, 2])
+}""",
+    "resnet_stem_bf16": NN + """model m {
+  precision io=bf16
+  layout NHWC
+  input x: [2, 3, 32, 32]
+  let c = conv2d(x, out=64, k=7, stride=2, pad=3)
+  let b = batchnorm2d(c)
+  output y = maxpool(relu(b), window=3, stride=2, pad=1)
+}""",
     "slice_and_transpose_views_f32": """model m {
   input x: f32[4, 10, 12]
   output y = relu(transpose(x[1:3, 2:9, :], [0, 2, 1]))
