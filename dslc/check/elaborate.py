@@ -491,12 +491,15 @@ class Elaborator(CallEval):
         # `layout` for rank-4 tensors), whatever layout the value had inside the model.
         default_layout = self.model_layout if value.type.rank == 4 else None
         declared = stmt.type or ast.TensorTypeExpr(stmt.span, None, None, None)
+        before_conform = len(self.nodes)
         out = conform(self, value, declared, scope, f"output `{name}`", fresh=fresh,
                       default_dtype=scope.precision.io,
                       default_layout=default_layout or Layout.row_major(value.type.rank))
         if out is ERROR:
             return
-        if fresh or out is not value:
+        # Name after the output only a node this statement made: an existing value keeps its
+        # name, which the ops that read it use (`output z = a` where `a` also feeds `b`).
+        if fresh or self.node_index(out.node) >= before_conform:
             out = self.rename(out, name)
         self.used.add(out.node)
         self.used.add(value.node)

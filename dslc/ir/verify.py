@@ -13,7 +13,7 @@ from dslc.check.types import TensorType, format_shape, format_type
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.ir.graph import Graph, Node
-from dslc.ir.views import view_shape
+from dslc.ir.views import view_layout, view_shape
 from dslc.ops import OPS
 from dslc.ops.opdef import Args, Kind
 
@@ -80,12 +80,12 @@ def verify(graph: Graph, env: DimEnv | None = None) -> list[str]:
         elif node.op not in OPS and node.op not in IR_ONLY:
             problems.append(f"{where}: unknown op")
         elif node.op in OPS and all(i in types for i in node.inputs):
-            problems.extend(f"{where}: {p}" for p in _retype(node, types, ops, env))
+            problems.extend(f"{where}: {p}" for p in retype_problems(node, types, ops, env))
         elif node.op == "view" and len(node.inputs) == 1 and node.inputs[0] in types:
             shape = view_shape(types[node.inputs[0]].shape, tuple(node.attrs["steps"]))
             if shape != node.type.shape:
                 problems.append(f"{where}: its steps give {format_shape(shape)}")
-        types[node.name] = node.type
+        types[node.name] = effective_type(node, types)
         ops[node.name] = node.op
     for name, value in graph.outputs:
         if value not in types:
@@ -93,8 +93,20 @@ def verify(graph: Graph, env: DimEnv | None = None) -> list[str]:
     return problems
 
 
-def _retype(node: Node, types: dict[str, TensorType], ops: dict[str, str], env: DimEnv,
-            ) -> list[str]:
+def effective_type(node: Node, types: dict[str, TensorType]) -> TensorType:
+    """A node's type as the ops reading it see it: a view has the memory order of its axes in
+    its base (so a layout rule, e.g. a layernorm's innermost axes, holds for views too)."""
+    if node.op != "view" or node.inputs[0] not in types:
+        return node.type
+    base = types[node.inputs[0]]
+    if base.layout is None:
+        return node.type
+    layout = view_layout(base.layout, base.shape, tuple(node.attrs["steps"]))
+    return TensorType(node.type.dtype, node.type.shape, layout)
+
+
+def retype_problems(node: Node, types: dict[str, TensorType], ops: dict[str, str], env: DimEnv,
+                    ) -> list[str]:
     """Re-run the op's type rule on the operand types; the result must have the node's shape."""
     op = OPS[node.op]
     operands = node.attrs.get("operands") or tuple(p.name for p in op.tensor_params

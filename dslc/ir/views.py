@@ -85,3 +85,21 @@ def strides(shape: tuple[Dim, ...], layout: Layout, steps: tuple[Step, ...],
             st = found
         shape = step_shape(shape, step)
     return st, offset
+
+
+def view_layout(layout: Layout, shape: tuple[Dim, ...], steps: tuple[Step, ...]) -> Layout | None:
+    """The memory order a view's axes have in its base (what an op's layout rule sees), as the
+    type rules of transpose, reshape and slice compute it; None where a reshape is no view."""
+    from dslc.ops.layout import reshape_layout  # here: importing dslc.ops registers every op
+
+    for step in steps:
+        if step[0] == "transpose":
+            layout = Layout(tuple(step[1].index(axis) for axis in layout.order))
+        elif step[0] == "reshape":
+            found = reshape_layout(layout, shape, tuple(step[1]))
+            if found is None:
+                return None
+            layout = found
+        shape = step_shape(shape, step)
+    return layout
+

@@ -50,8 +50,9 @@ PASSES: list[Pass] = [
     _each(fold_scalars),
     # Reshape / transpose / slice chains read their base in place: no copy, no kernel.
     _each(make_views),
-    # Every materialised value gets a layout; views get strides (or a copy where needed).
     remove_dead,
+    # Every materialised value gets a layout; views get strides (or a copy where needed).
+    # An op whose rule needs a memory order its operand lacks reads a row-major copy of it.
     _each(assign_layouts),
     # Convs on channels-last data read channels-last weights (copied once, at load time).
     weights_like_inputs,

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from dslc.check.dims import DimEnv
 from dslc.check.types import Layout, TensorType
 from dslc.ir import views
 from dslc.ir.graph import Attrs, Graph, Node
+from dslc.ir.verify import effective_type, retype_problems
 from dslc.lower.canonical import load_time
 from dslc.lower.rewrite import Rewriter
 
@@ -56,10 +58,41 @@ def _chosen_layout(rw: Rewriter, node: Node) -> Layout:
 def assign_layouts(rw: Rewriter, node: Node) -> str | None:
     if node.op == "view":
         return _place_view(rw, node, node.inputs[0], tuple(node.attrs["steps"]))
-    if node.type.layout is not None:
-        return None
-    layout = _chosen_layout(rw, node)
-    return rw.emit(replace(node, type=TensorType(node.type.dtype, node.type.shape, layout)))
+    if node.type.layout is None:
+        layout = _chosen_layout(rw, node)
+        node = replace(node, type=TensorType(node.type.dtype, node.type.shape, layout))
+    return rw.emit(copy_for_layout_rules(rw, node))
+
+
+def copy_for_layout_rules(rw: Rewriter, node: Node) -> Node:
+    """An op whose type rule needs a memory order its operand does not have (a layernorm over
+    axes that are not innermost, an sdpa operand whose last axis is not contiguous) reads a
+    row-major copy of it, and writes its result row-major too. The op table's own rule decides,
+    checked again with the layouts and strides lowering chose."""
+    from dslc.ops import OPS  # here: importing dslc.ops registers every op
+
+    if node.op not in OPS or not node.inputs:
+        return node
+    types: dict[str, TensorType] = {}
+    ops: dict[str, str] = {}
+    for i in node.inputs:
+        x = rw.node(i)
+        base = {x.inputs[0]: rw.node(x.inputs[0]).type} if x.op == "view" else {}
+        types[i], ops[i] = effective_type(x, base), x.op
+    problems = retype_problems(node, types, ops, DimEnv())
+    if not any(p.startswith("E05") for p in problems):
+        return node
+    inputs = []
+    for i in node.inputs:
+        t = types[i]
+        if t.rank == 0 or (t.layout is not None and t.layout.is_row_major and rw.node(i).op != "view"):
+            inputs.append(i)
+            continue
+        inputs.append(rw.new("contiguous", (i,), {}, TensorType(t.dtype, t.shape,
+                                                                 Layout.row_major(t.rank)),
+                             node, f"{i}.row_major"))
+    typ = TensorType(node.type.dtype, node.type.shape, Layout.row_major(node.type.rank))
+    return replace(node, inputs=tuple(inputs), type=typ)
 
 
 def make_weights_rule(graph: Graph):  # type: ignore[no-untyped-def]

@@ -1,0 +1,108 @@
+"""Families that go through defs: calls of the standard library (`linear`, `conv2d`,
+`batchnorm2d`, `layer_norm`, `softmax`: instances, parameter paths, shape patterns) and generated
+defs of residual blocks, called once or stacked with `repeat` (`as "layers.{i}"`)."""
+
+from __future__ import annotations
+
+from dslc.check.types import TensorType
+from dslc.fuzz.families import is_float, static, tame
+from dslc.fuzz.program import Expr, Stmt
+from dslc.fuzz.state import Gen
+
+ACTIVATIONS = ["relu", "gelu", "silu", "tanh"]
+
+
+def _io(g: Gen, e: Expr) -> bool:
+    """A value in the model's `io` dtype: the std library's params are declared in it."""
+    return is_float(e) and e.type.dtype == g.precision.io
+
+
+def _call(g: Gen, text: str, x: Expr, typ: TensorType, scale: float, op: str,
+          defs: tuple[str, ...] = ()) -> Expr:
+    name = g.fresh("v")
+    g.stats.ops[op] += 1
+    g.stats.pairs[(x.op or "input", op)] += 1
+    value = Expr(name, typ, frozenset({name}), False, scale, op)
+    return g.declare(Stmt((name,), f"  let {name} = {text}", x.reads, defs), value)
+
+
+def std_call(g: Gen) -> bool:
+    g.prog.uses_std = True
+    which = g.ch.pick(["linear", "softmax", "conv2d", "layer_norm"])
+    if which == "softmax":
+        x = g.pick(lambda e: is_float(e) and e.type.rank >= 1)
+        if x is None:
+            return False
+        x = tame(g, x, 4.0)
+        _call(g, f"softmax({x.text})", x, TensorType(x.type.dtype, x.type.shape), 1.0, "std.softmax")
+        return True
+    if which in ("linear", "layer_norm"):
+        x = g.pick(lambda e: _io(g, e) and e.type.rank >= 1 and static(e.type.shape[-1]))
+        if x is None:
+            return False
+        if which == "layer_norm":
+            _call(g, f"layer_norm({x.text}, eps=1e-5)", x, TensorType(x.type.dtype, x.type.shape),
+                  2.0, "std.layer_norm")
+            return True
+        out = g.ch.pick([8, 16, 4, 32])
+        bias = "" if g.ch.coin(0.7) else ", has_bias=false"
+        typ = TensorType(x.type.dtype, (*x.type.shape[:-1], out))
+        x = tame(g, x)
+        _call(g, f"linear({x.text}, out={out}{bias})", x, typ, max(x.scale, 1.0), "std.linear")
+        return True
+    x = g.pick(lambda e: _io(g, e) and e.type.rank == 4 and static(e.type.shape[1]))
+    if x is None:
+        return False
+    k, r, stride = g.ch.pick([8, 4, 16]), g.ch.pick([3, 1]), g.ch.pick([1, 2])
+    pad = (r - 1) // 2
+    c = int(x.type.shape[1])
+    typ = g.infer("conv", {"x": x, "w": TensorType(x.type.dtype, (k, c, r, r))},
+                  {"stride": stride, "pad": pad})
+    if not isinstance(typ, TensorType):
+        return False
+    conv = _call(g, f"conv2d({x.text}, out={k}, k={r}, stride={stride}, pad={pad})", x, typ,
+                 max(x.scale, 1.0), "std.conv2d")
+    if g.ch.coin(0.6):
+        _call(g, f"batchnorm2d({conv.text})", conv, typ, 2.0, "std.batchnorm2d")
+    return True
+
+
+SEQ_BLOCK = """def {name}(x: [*L, D], hidden: int) -> [*L, D] {{
+{precision}  let h = linear(x, out=hidden)
+  let o = linear({act}(h), out=D)
+{ret}
+}}"""
+
+CONV_BLOCK = """def {name}(x: [N, C, H, W]) -> [N, C, H, W] {{
+{precision}  let c = conv2d(x, out=C, k=3, pad=1)
+  let b = batchnorm2d(c)
+  return {act}(b + x)
+}}"""
+
+
+def block(g: Gen) -> bool:
+    """A generated residual block (a def), called once or stacked with `repeat`."""
+    x = g.pick(lambda e: _io(g, e) and e.type.rank >= 2 and static(e.type.shape[-1])
+               and (e.type.rank != 4 or static(e.type.shape[1])))
+    if x is None:
+        return False
+    g.prog.uses_std = True
+    name = g.fresh("block")
+    act = g.ch.pick(ACTIVATIONS)
+    precision = "  precision intermediate=f32\n" if g.ch.coin(0.3) else ""
+    if x.type.rank == 4 and g.ch.coin(0.6):
+        g.prog.defs[name] = CONV_BLOCK.format(name=name, precision=precision, act=act)
+        args = ""
+    else:
+        ret = g.ch.pick(["  return x + o", "  let n = layer_norm(x + o)\n  return n"])
+        g.prog.defs[name] = SEQ_BLOCK.format(name=name, precision=precision, act=act, ret=ret)
+        args = f", hidden={g.ch.pick([16, 8, 32])}"
+    x = tame(g, x, 2.0)
+    times = g.ch.between(1, 3)
+    g.stats.features["repeat" if times > 1 else "def"] += 1
+    if times > 1:
+        text = f'repeat {times} {name}({x.text}{args}) as "{name}.{{i}}"'
+    else:
+        text = f"{name}({x.text}{args})"
+    _call(g, text, x, TensorType(x.type.dtype, x.type.shape), 2.0 ** times, "block", (name,))
+    return True

@@ -1,0 +1,372 @@
+"""The op families the generator draws from. Each family proposes one op application (or a short
+pattern) on values already in the program, with attributes drawn from the op's parameter space;
+`Gen.apply` keeps it only if the op's type rule accepts it. A family returns whether it added a
+value. Values are kept where every op is well-conditioned: domain-restricted ops read `|x| + 0.5`,
+`exp` reads a tamed value, discontinuous ops (floor, ceil, comparisons) read exact values only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from dslc.check import dims
+from dslc.check.types import FLOATS
+from dslc.fuzz.program import Expr
+from dslc.fuzz.state import Gen
+
+Family = Callable[[Gen], bool]
+
+PLAIN_UNARY = ["relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "abs", "neg", "erf",
+               "sin", "cos", "softplus", "leaky_relu", "clamp", "swish", "elu"]
+DOMAIN_UNARY = ["log", "sqrt", "rsqrt", "reciprocal"]  # read |x| + 0.5
+STEP_UNARY = ["floor", "ceil"]  # exact operands only
+
+
+def is_float(e: Expr) -> bool:
+    return e.type.dtype in FLOATS
+
+
+def static(d: dims.Dim) -> bool:
+    return isinstance(d, int)
+
+
+def tame(g: Gen, e: Expr, limit: float = 3.0) -> Expr:
+    """`e` scaled to magnitude about 1 when it strays (f16 and bf16 stay finite and precise)."""
+    if e.scale <= limit and e.scale >= 0.05:
+        return e
+    factor = float(f"{1.0 / e.scale:.3g}")
+    out = g.apply("mul", {"a": e, "b": factor}, scale=1.0, infix=True)
+    return out if out is not None else e
+
+
+def positive(g: Gen, e: Expr) -> Expr | None:
+    """|e| + 0.5: a value every domain-restricted op may read."""
+    a = g.apply("abs", {"x": e})
+    return None if a is None else g.apply("add", {"a": a, "b": 0.5}, scale=a.scale + 0.5,
+                                          infix=True)
+
+
+def unary(g: Gen) -> bool:
+    kind = g.ch.pick(["plain", "plain", "domain", "step", "exp"])
+    if kind == "step":
+        x = g.pick(lambda e: is_float(e) and e.exact)
+    else:
+        x = g.pick(is_float)
+    if x is None:
+        return False
+    attrs: dict[str, object] = {}
+    if kind == "plain":
+        op = g.ch.pick(PLAIN_UNARY)
+        if op == "leaky_relu":
+            attrs["slope"] = g.ch.pick([0.01, 0.2, 0.5])
+        elif op == "clamp":
+            lo = g.ch.pick([None, -0.5, -1.0])
+            attrs.update(lo=lo, hi=g.ch.pick([None, 0.5, 2.0] if lo is not None else [0.5, 2.0]))
+        elif op == "swish":
+            attrs["beta"] = g.ch.pick([1.0, 1.5, 0.5])
+        elif op == "elu":
+            attrs["alpha"] = g.ch.pick([1.0, 0.5])
+        scale = 1.0 if op in ("tanh", "sigmoid", "erf", "sin", "cos") else x.scale
+        out = g.apply(op, {"x": x}, attrs, scale=scale)
+    elif kind == "domain":
+        op = g.ch.pick(DOMAIN_UNARY)
+        p = positive(g, x)
+        scale = {"log": math.log(x.scale + 1) + 1, "sqrt": math.sqrt(x.scale + 0.5)}.get(op, 2.0)
+        out = None if p is None else g.apply(op, {"x": p}, scale=scale)
+    elif kind == "step":
+        out = g.apply(g.ch.pick(STEP_UNARY), {"x": x}, scale=x.scale + 1)
+    else:
+        out = g.apply("exp", {"x": tame(g, x, 2.0)}, scale=8.0)
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def _broadcast_partner(g: Gen, a: Expr) -> Expr | float | None:
+    """Something `a` can be combined with: a value of its shape, a param broadcast along
+    trailing axes or along channels, or a number."""
+    how = g.ch.pick(["same", "number", "trailing", "channel"])
+    if how == "same":
+        return g.pick(lambda e: is_float(e) and e.type.shape == a.type.shape and e is not a)
+    if how == "number":
+        return g.ch.pick([0.5, 2.0, -1.5, 3.0])
+    shape = a.type.shape
+    if how == "trailing":
+        k = g.ch.between(1, len(shape)) if shape else 0
+        tail = tuple(shape[len(shape) - k:])
+        if not tail or not all(static(d) for d in tail):
+            return None
+        return g.new_param(tuple(int(d) for d in tail), "shift")
+    if len(shape) < 3 or not static(shape[1]):
+        return None
+    return g.new_param((int(shape[1]),) + (1,) * (len(shape) - 2), "scale")
+
+
+def binary(g: Gen) -> bool:
+    a = g.pick(is_float)
+    if a is None:
+        return False
+    b = _broadcast_partner(g, a)
+    if b is None:
+        return False
+    op = g.ch.pick(["add", "mul", "sub", "max", "min", "div", "pow"])
+    bs = b.scale if isinstance(b, Expr) else abs(b)
+    if op == "div":
+        b = positive(g, b) if isinstance(b, Expr) else abs(b) + 0.5
+        scale = a.scale * 2
+    elif op == "pow":
+        base = positive(g, tame(g, a))
+        if base is None:
+            return False
+        a = base
+        b = g.ch.pick([2.0, 0.5, 1.5, -0.5])
+        scale = (a.scale + 0.5) ** 2
+    else:
+        scale = {"add": a.scale + bs, "sub": a.scale + bs, "mul": a.scale * bs}.get(
+            op, max(a.scale, bs))
+    if b is None:
+        return False
+    out = g.apply(op, {"a": a, "b": b}, scale=scale, infix=op in ("add", "sub", "mul", "div")
+                  and g.ch.coin(0.8))
+    if out is None:
+        return False
+    g.bind(tame(g, out, 30.0))
+    return True
+
+
+def compare_select(g: Gen) -> bool:
+    a = g.pick(lambda e: is_float(e) and e.exact)
+    if a is None:
+        return False
+    b: Expr | float | None = g.pick(lambda e: e.exact and is_float(e) and e.type.shape == a.type.shape
+                                    and e is not a) if g.ch.coin(0.5) else None
+    if b is None:
+        b = g.ch.pick([0.0, 0.5, -0.25])
+    op = g.ch.pick(["cmp_gt", "cmp_lt", "cmp_ge", "cmp_le", "cmp_eq", "cmp_ne"])
+    mask = g.apply(op, {"a": a, "b": b}, infix=True)
+    other = g.pick(lambda e: is_float(e) and e.type.shape == a.type.shape and e is not a)
+    if mask is None or other is None:
+        return False
+    out = g.apply("select", {"mask": mask, "a": a, "b": other})
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def bias_scale(g: Gen) -> bool:
+    x = g.pick(lambda e: is_float(e) and e.type.rank >= 2)
+    if x is None:
+        return False
+    axis = g.ch.pick([1, x.type.rank - 1, -1])
+    size = x.type.shape[axis]
+    if not static(size):
+        return False
+    op = g.ch.pick(["bias_add", "scale_mul"])
+    b = g.new_param((int(size),), "shift" if op == "bias_add" else "scale")
+    out = g.apply(op, {"x": x, "b": b}, {"axis": axis})
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def cast(g: Gen) -> bool:
+    x = g.pick(is_float)
+    if x is None:
+        return False
+    dtype = g.ch.pick([d for d in FLOATS if d != x.type.dtype])
+    out = g.apply("cast", {"x": tame(g, x, 100.0)}, {"dtype": dtype})
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def matmul(g: Gen) -> bool:
+    a = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and static(e.type.shape[-1]))
+    if a is None:
+        return False
+    k = int(a.type.shape[-1])
+    form = g.ch.pick(["param", "linear", "self", "value"])
+    if form == "param":
+        b: Expr | None = g.new_param((k, g.ch.pick([8, 16, 4, 32, 1, 3])))
+    elif form == "linear":
+        w = g.new_param((g.ch.pick([8, 16, 5, 32]), k))
+        b = g.apply("transpose", {"x": w}, {"perm": (1, 0)})
+    elif form == "self":
+        perm = tuple(range(a.type.rank - 2)) + (a.type.rank - 1, a.type.rank - 2)
+        b = g.apply("transpose", {"x": a}, {"perm": perm})
+    else:
+        b = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and e.type.shape[-2] == k)
+    if b is None:
+        return False
+    out = g.apply("matmul", {"a": tame(g, a), "b": b},
+                  scale=max(a.scale, 0.05) * b.scale * math.sqrt(k) if form == "value" else None)
+    if out is None:
+        return False
+    g.bind(tame(g, out, 30.0))
+    return True
+
+
+def _pads(g: Gen, r: int, n: int, attrs: dict[str, object], asym: bool) -> None:
+    kind = g.ch.pick(["none", "same", "list", "asym"] if asym else ["none", "same", "list"])
+    if kind == "same":
+        attrs["pad"] = (r - 1) // 2
+    elif kind == "list":
+        attrs["pad"] = [g.ch.between(0, r - 1) for _ in range(n)]
+    elif kind == "asym":
+        attrs["pre_pad"] = [g.ch.between(0, r - 1) for _ in range(n)]
+        attrs["post_pad"] = [g.ch.between(0, r - 1) for _ in range(n)]
+
+
+def conv(g: Gen) -> bool:
+    """conv (stride, dilation, groups, symmetric or asymmetric padding) or conv_transpose, then
+    sometimes a bias."""
+    x = g.pick(lambda e: is_float(e) and 3 <= e.type.rank <= 5 and static(e.type.shape[1]))
+    if x is None:
+        return False
+    c = int(x.type.shape[1])
+    n = x.type.rank - 2
+    r = g.ch.pick([1, 3, 2, 5])
+    stride = g.ch.pick([1, 2, 3])
+    attrs: dict[str, object] = {"stride": stride, "dilation": g.ch.pick([1, 1, 2])}
+    if g.ch.coin(0.25):  # transposed: x [N, K, *S], w [K, C, *R] -> [N, C, *O]
+        _pads(g, r, n, attrs, asym=False)
+        attrs["output_pad"] = g.ch.between(0, stride - 1)
+        w = g.new_param((c, g.ch.between(1, 16)) + (r,) * n)
+        out = g.apply("conv_transpose", {"x": tame(g, x), "w": w}, attrs)
+    else:
+        groups = g.ch.pick([1] + [d for d in (2, 3, 4, c) if c % d == 0 and d > 1])
+        attrs["groups"] = groups
+        _pads(g, r, n, attrs, asym=True)
+        w = g.new_param((groups * g.ch.between(1, max(1, 16 // groups)), c // groups) + (r,) * n)
+        out = g.apply("conv", {"x": tame(g, x), "w": w}, attrs)
+    if out is None:
+        return False
+    if g.ch.coin(0.5):
+        bias = g.new_param((int(out.type.shape[1]),), "shift")
+        out = g.apply("bias_add", {"x": g.bind(out), "b": bias})
+        if out is None:
+            return False
+    g.bind(tame(g, out, 30.0))
+    return True
+
+
+def reduce(g: Gen) -> bool:
+    x = g.pick(is_float)
+    if x is None or x.type.rank == 0:
+        return False
+    op = g.ch.pick(["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_amax",
+                    "reduce_l1", "reduce_l2", "reduce_prod"])
+    axes = g.ch.subset(list(range(x.type.rank)))
+    if g.ch.coin(0.2):
+        axes = [a - x.type.rank for a in axes]  # negative axes count from the end
+    count = math.prod(int(x.type.shape[a]) if static(x.type.shape[a]) else 64 for a in axes)
+    if op == "reduce_prod":
+        if count > 4:
+            return False
+        x = tame(g, x, 1.5)
+    scale = {"reduce_sum": x.scale * math.sqrt(count) * 2, "reduce_l1": x.scale * count,
+             "reduce_l2": x.scale * math.sqrt(count), "reduce_prod": 2.0}.get(op, x.scale * 2)
+    out = g.apply(op, {"x": x}, {"axes": axes, "keepdims": g.ch.coin(0.4)}, scale=scale)
+    if out is None:
+        return False
+    g.bind(tame(g, out, 30.0))
+    return True
+
+
+def norm(g: Gen) -> bool:
+    op = g.ch.pick(["layernorm", "rmsnorm", "batchnorm", "instancenorm"])
+    if op in ("layernorm", "rmsnorm"):
+        x = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and static(e.type.shape[-1]))
+        if x is None:
+            return False
+        r = 2 if x.type.rank >= 3 and static(x.type.shape[-2]) and g.ch.coin(0.3) else 1
+        shape = tuple(int(d) for d in x.type.shape[x.type.rank - r:])
+        tensors = {"x": x, "scale": g.new_param(shape, "scale")}
+        if op == "layernorm" or g.ch.coin(0.3):
+            tensors["bias"] = g.new_param(shape, "shift")
+        out = g.apply(op, tensors, {"eps": g.ch.pick([1e-5, 1e-6, 0.001])}, scale=2.0)
+    else:
+        x = g.pick(lambda e: is_float(e) and e.type.rank >= 3 and static(e.type.shape[1]))
+        if x is None:
+            return False
+        c = (int(x.type.shape[1]),)
+        if op == "batchnorm":
+            tensors = {"x": x, "mean": g.new_param(c, "mean", "f32"),
+                       "var": g.new_param(c, "var", "f32"), "scale": g.new_param(c, "scale", "f32"),
+                       "bias": g.new_param(c, "shift", "f32")}
+            out = g.apply(op, tensors, {"eps": 1e-5}, scale=x.scale * 2)
+        else:
+            tensors = {"x": x, "scale": g.new_param(c, "scale"), "bias": g.new_param(c, "shift")}
+            out = g.apply(op, tensors, {"eps": 1e-5}, scale=4.0)
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def pool(g: Gen) -> bool:
+    x = g.pick(lambda e: is_float(e) and e.type.rank == 4)
+    if x is None:
+        return False
+    if g.ch.coin(0.3):
+        factor = g.ch.pick([2, 1, 3])
+        mode = g.ch.pick(["nearest", "bilinear"])
+        out = g.apply("upsample", {"x": x}, {"factor": factor, "mode": mode})
+    else:
+        window = g.ch.pick([2, 3, 1, 4])
+        attrs: dict[str, object] = {"window": window}
+        if g.ch.coin(0.6):
+            attrs["stride"] = g.ch.between(1, window)
+        if g.ch.coin(0.5):
+            attrs["pad"] = g.ch.between(0, window // 2)
+        op = g.ch.pick(["maxpool", "avgpool"])
+        if op == "avgpool" and g.ch.coin(0.4):
+            attrs["count_pad"] = True
+        out = g.apply(op, {"x": x}, attrs)
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def attention(g: Gen) -> bool:
+    if g.precision.io not in ("f16", "bf16"):
+        return False
+    x = g.pick(lambda e: is_float(e) and e.type.rank == 3 and e.type.dtype == g.precision.io
+               and static(e.type.shape[2]))
+    heads = g.ch.pick([1, 2, 4])
+    head_dim = g.ch.pick([8, 16, 32])
+    width = heads * head_dim
+    kv_heads = g.ch.pick([h for h in (heads, 1, 2) if heads % h == 0])
+    if x is None:
+        return False
+    b, s = x.type.shape[0], x.type.shape[1]
+    qkv: list[Expr] = []
+    for name, h in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
+        w = g.new_param((int(x.type.shape[2]), h * head_dim))
+        proj = g.apply("matmul", {"a": tame(g, x), "b": w})
+        if proj is None:
+            return False
+        split = g.apply("reshape", {"x": g.bind(proj, name)}, {"shape": (b, s, h, head_dim)})
+        t = None if split is None else g.apply("transpose", {"x": split}, {"perm": (0, 2, 1, 3)})
+        if t is None:
+            return False
+        qkv.append(t)
+    attrs: dict[str, object] = {"causal": g.ch.coin(0.4)}
+    if g.ch.coin(0.3):
+        attrs["scale"] = g.ch.pick([0.125, 0.5])
+    out = g.apply("sdpa", dict(zip("qkv", qkv, strict=True)), attrs)
+    if out is None:
+        return False
+    merged = g.apply("transpose", {"x": g.bind(out)}, {"perm": (0, 2, 1, 3)})
+    merged = None if merged is None else g.apply("reshape", {"x": merged},
+                                                 {"shape": (b, s, width)})
+    if merged is None:
+        return False
+    g.bind(merged)
+    return True

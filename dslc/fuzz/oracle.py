@@ -1,0 +1,223 @@
+"""Run one generated program through the compiler and compare it with independent oracles.
+
+Stages, each of which can fail the program:
+- check: the program must check clean as declared (it is well-typed by construction: a rejection
+  is a generator or checker bug);
+- reference: checked in f32 for the reference backend, lowered (the IR verifier after every pass),
+  fused, and run by the numpy interpreter reading every view through its planned strides
+  (`check_views`);
+- torch: the checked graph translated op by op to PyTorch (`dslc.ir.to_torch`, which never calls
+  the numpy references) on the same inputs and weights: outputs equal within tolerance;
+- compile: at its declared precision, compiled deviceless for the H200 profile, the bundle written
+  and read back: the bundle's graph prints as the compiled one, and the reference run of the
+  bundle equals the reference run of the compiled graph bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dslc.check.context import ParamSpec
+from dslc.check.types import PrecisionSpec
+from dslc.diag.diagnostic import Sink
+from dslc.fuzz.program import Program
+from dslc.ir import interp
+from dslc.ir.graph import Graph
+from dslc.ir.interp import NUMPY_DTYPES
+from dslc.ir.verify import verify
+from dslc.pipeline import Options, front_end
+from dslc.weights import random_weights
+
+F32 = PrecisionSpec("f32", "f32", "f32")
+# max|ours - theirs| / max|theirs| per output, by the narrowest float dtype the f32 run stores.
+TOLERANCE = {"f32": 2e-4, "f16": 2e-2, "bf16": 8e-2}
+
+
+@dataclass
+class Outcome:
+    status: str  # ok | rejected | crash | view | verify | mismatch | roundtrip
+    stage: str = ""
+    detail: str = ""
+    errors: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "ok"
+
+    @property
+    def signature(self) -> tuple[str, str, str]:
+        """What makes two failures the same bug, for shrinking: kind, stage, and the exception
+        type or the first words of the message."""
+        head = self.detail.split(":", 1)[0] if self.status == "crash" else ""
+        return self.status, self.stage, head
+
+
+class Failure(Exception):
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.detail)
+        self.outcome = outcome
+
+
+def run(prog: Program, seed: int = 0, torch_oracle: bool = True, compile: bool = True) -> Outcome:
+    """The program through every stage; the first failure, or ok with the errors measured."""
+    with tempfile.TemporaryDirectory(prefix="dslc-fuzz-") as tmp:
+        path = Path(tmp) / "fuzz.cgraph"
+        path.write_text(prog.source())
+        stage = "check"
+        try:
+            declared = _checked(path, Options())
+            stage = "reference"
+            model = _checked(path, Options(precision=F32, backend="reference"))
+            inputs = make_inputs(model.inputs, prog.run_dims, declared, seed)
+            weights = make_weights(declared.params, prog.roles(), seed)
+            lowered, plan = _lower(model.graph, model.env)
+            ours = interp.run(lowered, inputs, weights, model.env, virtual=plan.virtual(),
+                              check_views=True)
+            errors: dict[str, float] = {}
+            if torch_oracle:
+                stage = "torch"
+                theirs = torch_outputs(model.graph, prog.run_dims, inputs, weights)
+                errors = compare(ours, theirs, narrowest(model.graph))
+            if compile:
+                stage = "compile"
+                roundtrip(declared, Path(tmp), inputs, weights, prog.run_dims)
+        except Failure as f:
+            f.outcome.stage = f.outcome.stage or stage
+            return f.outcome
+        except interp.ViewError as err:
+            return Outcome("view", stage, str(err))
+        except Exception as err:  # a crash anywhere is a bug: name it and where it happened
+            return Outcome("crash", stage, f"{type(err).__name__}: {err}\n"
+                                           f"{''.join(traceback.format_exc(limit=-4))}")
+    return Outcome("ok", errors=errors)
+
+
+def _checked(path: Path, options: Options) -> Any:
+    sink = Sink()
+    result = front_end(path, options, sink)
+    errors = [d for d in sink.diagnostics if d.is_error]
+    if result.model is None or errors:
+        first = errors[0] if errors else None
+        text = f"{first.code} {first.message} (line {first.span.line})" if first else "no model"
+        raise Failure(Outcome("rejected", "", text))
+    return result.model
+
+
+def _lower(graph: Graph, env: Any) -> tuple[Graph, Any]:
+    from dslc.fuse import fuse
+    from dslc.lower import lower
+
+    def after(name: str, g: Graph) -> None:
+        problems = verify(g, env)
+        if problems:
+            raise Failure(Outcome("verify", "reference", f"after {name}: {problems[0]}"))
+
+    lowered = lower(graph, after_each=after)
+    return lowered, fuse(lowered)
+
+
+def make_inputs(specs: Any, run_dims: dict[str, int], declared: Any, seed: int,
+                ) -> dict[str, np.ndarray]:
+    """Normal random inputs in each input's declared dtype (so the f32 run and the declared run
+    read the same values)."""
+    from dslc.check import dims
+
+    rng = np.random.default_rng(seed)
+    dtypes = {i.name: i.type.dtype for i in declared.inputs}
+    out = {}
+    for spec in specs:
+        shape = tuple(dims.evaluate(d, run_dims, declared.env) for d in spec.type.shape)
+        out[spec.name] = rng.standard_normal(shape).astype(NUMPY_DTYPES[dtypes[spec.name]])
+    return out
+
+
+def make_weights(params: tuple[ParamSpec, ...], roles: dict[str, str], seed: int,
+                 ) -> dict[str, np.ndarray]:
+    """Weights in their declared dtypes: the generator's params by the role it gave them, the
+    standard library's by their names (batchnorm variances positive, weights scaled by fan-in)."""
+    out = random_weights(params, seed)
+    rng = np.random.default_rng(seed + 1)
+    for p in params:
+        role = roles.get(p.path)
+        if role is None:
+            continue
+        fan_in = math.prod(p.shape[1:]) if len(p.shape) >= 2 else 1
+        a = {"var": lambda: rng.uniform(0.5, 1.5, p.shape),
+             "mean": lambda: rng.normal(0.0, 0.1, p.shape),
+             "scale": lambda: rng.uniform(0.8, 1.2, p.shape) * rng.choice([-1.0, 1.0], p.shape),
+             "shift": lambda: rng.normal(0.0, 0.3, p.shape)}.get(
+            role, lambda: rng.normal(0.0, 1.0 / math.sqrt(fan_in), p.shape))()
+        out[p.path] = np.asarray(a).astype(NUMPY_DTYPES[p.dtype])
+    return out
+
+
+def narrowest(graph: Graph) -> str:
+    dtypes = {n.type.dtype for n in graph.nodes}
+    return "bf16" if "bf16" in dtypes else "f16" if "f16" in dtypes else "f32"
+
+
+def torch_outputs(graph: Graph, run_dims: dict[str, int], inputs: dict[str, np.ndarray],
+                  weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from dslc.ir.to_torch import run_numpy
+
+    return run_numpy(graph, run_dims, inputs, weights)
+
+
+def compare(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], dtype: str,
+            ) -> dict[str, float]:
+    tol = TOLERANCE[dtype]
+    errors = {}
+    for name, want in theirs.items():
+        got = ours[name]
+        if got.shape != want.shape:
+            raise Failure(Outcome("mismatch", "torch", f"output {name}: shape {got.shape} against "
+                                                       f"PyTorch's {want.shape}"))
+        a, b = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            bad = "ours" if not np.isfinite(a).all() else "PyTorch's"
+            raise Failure(Outcome("mismatch", "torch", f"output {name}: {bad} not finite"))
+        err = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-6)) if a.size else 0.0
+        errors[name] = err
+        if err > tol:
+            raise Failure(Outcome("mismatch", "torch", f"output {name}: relative error {err:.3e} "
+                                                       f"> {tol} ({dtype})", errors))
+    return errors
+
+
+def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
+              weights: dict[str, np.ndarray], run_dims: dict[str, int]) -> None:
+    """Deviceless compile at the declared precision; the bundle written and read back must hold
+    the same graph, and running it must give the same bits as running the compiled graph."""
+    from dslc.compile.stage import compile_model
+    from dslc.compile.target import load_target
+    from dslc.emit import bundle as emit_bundle
+    from dslc.ir.printer import format_graph
+    from dslc.runtime.bundle import read
+    from dslc.runtime.schedule import Program as BundleProgram
+
+    lowered, plan = _lower(model.graph, model.env)
+    compiled = compile_model(model, lowered, plan, load_target("h200"))
+    path = tmp / "fuzz.bundle"
+    emit_bundle.write(path, emit_bundle.payload(compiled))
+    program = BundleProgram(read(path))
+    if format_graph(program.graph) != format_graph(compiled.graph):
+        raise Failure(Outcome("roundtrip", "compile", "the bundle's graph differs from the "
+                                                      "compiled one"))
+    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
+    built = {n for s in compiled.steps if s.kind == "graph" for n in s.group.nodes
+             if n not in s.group.outputs}
+    if virtual != built:
+        raise Failure(Outcome("roundtrip", "compile", "the bundle's fused groups differ"))
+    a = interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
+    b = interp.run(compiled.graph, inputs, weights, model.env, virtual=built)
+    for name in b:
+        if a[name].tobytes() != b[name].tobytes():
+            raise Failure(Outcome("roundtrip", "compile", f"output {name} of the bundle's "
+                                                          "reference run differs"))

@@ -1,0 +1,146 @@
+"""Families that move data or only re-describe it: transpose, reshape, slice (as a call and in
+`x[a:b]` syntax), concat, contiguous, and genstats' tuple binding. Views of inputs, of params and
+of computed values, chained, are where a wrong stride hides."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dslc.check import dims
+from dslc.fuzz.families import is_float, static, tame
+from dslc.fuzz.program import Expr
+from dslc.fuzz.state import Gen
+
+
+def printable(d: dims.Dim) -> bool:
+    """A dim the source can spell: an int or a polynomial of declared dims (no floor atoms)."""
+    return isinstance(d, int) or not any("⌊" in s for s in d.symbols())
+
+
+def _permutation(g: Gen, rank: int) -> tuple[int, ...]:
+    pool = list(range(rank))
+    return tuple(pool.pop(g.ch.below(len(pool))) for _ in range(rank))
+
+
+def _reshape_target(g: Gen, shape: tuple[dims.Dim, ...]) -> tuple[dims.Dim, ...] | None:
+    """Merge two neighbours, split one axis, add a size-1 axis, or flatten; an axis the source
+    cannot spell becomes -1 (at most one)."""
+    rank = len(shape)
+    how = g.ch.pick(["merge", "split", "unsqueeze", "flatten"])
+    new: list[dims.Dim]
+    if how == "merge" and rank >= 2:
+        i = g.ch.below(rank - 1)
+        new = [*shape[:i], dims.mul(shape[i], shape[i + 1]), *shape[i + 2:]]
+    elif how == "split":
+        axes = [i for i, d in enumerate(shape) if static(d) and int(d) >= 4 and _factor(int(d))]
+        if not axes:
+            return None
+        i = g.ch.pick(axes)
+        f = _factor(int(shape[i]))
+        new = [*shape[:i], f, int(shape[i]) // f, *shape[i + 1:]]
+    elif how == "unsqueeze":
+        i = g.ch.between(0, rank)
+        new = [*shape[:i], 1, *shape[i:]]
+    else:
+        new = [-1]
+    bad = [i for i, d in enumerate(new) if not printable(d)]
+    if len(bad) > 1 or (bad and -1 in new):
+        return None
+    for i in bad:
+        new[i] = -1
+    return tuple(new)
+
+
+def _factor(n: int) -> int:
+    return next((f for f in (2, 3, 4, 5) if n % f == 0 and n // f > 1), 0)
+
+
+def view(g: Gen) -> bool:
+    x = g.pick(lambda e: e.type.rank >= 1)
+    if x is None:
+        return False
+    kind = g.ch.pick(["transpose", "reshape", "slice", "index"])
+    out: Expr | None
+    if kind == "transpose":
+        if x.type.rank < 2:
+            return False
+        out = g.apply("transpose", {"x": x}, {"perm": _permutation(g, x.type.rank)})
+    elif kind == "reshape":
+        target = _reshape_target(g, x.type.shape)
+        out = None if target is None else g.apply("reshape", {"x": x}, {"shape": target})
+    else:
+        out = _slice(g, x, syntax=kind == "index")
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def _slice(g: Gen, x: Expr, syntax: bool) -> Expr | None:
+    starts: list[dims.Dim] = []
+    ends: list[dims.Dim] = []
+    written: list[str] = []
+    for d in x.type.shape:
+        if static(d) and int(d) >= 2 and g.ch.coin(0.6):
+            size = int(d)
+            a = g.ch.below(size - 1)
+            b = g.ch.between(a + 1, size)
+            starts.append(a)
+            ends.append(b)
+            lo = a - size if g.ch.coin(0.2) else a  # a negative bound counts from the end
+            written.append(f"{lo}:{b}")
+        elif not printable(d) and not syntax:
+            return None
+        else:
+            starts.append(0)
+            ends.append(d)
+            written.append(":")
+    if not any(w != ":" for w in written):
+        return None
+    out = g.apply("slice", {"x": x}, {"starts": tuple(starts), "ends": tuple(ends)})
+    if out is None or not syntax:
+        return out
+    return replace(out, text=f"{x.text}[{', '.join(written)}]")
+
+
+def concat(g: Gen) -> bool:
+    x = g.pick(lambda e: is_float(e) and e.type.rank >= 1)
+    if x is None:
+        return False
+    axis = g.ch.below(x.type.rank)
+    items = [x]
+    for _ in range(g.ch.between(1, 2)):
+        if g.ch.coin(0.5) and static(x.type.shape[axis]) and all(printable(d) for d in x.type.shape):
+            shape = list(x.type.shape)
+            shape[axis] = g.ch.between(1, 4)
+            items.append(g.new_input(tuple(shape), dtype=x.type.dtype))
+        else:
+            sibling = g.apply(g.ch.pick(["relu", "tanh", "neg"]), {"x": x})
+            if sibling is None:
+                return False
+            items.append(sibling)
+    out = g.apply("concat", {"xs": items}, {"axis": axis - x.type.rank if g.ch.coin(0.2) else axis})
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def contiguous(g: Gen) -> bool:
+    x = g.pick(lambda e: e.type.rank >= 1)
+    out = None if x is None else g.apply("contiguous", {"x": x})
+    if out is None:
+        return False
+    g.bind(out)
+    return True
+
+
+def genstats(g: Gen) -> bool:
+    x = g.pick(lambda e: is_float(e) and e.type.rank >= 3 and static(e.type.shape[1]))
+    if x is None:
+        return False
+    x = tame(g, x, 2.0)
+    count = 1
+    for d in x.type.shape[2:]:
+        count *= int(d) if static(d) else 64
+    return g.bind_tuple("genstats", x, scale=4.0 * count)
