@@ -1,0 +1,255 @@
+"""PyTorch calls for each op of the op table (`dslc.ops.OPS`), written from the ops' documented
+meaning: the op side of `dslc.ir.to_torch`. Each entry takes the operands (tensors, in parameter
+order; optional ones named by the `operands` attr) and the node's attrs with every dim concrete,
+and returns the result; the caller converts dtypes. It must never call dslc's numpy references:
+it is the independent side of the comparison with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Attrs = Mapping[str, Any]
+OpFn = Callable[[list[Tensor], Attrs], Tensor]
+
+
+# ---- pointwise ----------------------------------------------------------------------------------
+
+def _clamp(x: Tensor, a: Attrs) -> Tensor:
+    if a["lo"] is None and a["hi"] is None:
+        return x
+    return torch.clamp(x, a["lo"], a["hi"])
+
+
+UNARY: dict[str, Callable[[Tensor, Attrs], Tensor]] = {
+    "relu": lambda x, a: torch.relu(x),
+    "leaky_relu": lambda x, a: F.leaky_relu(x, a["slope"]),
+    "clamp": _clamp,
+    "gelu": lambda x, a: F.gelu(x),
+    "gelu_tanh": lambda x, a: F.gelu(x, approximate="tanh"),
+    "silu": lambda x, a: F.silu(x),
+    "swish": lambda x, a: x * torch.sigmoid(a["beta"] * x),
+    "sigmoid": lambda x, a: torch.sigmoid(x),
+    "tanh": lambda x, a: torch.tanh(x),
+    "elu": lambda x, a: F.elu(x, a["alpha"]),
+    # threshold above any float's log range: softplus exactly, not its linear tail
+    "softplus": lambda x, a: F.softplus(x, threshold=1e30),
+    "exp": lambda x, a: torch.exp(x),
+    "log": lambda x, a: torch.log(x),
+    "sqrt": lambda x, a: torch.sqrt(x),
+    "rsqrt": lambda x, a: torch.rsqrt(x),
+    "reciprocal": lambda x, a: torch.reciprocal(x),
+    "erf": lambda x, a: torch.special.erf(x),
+    "sin": lambda x, a: torch.sin(x),
+    "cos": lambda x, a: torch.cos(x),
+    "floor": lambda x, a: torch.floor(x),
+    "ceil": lambda x, a: torch.ceil(x),
+    "abs": lambda x, a: torch.abs(x),
+    "neg": lambda x, a: torch.neg(x),
+}
+
+BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.true_divide,
+    "max": torch.maximum, "min": torch.minimum, "pow": torch.pow,
+    "cmp_lt": torch.lt, "cmp_le": torch.le, "cmp_gt": torch.gt, "cmp_ge": torch.ge,
+    "cmp_eq": torch.eq, "cmp_ne": torch.ne,
+}
+
+
+def _on_axis(b: Tensor, ndim: int, axis: int) -> Tensor:
+    """A vector laid along `axis` of a rank-`ndim` tensor; other shapes broadcast as they are."""
+    if b.dim() != 1:
+        return b
+    shape = [1] * ndim
+    shape[axis] = b.shape[0]
+    return b.reshape(shape)
+
+
+# ---- convolutions, pooling, resampling ----------------------------------------------------------
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+_MAXPOOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVGPOOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+_LINEAR_MODE = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+def _in_float(fn: OpFn) -> OpFn:
+    """PyTorch's window kernels take floats only: integer operands go through float64 (exact
+    for the i8 products and sums these ops meet); the caller converts the result back."""
+    def run(xs: list[Tensor], a: Attrs) -> Tensor:
+        if all(x.is_floating_point() for x in xs):
+            return fn(xs, a)
+        return fn([x.double() for x in xs], a)
+
+    return run
+
+
+def _conv(xs: list[Tensor], a: Attrs) -> Tensor:
+    x, w = xs
+    pre, post = a["pre_pad"], a["post_pad"]
+    padding = pre
+    if pre != post:  # asymmetric: pad explicitly (F.pad lists the last axis first)
+        x = F.pad(x, [p for i in reversed(range(len(pre))) for p in (pre[i], post[i])])
+        padding = 0
+    return _CONV[x.dim() - 2](x, w, None, a["stride"], padding, a["dilation"], a["groups"])
+
+
+def _conv_transpose(xs: list[Tensor], a: Attrs) -> Tensor:
+    x, w = xs
+    return _CONV_T[x.dim() - 2](x, w, None, a["stride"], a["pad"], a["output_pad"], 1,
+                                a["dilation"])
+
+
+def _maxpool(xs: list[Tensor], a: Attrs) -> Tensor:
+    # dslc's pads are symmetric and at most half the window, as PyTorch's; floor mode.
+    x = xs[0]
+    return _MAXPOOL[x.dim() - 2](x, a["window"], a["stride"], a["pad"])
+
+
+def _avgpool(xs: list[Tensor], a: Attrs) -> Tensor:
+    x = xs[0]
+    return _AVGPOOL[x.dim() - 2](x, a["window"], a["stride"], a["pad"],
+                                 count_include_pad=bool(a["count_pad"]))
+
+
+def _upsample(xs: list[Tensor], a: Attrs) -> Tensor:
+    """Integer factors: nearest repeats each element; bilinear (linear per spatial axis) samples
+    at half-pixel centres, clamped at the borders (align_corners=False)."""
+    x = xs[0]
+    n = x.dim() - 2
+    size = [s * f for s, f in zip(x.shape[2:], a["factor"], strict=True)]
+    if a["mode"] == "nearest":
+        return F.interpolate(x, size=size, mode="nearest")
+    return F.interpolate(x, size=size, mode=_LINEAR_MODE[n], align_corners=False)
+
+
+# ---- norms, attention, reductions ---------------------------------------------------------------
+
+def _named(xs: list[Tensor], a: Attrs, default: tuple[str, ...]) -> dict[str, Tensor]:
+    """Operands by parameter name (optional tensors are listed in the `operands` attr)."""
+    return dict(zip(a.get("operands") or default, xs, strict=True))
+
+
+def _batchnorm(xs: list[Tensor], a: Attrs) -> Tensor:
+    x, mean, var, scale, bias = xs
+    return F.batch_norm(x, mean, var, scale, bias, training=False, eps=a["eps"])
+
+
+def _layernorm(xs: list[Tensor], a: Attrs) -> Tensor:
+    t = _named(xs, a, ("x", "scale", "bias"))
+    return F.layer_norm(t["x"], tuple(t["scale"].shape), t["scale"], t["bias"], a["eps"])
+
+
+def _rmsnorm(xs: list[Tensor], a: Attrs) -> Tensor:
+    t = _named(xs, a, ("x", "scale"))
+    x, scale = t["x"], t["scale"]
+    if hasattr(F, "rms_norm"):
+        y = F.rms_norm(x, tuple(scale.shape), scale, a["eps"])
+    else:  # older PyTorch: written out
+        axes = tuple(range(x.dim() - scale.dim(), x.dim()))
+        y = x * torch.rsqrt(x.pow(2).mean(axes, keepdim=True) + a["eps"]) * scale
+    return y + t["bias"] if "bias" in t else y
+
+
+def _instancenorm(xs: list[Tensor], a: Attrs) -> Tensor:
+    x, scale, bias = xs
+    return F.instance_norm(x, weight=scale, bias=bias, eps=a["eps"])
+
+
+def _sdpa(xs: list[Tensor], a: Attrs) -> Tensor:
+    """Heads of k and v repeated for GQA (query head h reads kv head h // group); `causal` keeps
+    key j <= query i (top-left aligned), `window` keeps j > i - window; bias adds to the scores.
+    A query that keeps no key at all is undefined (PyTorch returns 0 there, numpy NaN)."""
+    t = _named(xs, a, ("q", "k", "v"))
+    q, k, v = t["q"], t["k"], t["v"]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    mask: Tensor | None = t.get("bias")
+    if a["causal"] or a["window"] is not None:
+        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
+        if a["causal"]:
+            keep = keep & (j <= i)
+        if a["window"] is not None:
+            keep = keep & (j > i - a["window"])
+        if mask is None:
+            mask = keep
+        else:
+            mask = mask.to(q.dtype).masked_fill(~keep, float("-inf"))
+    elif mask is not None:
+        mask = mask.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a["scale"])
+
+
+def _prod(x: Tensor, axes: tuple[int, ...], keep: bool) -> Tensor:
+    for axis in sorted(axes, reverse=True):  # torch.prod takes one axis at a time
+        x = torch.prod(x, dim=axis, keepdim=keep)
+    return x
+
+
+REDUCE: dict[str, Callable[[Tensor, tuple[int, ...], bool], Tensor]] = {
+    "reduce_sum": lambda x, ax, k: torch.sum(x, dim=ax, keepdim=k),
+    "reduce_mean": lambda x, ax, k: torch.mean(x, dim=ax, keepdim=k),
+    "reduce_max": lambda x, ax, k: torch.amax(x, dim=ax, keepdim=k),
+    "reduce_min": lambda x, ax, k: torch.amin(x, dim=ax, keepdim=k),
+    "reduce_amax": lambda x, ax, k: torch.amax(x.abs(), dim=ax, keepdim=k),
+    "reduce_prod": _prod,
+    "reduce_l1": lambda x, ax, k: torch.linalg.vector_norm(x, 1, dim=ax, keepdim=k),
+    "reduce_l2": lambda x, ax, k: torch.linalg.vector_norm(x, 2, dim=ax, keepdim=k),
+}
+
+
+def _genstats(xs: list[Tensor], a: Attrs) -> Tensor:
+    """Output 0: per-channel sum; output 1: per-channel sum of squares (kept as [1, C, 1...])."""
+    x = xs[0]
+    axes = (0, *range(2, x.dim()))
+    return torch.sum(x if a.get("output", 0) == 0 else x * x, dim=axes, keepdim=True)
+
+
+# ---- the table ----------------------------------------------------------------------------------
+
+def _table() -> dict[str, OpFn]:
+    ops: dict[str, OpFn] = {}
+    for name, unary in UNARY.items():
+        ops[name] = lambda xs, a, f=unary: f(xs[0], a)  # type: ignore[misc]
+    for name, binary in BINARY.items():
+        ops[name] = lambda xs, a, f=binary: f(xs[0], xs[1])  # type: ignore[misc]
+    ops.update({
+        "select": lambda xs, a: torch.where(xs[0].to(torch.bool), xs[1], xs[2]),
+        "bias_add": lambda xs, a: xs[0] + _on_axis(xs[1], xs[0].dim(), a["axis"]),
+        "scale_mul": lambda xs, a: xs[0] * _on_axis(xs[1], xs[0].dim(), a["axis"]),
+        "cast": lambda xs, a: xs[0],  # the result is converted to the node's dtype by the caller
+        "contiguous": lambda xs, a: xs[0].contiguous(),
+        "conv": _in_float(_conv),
+        "conv_transpose": _in_float(_conv_transpose),
+        "matmul": lambda xs, a: torch.matmul(xs[0], xs[1]),
+        "batchnorm": _batchnorm,
+        "layernorm": _layernorm,
+        "rmsnorm": _rmsnorm,
+        "instancenorm": _instancenorm,
+        "sdpa": _sdpa,
+        "genstats": _genstats,
+        "maxpool": _in_float(_maxpool),
+        "avgpool": _in_float(_avgpool),
+        "upsample": _upsample,
+        "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
+        "reshape": lambda xs, a: xs[0].reshape(a["shape"]),
+        "transpose": lambda xs, a: xs[0].permute(a["perm"]),
+        "slice": lambda xs, a: xs[0][tuple(slice(s, e) for s, e in
+                                          zip(a["starts"], a["ends"], strict=True))],
+    })
+    for name, reduce in REDUCE.items():
+        ops[name] = lambda xs, a, f=reduce: f(xs[0], tuple(a["axes"]), bool(a["keepdims"]))  # type: ignore[misc]
+    return ops
+
+
+OPS: dict[str, OpFn] = _table()
+# Ops whose operands keep their own dtypes (their result dtype says nothing of the math).
+OWN_OPERAND_DTYPES = {"cast", *(name for name in BINARY if name.startswith("cmp_"))}
