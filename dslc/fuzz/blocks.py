@@ -5,7 +5,7 @@ defs of residual blocks, called once or stacked with `repeat` (`as "layers.{i}"`
 from __future__ import annotations
 
 from dslc.check.types import TensorType
-from dslc.fuzz.families import is_float, static, tame
+from dslc.fuzz.families import is_float, size, static, tame
 from dslc.fuzz.program import Expr, Stmt
 from dslc.fuzz.state import Gen
 
@@ -55,15 +55,15 @@ def std_call(g: Gen) -> bool:
         return False
     k, r, stride = g.ch.pick([8, 4, 16]), g.ch.pick([3, 1]), g.ch.pick([1, 2])
     pad = (r - 1) // 2
-    c = int(x.type.shape[1])
-    typ = g.infer("conv", {"x": x, "w": TensorType(x.type.dtype, (k, c, r, r))},
-                  {"stride": stride, "pad": pad})
-    if not isinstance(typ, TensorType):
+    c = size(x.type.shape[1])
+    found = g.infer("conv", {"x": x, "w": TensorType(x.type.dtype, (k, c, r, r))},
+                    {"stride": stride, "pad": pad})
+    if not isinstance(found, TensorType):
         return False
-    conv = _call(g, f"conv2d({x.text}, out={k}, k={r}, stride={stride}, pad={pad})", x, typ,
+    conv = _call(g, f"conv2d({x.text}, out={k}, k={r}, stride={stride}, pad={pad})", x, found,
                  max(x.scale, 1.0), "std.conv2d")
     if g.ch.coin(0.6):
-        _call(g, f"batchnorm2d({conv.text})", conv, typ, 2.0, "std.batchnorm2d")
+        _call(g, f"batchnorm2d({conv.text})", conv, found, 2.0, "std.batchnorm2d")
     return True
 
 

@@ -31,6 +31,12 @@ def static(d: dims.Dim) -> bool:
     return isinstance(d, int)
 
 
+def size(d: dims.Dim) -> int:
+    """A dim the caller checked is static."""
+    assert isinstance(d, int), d
+    return d
+
+
 def tame(g: Gen, e: Expr, limit: float = 3.0) -> Expr:
     """`e` scaled to magnitude about 1 when it strays (f16 and bf16 stay finite and precise)."""
     if e.scale <= limit and e.scale >= 0.05:
@@ -98,10 +104,10 @@ def _broadcast_partner(g: Gen, a: Expr) -> Expr | float | None:
         tail = tuple(shape[len(shape) - k:])
         if not tail or not all(static(d) for d in tail):
             return None
-        return g.new_param(tuple(int(d) for d in tail), "shift")
+        return g.new_param(tuple(size(d) for d in tail), "shift")
     if len(shape) < 3 or not static(shape[1]):
         return None
-    return g.new_param((int(shape[1]),) + (1,) * (len(shape) - 2), "scale")
+    return g.new_param((size(shape[1]),) + (1,) * (len(shape) - 2), "scale")
 
 
 def binary(g: Gen) -> bool:
@@ -161,11 +167,10 @@ def bias_scale(g: Gen) -> bool:
     if x is None:
         return False
     axis = g.ch.pick([1, x.type.rank - 1, -1])
-    size = x.type.shape[axis]
-    if not static(size):
+    if not static(x.type.shape[axis]):
         return False
     op = g.ch.pick(["bias_add", "scale_mul"])
-    b = g.new_param((int(size),), "shift" if op == "bias_add" else "scale")
+    b = g.new_param((size(x.type.shape[axis]),), "shift" if op == "bias_add" else "scale")
     out = g.apply(op, {"x": x, "b": b}, {"axis": axis})
     if out is None:
         return False
@@ -189,7 +194,7 @@ def matmul(g: Gen) -> bool:
     a = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and static(e.type.shape[-1]))
     if a is None:
         return False
-    k = int(a.type.shape[-1])
+    k = size(a.type.shape[-1])
     form = g.ch.pick(["param", "linear", "self", "value"])
     if form == "param":
         b: Expr | None = g.new_param((k, g.ch.pick([8, 16, 4, 32, 1, 3])))
@@ -197,7 +202,7 @@ def matmul(g: Gen) -> bool:
         w = g.new_param((g.ch.pick([8, 16, 5, 32]), k))
         b = g.apply("transpose", {"x": w}, {"perm": (1, 0)})
     elif form == "self":
-        perm = tuple(range(a.type.rank - 2)) + (a.type.rank - 1, a.type.rank - 2)
+        perm = (*range(a.type.rank - 2), a.type.rank - 1, a.type.rank - 2)
         b = g.apply("transpose", {"x": a}, {"perm": perm})
     else:
         b = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and e.type.shape[-2] == k)
@@ -228,7 +233,7 @@ def conv(g: Gen) -> bool:
     x = g.pick(lambda e: is_float(e) and 3 <= e.type.rank <= 5 and static(e.type.shape[1]))
     if x is None:
         return False
-    c = int(x.type.shape[1])
+    c = size(x.type.shape[1])
     n = x.type.rank - 2
     r = g.ch.pick([1, 3, 2, 5])
     stride = g.ch.pick([1, 2, 3])
@@ -247,7 +252,7 @@ def conv(g: Gen) -> bool:
     if out is None:
         return False
     if g.ch.coin(0.5):
-        bias = g.new_param((int(out.type.shape[1]),), "shift")
+        bias = g.new_param((size(out.type.shape[1]),), "shift")
         out = g.apply("bias_add", {"x": g.bind(out), "b": bias})
         if out is None:
             return False
@@ -264,7 +269,7 @@ def reduce(g: Gen) -> bool:
     axes = g.ch.subset(list(range(x.type.rank)))
     if g.ch.coin(0.2):
         axes = [a - x.type.rank for a in axes]  # negative axes count from the end
-    count = math.prod(int(x.type.shape[a]) if static(x.type.shape[a]) else 64 for a in axes)
+    count = math.prod(size(x.type.shape[a]) if static(x.type.shape[a]) else 64 for a in axes)
     if op == "reduce_prod":
         if count > 4:
             return False
@@ -285,7 +290,7 @@ def norm(g: Gen) -> bool:
         if x is None:
             return False
         r = 2 if x.type.rank >= 3 and static(x.type.shape[-2]) and g.ch.coin(0.3) else 1
-        shape = tuple(int(d) for d in x.type.shape[x.type.rank - r:])
+        shape = tuple(size(d) for d in x.type.shape[x.type.rank - r:])
         tensors = {"x": x, "scale": g.new_param(shape, "scale")}
         if op == "layernorm" or g.ch.coin(0.3):
             tensors["bias"] = g.new_param(shape, "shift")
@@ -294,7 +299,7 @@ def norm(g: Gen) -> bool:
         x = g.pick(lambda e: is_float(e) and e.type.rank >= 3 and static(e.type.shape[1]))
         if x is None:
             return False
-        c = (int(x.type.shape[1]),)
+        c = (size(x.type.shape[1]),)
         if op == "batchnorm":
             tensors = {"x": x, "mean": g.new_param(c, "mean", "f32"),
                        "var": g.new_param(c, "var", "f32"), "scale": g.new_param(c, "scale", "f32"),
@@ -348,7 +353,7 @@ def attention(g: Gen) -> bool:
     b, s = x.type.shape[0], x.type.shape[1]
     qkv: list[Expr] = []
     for name, h in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
-        w = g.new_param((int(x.type.shape[2]), h * head_dim))
+        w = g.new_param((size(x.type.shape[2]), h * head_dim))
         proj = g.apply("matmul", {"a": tame(g, x), "b": w})
         if proj is None:
             return False

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dslc.check import dims
-from dslc.fuzz.families import is_float, static, tame
+from dslc.fuzz.families import is_float, size, static, tame
 from dslc.fuzz.program import Expr
 from dslc.fuzz.state import Gen
 
@@ -32,12 +32,12 @@ def _reshape_target(g: Gen, shape: tuple[dims.Dim, ...]) -> tuple[dims.Dim, ...]
         i = g.ch.below(rank - 1)
         new = [*shape[:i], dims.mul(shape[i], shape[i + 1]), *shape[i + 2:]]
     elif how == "split":
-        axes = [i for i, d in enumerate(shape) if static(d) and int(d) >= 4 and _factor(int(d))]
+        axes = [i for i, d in enumerate(shape) if static(d) and size(d) >= 4 and _factor(size(d))]
         if not axes:
             return None
         i = g.ch.pick(axes)
-        f = _factor(int(shape[i]))
-        new = [*shape[:i], f, int(shape[i]) // f, *shape[i + 1:]]
+        f = _factor(size(shape[i]))
+        new = [*shape[:i], f, size(shape[i]) // f, *shape[i + 1:]]
     elif how == "unsqueeze":
         i = g.ch.between(0, rank)
         new = [*shape[:i], 1, *shape[i:]]
@@ -81,13 +81,13 @@ def _slice(g: Gen, x: Expr, syntax: bool) -> Expr | None:
     ends: list[dims.Dim] = []
     written: list[str] = []
     for d in x.type.shape:
-        if static(d) and int(d) >= 2 and g.ch.coin(0.6):
-            size = int(d)
-            a = g.ch.below(size - 1)
-            b = g.ch.between(a + 1, size)
+        if static(d) and size(d) >= 2 and g.ch.coin(0.6):
+            n = size(d)
+            a = g.ch.below(n - 1)
+            b = g.ch.between(a + 1, n)
             starts.append(a)
             ends.append(b)
-            lo = a - size if g.ch.coin(0.2) else a  # a negative bound counts from the end
+            lo = a - n if g.ch.coin(0.2) else a  # a negative bound counts from the end
             written.append(f"{lo}:{b}")
         elif not printable(d) and not syntax:
             return None
@@ -142,5 +142,5 @@ def genstats(g: Gen) -> bool:
     x = tame(g, x, 2.0)
     count = 1
     for d in x.type.shape[2:]:
-        count *= int(d) if static(d) else 64
+        count *= size(d) if static(d) else 64
     return g.bind_tuple("genstats", x, scale=4.0 * count)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -138,7 +138,7 @@ class Gen:
         return Expr(name, typ, frozenset({name}), exact, scale, op)
 
     # -- ops -------------------------------------------------------------------------------------
-    def apply(self, op: str, tensors: dict[str, Operand], attrs: dict[str, Any] | None = None,
+    def apply(self, op: str, tensors: Mapping[str, Operand], attrs: Mapping[str, Any] | None = None,
               scale: float | None = None, infix: bool = False) -> Expr | None:
         """`op` applied, if its type rule accepts it (else None, counted as a rejection)."""
         attrs = attrs or {}
@@ -159,7 +159,7 @@ class Gen:
                     frozenset().union(*(e.reads for e in exprs)), exact, scale, op,
                     atom=not infix)
 
-    def infer(self, op: str, tensors: dict[str, Operand], attrs: dict[str, Any],
+    def infer(self, op: str, tensors: Mapping[str, Operand], attrs: Mapping[str, Any],
               ) -> TensorType | tuple[TensorType, ...] | None:
         """The op's type rule on these operands: the result type, or None (a rejection)."""
         opdef = OPS[op]
@@ -208,7 +208,8 @@ class Gen:
         self.pool.append(value)
         return value
 
-    def _call_text(self, opdef: Any, op: str, tensors: dict[str, Operand], attrs: dict[str, Any],
+    def _call_text(self, opdef: Any, op: str, tensors: Mapping[str, Operand],
+                   attrs: Mapping[str, Any],
                    infix: bool) -> str:
         if infix and op in INFIX:
             a, b = (_operand_text(tensors[p.name], wrap=True) for p in opdef.tensor_params[:2])

@@ -51,11 +51,14 @@ def _value_from(v: Any) -> Any:
 
 def node_data(n: Node) -> dict[str, Any]:
     t = n.type
+    typ: dict[str, Any] = {"dtype": t.dtype, "shape": [dim_data(d) for d in t.shape],
+                           "layout": list(t.layout.order) if t.layout is not None else None}
+    if t.layout is not None and t.layout.tag:  # how it prints (`@BSHD`), kept for the dumps
+        typ["tag"] = t.layout.tag
     return {
         "name": n.name, "op": n.op, "inputs": list(n.inputs),
         "attrs": {k: _value(v) for k, v in n.attrs.items()},
-        "type": {"dtype": t.dtype, "shape": [dim_data(d) for d in t.shape],
-                 "layout": list(t.layout.order) if t.layout is not None else None},
+        "type": typ,
         "path": n.path,
         "precision": [n.precision.io, n.precision.intermediate, n.precision.compute],
         "span": [n.span.file, n.span.line, n.span.col, n.span.end_line, n.span.end_col],
@@ -64,7 +67,7 @@ def node_data(n: Node) -> dict[str, Any]:
 
 def node_from(d: Mapping[str, Any]) -> Node:
     t = d["type"]
-    layout = Layout(tuple(t["layout"])) if t["layout"] is not None else None
+    layout = Layout(tuple(t["layout"]), t.get("tag")) if t["layout"] is not None else None
     return Node(d["name"], d["op"], tuple(d["inputs"]),
                 Attrs({k: _value_from(v) for k, v in d["attrs"].items()}),
                 TensorType(t["dtype"], tuple(dim_from(x) for x in t["shape"]), layout),

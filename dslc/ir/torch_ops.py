@@ -158,8 +158,13 @@ def _rmsnorm(xs: list[Tensor], a: Attrs) -> Tensor:
 
 
 def _instancenorm(xs: list[Tensor], a: Attrs) -> Tensor:
+    """Written out with var_mean: F.instance_norm refuses one spatial element (it checks as if
+    training), where the statistics are still defined (the result is the bias)."""
     x, scale, bias = xs
-    return F.instance_norm(x, weight=scale, bias=bias, eps=a["eps"])
+    spatial = tuple(range(2, x.dim()))
+    var, mean = torch.var_mean(x, dim=spatial, keepdim=True, correction=0)
+    shape = (1, -1) + (1,) * len(spatial)
+    return (x - mean) * torch.rsqrt(var + a["eps"]) * scale.reshape(shape) + bias.reshape(shape)
 
 
 def _sdpa(xs: list[Tensor], a: Attrs) -> Tensor:

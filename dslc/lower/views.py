@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dslc.check.dims import DimEnv
 from dslc.check.types import Layout, TensorType
 from dslc.ir import views
 from dslc.ir.graph import Attrs, Graph, Node
-from dslc.ir.verify import effective_type, retype_problems
+from dslc.ir.verify import effective_type
 from dslc.lower.canonical import load_time
 from dslc.lower.rewrite import Rewriter
+from dslc.ops.opdef import Kind
 
 VIEW_OPS = ("reshape", "transpose", "slice")
 CHANNELS_LAST = {3: (0, 2, 1), 4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
@@ -65,22 +65,18 @@ def assign_layouts(rw: Rewriter, node: Node) -> str | None:
 
 
 def copy_for_layout_rules(rw: Rewriter, node: Node) -> Node:
-    """An op whose type rule needs a memory order its operand does not have (a layernorm over
-    axes that are not innermost, an sdpa operand whose last axis is not contiguous) reads a
-    row-major copy of it, and writes its result row-major too. The op table's own rule decides,
-    checked again with the layouts and strides lowering chose."""
+    """An op that needs a memory order its operand does not have (a layernorm over axes that are
+    not innermost, an sdpa operand whose last axis is not contiguous: `OpDef.needs`) reads a
+    row-major copy of it, and writes its result row-major too."""
     from dslc.ops import OPS  # here: importing dslc.ops registers every op
 
-    if node.op not in OPS or not node.inputs:
+    op = OPS.get(node.op)
+    if op is None or op.needs is None:
         return node
-    types: dict[str, TensorType] = {}
-    ops: dict[str, str] = {}
-    for i in node.inputs:
-        x = rw.node(i)
-        base = {x.inputs[0]: rw.node(x.inputs[0]).type} if x.op == "view" else {}
-        types[i], ops[i] = effective_type(x, base), x.op
-    problems = retype_problems(node, types, ops, DimEnv())
-    if not any(p.startswith("E05") for p in problems):
+    types = {i: _seen_as(rw, i) for i in node.inputs}
+    names = node.attrs.get("operands") or tuple(p.name for p in op.tensor_params
+                                                if p.kind is Kind.TENSOR)
+    if op.needs(dict(zip(names, (types[i] for i in node.inputs), strict=True))) is None:
         return node
     inputs = []
     for i in node.inputs:
@@ -93,6 +89,12 @@ def copy_for_layout_rules(rw: Rewriter, node: Node) -> Node:
                              node, f"{i}.row_major"))
     typ = TensorType(node.type.dtype, node.type.shape, Layout.row_major(node.type.rank))
     return replace(node, inputs=tuple(inputs), type=typ)
+
+
+def _seen_as(rw: Rewriter, name: str) -> TensorType:
+    """A value's type with its memory order (a view's order in its base)."""
+    x = rw.node(name)
+    return effective_type(x, {x.inputs[0]: rw.node(x.inputs[0]).type} if x.op == "view" else {})
 
 
 def make_weights_rule(graph: Graph):  # type: ignore[no-untyped-def]

@@ -79,12 +79,6 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
                   label=f"head dimension {large[-1]}",
                   notes=("cuDNN's flash-attention engines take up to 256, but some architectures "
                          "and modes stop at 128",))
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.layout is not None and t.layout.innermost() != 3:
-            ctx.error("E0502", f"`{name}` of `sdpa` must have its last axis contiguous", at=name,
-                      label=common.fmt(t), notes=("q, k, v and the output are BHSD or BSHD",),
-                      help=(f"use `contiguous({name})`",))
-            return None
     bias = a.opt("bias")
     out = TensorType(q.dtype, (b, hq, sq, v.shape[3]))
     if bias is not None:
@@ -100,6 +94,15 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
     scale = a.get("scale")
     ctx.set_attr("scale", float(scale) if scale is not None else None)
     return out
+
+
+def _last_axis_innermost(types: Mapping[str, TensorType]) -> str | None:
+    """cuDNN SDPA reads q, k and v (BHSD or BSHD) with the head dimension contiguous."""
+    for name in ("q", "k", "v"):
+        t = types[name]
+        if t.layout is not None and t.layout.innermost() != 3:
+            return f"the last axis of `{name}` must be innermost in memory"
+    return None
 
 
 def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
@@ -156,5 +159,5 @@ OPS = [
            Param("bias", Kind.OPT_TENSOR, None), Param("window", Kind.OPT_INT, None)),
           _sdpa, "[B, Hq, Sq, Dv]",
           "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk)", fusion="anchor",
-          reference=_sdpa_ref, lower=_lower_sdpa),
+          reference=_sdpa_ref, lower=_lower_sdpa, needs=_last_axis_innermost),
 ]

@@ -78,19 +78,21 @@ def _feature_norm(op: str):  # type: ignore[no-untyped-def]
             ctx.error("E0301", f"the bias of `{op}` must have the shape of its scale", at="bias",
                       label=common.fmt(bias), labels=(ctx.label("scale", common.fmt(scale)),))
             return None
-        if x.layout is not None and tuple(sorted(x.layout.order[x.rank - r:])) != tuple(
-                range(x.rank - r, x.rank)):
-            ctx.error("E0502", f"`{op}` needs the normalised axes innermost in memory", at="x",
-                      label=f"{common.fmt(x)}",
-                      notes=(f"the last {r} axes must be the fastest-varying ones",),
-                      help=("make it contiguous first: `contiguous(x)`",))
-            return None
         if not common.check_compute(ctx, op, [x], need_f32=True):
             return None
         ctx.set_attr("axes", tuple(range(x.rank - r, x.rank)))
         return TensorType(x.dtype, x.shape)
 
     return infer
+
+
+def _innermost(types: Mapping[str, TensorType]) -> str | None:
+    """cuDNN normalises a [rows, features] view: the normalised axes innermost in memory."""
+    x, r = types["x"], types["scale"].rank
+    if x.layout is None or tuple(sorted(x.layout.order[x.rank - r:])) == tuple(
+            range(x.rank - r, x.rank)):
+        return None
+    return f"the last {r} axes must be innermost in memory"
 
 
 def _channel(v: np.ndarray, ndim: int) -> np.ndarray:
@@ -153,12 +155,13 @@ OPS = [
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
           _feature_norm("layernorm"), "shape of x", "layer normalisation over the trailing axes",
           fusion="norm", reference=_feature_norm_ref(rms=False),
-          lower=_lower_feature_norm("layernorm")),
+          lower=_lower_feature_norm("layernorm"), needs=_innermost),
     OpDef("rmsnorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), EPS,
            Param("bias", Kind.OPT_TENSOR, None)),
           _feature_norm("rmsnorm"), "shape of x", "root-mean-square normalisation", fusion="norm",
-          reference=_feature_norm_ref(rms=True), lower=_lower_feature_norm("rmsnorm")),
+          reference=_feature_norm_ref(rms=True), lower=_lower_feature_norm("rmsnorm"),
+          needs=_innermost),
     OpDef("instancenorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
           _instancenorm, "shape of x", "normalisation over the spatial axes of each channel",

@@ -148,6 +148,11 @@ class LowerCtx(Protocol):
 # out), the attrs with every dim concrete -> the cuDNN tensor of the result.
 LowerFn = Callable[[LowerCtx, list[Any], Mapping[str, Any]], Any]
 
+# A memory-order requirement on the operands, checked after lowering chose every layout (by
+# parameter name, views with their order in their base): a reason, or None when it holds. Lowering
+# copies an operand that fails it into row-major order; the checker never reports it.
+NeedsFn = Callable[[Mapping[str, TensorType]], str | None]
+
 # The numpy reference: operands (already converted to the compute dtype) and the node's attrs with
 # every dim made concrete -> the result, still in the compute dtype (the caller rounds it).
 RefFn = Callable[[list[np.ndarray], Mapping[str, Any]], np.ndarray]
@@ -165,6 +170,7 @@ class OpDef:
     fusion: str = "none"  # anchor | epilogue | norm | reduce | view | none
     reference: RefFn | None = None
     lower: LowerFn | None = None  # None: no cuDNN graph node (a fallback kernel runs it)
+    needs: NeedsFn | None = None  # a memory order its operands must have (lowering copies)
 
     def param(self, name: str) -> Param | None:
         for p in self.params:
