@@ -21,10 +21,15 @@ MAX_OPS = 40
 
 def generate(ch: Choices, stats: Stats | None = None, max_ops: int = MAX_OPS) -> Program:
     g = Gen(ch, stats)
+    g.stats.programs += 1
+    g.stats.features[f"io={g.precision.io}"] += 1
     if ch.coin(0.3):
         g.prog.layout = "NHWC"
+        g.stats.features["layout NHWC"] += 1
     batch: dims.Dim = g.dyn_dim("N", 1, 6) if ch.coin(0.5) else ch.between(1, 3)
     length: dims.Dim | None = g.dyn_dim("L", 8, 24, 8) if ch.coin(0.15) else None
+    for d in g.prog.dims:
+        g.stats.features[f"dynamic dim {d.name}"] += 1
     for _ in range(ch.between(1, 2)):
         _input(g, batch, length)
     target = ch.between(1, max_ops)

@@ -65,29 +65,55 @@ class Failure(Exception):
         self.outcome = outcome
 
 
+@dataclass
+class Case:
+    """A program as the oracles take it: its source, where its dims are bound, and its inputs and
+    weights (drawn from `seed` when not given; a saved regression case gives them)."""
+
+    source: str
+    run_dims: dict[str, int]
+    roles: dict[str, str] = field(default_factory=dict)
+    seed: int = 0
+    inputs: dict[str, np.ndarray] | None = None
+    weights: dict[str, np.ndarray] | None = None
+    expected: dict[str, np.ndarray] | None = None  # PyTorch's outputs, when saved
+
+    @staticmethod
+    def of(prog: Program, seed: int) -> Case:
+        return Case(prog.source(), dict(prog.run_dims), prog.roles(), seed)
+
+
 def run(prog: Program, seed: int = 0, torch_oracle: bool = True, compile: bool = True) -> Outcome:
+    return run_case(Case.of(prog, seed), torch_oracle, compile)
+
+
+def run_case(case: Case, torch_oracle: bool = True, compile: bool = True) -> Outcome:
     """The program through every stage; the first failure, or ok with the errors measured."""
     with tempfile.TemporaryDirectory(prefix="dslc-fuzz-") as tmp:
         path = Path(tmp) / "fuzz.cgraph"
-        path.write_text(prog.source())
+        path.write_text(case.source)
         stage = "check"
         try:
             declared = _checked(path, Options())
             stage = "reference"
             model = _checked(path, Options(precision=F32, backend="reference"))
-            inputs = make_inputs(model.inputs, prog.run_dims, declared, seed)
-            weights = make_weights(declared.params, prog.roles(), seed)
+            if case.inputs is None:
+                case.inputs = make_inputs(model.inputs, case.run_dims, declared, case.seed)
+            if case.weights is None:
+                case.weights = make_weights(declared.params, case.roles, case.seed)
             lowered, plan = _lower(model.graph, model.env)
-            ours = interp.run(lowered, inputs, weights, model.env, virtual=plan.virtual(),
-                              check_views=True)
+            ours = interp.run(lowered, case.inputs, case.weights, model.env,
+                              virtual=plan.virtual(), check_views=True)
             errors: dict[str, float] = {}
-            if torch_oracle:
+            if torch_oracle or case.expected is not None:
                 stage = "torch"
-                theirs = torch_outputs(model.graph, model.env, prog.run_dims, inputs, weights)
-                errors = compare(ours, theirs, narrowest(model.graph))
+                if case.expected is None:
+                    case.expected = torch_outputs(model.graph, model.env, case.run_dims,
+                                                  case.inputs, case.weights)
+                errors = compare(ours, case.expected, narrowest(model.graph))
             if compile:
                 stage = "compile"
-                roundtrip(declared, Path(tmp), inputs, weights, prog.run_dims)
+                roundtrip(declared, Path(tmp), case.inputs, case.weights)
         except Failure as f:
             f.outcome.stage = f.outcome.stage or stage
             return f.outcome
@@ -228,7 +254,7 @@ def compare(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], dtype: s
 
 
 def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
-              weights: dict[str, np.ndarray], run_dims: dict[str, int]) -> None:
+              weights: dict[str, np.ndarray]) -> None:
     """Deviceless compile at the declared precision; the bundle written and read back must hold
     the same graph, and running it must give the same bits as running the compiled graph."""
     from dslc.compile.stage import compile_model

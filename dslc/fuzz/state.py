@@ -81,6 +81,21 @@ class Stats:
     pairs: Counter[tuple[str, str]] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
     features: Counter[str] = field(default_factory=Counter)
+    programs: int = 0
+
+    def table(self) -> str:
+        """The coverage of a run: each op's count, and the op pairs (fusion candidates) hit."""
+        from dslc.ops import OPS
+
+        rows = [f"{'op':<16}{'count':>8}{'rejected':>10}"]
+        for op in sorted({*OPS, *self.ops}):
+            rows.append(f"{op:<16}{self.ops[op]:>8}{self.rejected[op]:>10}")
+        missed = sorted(op for op in OPS if not self.ops[op])
+        rows.append(f"{self.programs} programs, {sum(self.ops.values())} ops, "
+                    f"{len(self.pairs)} distinct op pairs; ops never generated: "
+                    f"{', '.join(missed) or 'none'}")
+        rows += [f"{name}: {count}" for name, count in sorted(self.features.items())]
+        return "\n".join(rows)
 
 
 class Gen:
