@@ -54,6 +54,10 @@ def ws(template: Path, tmp_path: Path) -> Path:
     os.symlink(d / "build" / f"{MODEL}.bundle", d / "link.bundle")
     os.unlink(d / "hardlink.safetensors")
     os.link(d / "w.safetensors", d / "hardlink.safetensors")
+    # /dev/null reached through a link: should the check ever regress, a write replaces the link,
+    # not the device (run as root, a rename over /dev/null itself replaces it for everyone)
+    os.symlink("/dev/null", d / "null")
+    os.mkfifo(d / "fifo")
     return d
 
 
@@ -100,7 +104,8 @@ PREPARE = ["weights", "prepare", "{d}/build/mnist_mlp.bundle", "{d}/w.safetensor
 # (case, command line, words the sentence holds); all exit with code 2
 CORPUS = [
     ("run -o an existing folder", [*RUN, "-o", "{d}/build"], ["is a folder"]),
-    ("run -o /dev/null", [*RUN, "-o", "/dev/null"], ["not a regular file"]),
+    ("run -o /dev/null", [*RUN, "-o", "{d}/null"], ["not a regular file"]),
+    ("run -o a FIFO", [*RUN, "-o", "{d}/fifo"], ["not a regular file"]),
     ("run -o a file's subfolder", [*RUN, "-o", "{d}/afile/sub/out.npz"], ["is a file, not a"]),
     ("run -o the model", [*RUN, "-o", "{d}/m.cgraph"], ["is the input"]),
     ("run -o the weights", [*RUN, "-o", "{d}/w.safetensors"], ["is the input"]),
@@ -132,14 +137,14 @@ CORPUS = [
      ["is a folder"]),
     ("weights prepare B W -o W", [*PREPARE, "-o", "{d}/w.safetensors"], ["is the input"]),
     ("weights prepare B W -o B", [*PREPARE, "-o", "{d}/build/mnist_mlp.bundle"], ["is the input"]),
-    ("weights prepare -o /dev/null", [*PREPARE, "-o", "/dev/null"], ["not a regular file"]),
+    ("weights prepare -o /dev/null", [*PREPARE, "-o", "{d}/null"], ["not a regular file"]),
     ("compile -o an existing file", [*COMPILE, "-o", "{d}/afile"], ["is a file"]),
     ("compile -o /dev/null", [*COMPILE, "-o", "/dev/null"], ["not a folder"]),
     ("compile -o a file's subfolder", [*COMPILE, "-o", "{d}/afile/sub"], ["is a file, not a"]),
     ("compile --weights that it would replace",
      [*COMPILE, "--weights", "{d}/build/mnist_mlp.safetensors", "-o", "{d}/build"],
      ["would replace", "is the input"]),
-    ("tune -o /dev/null", ["tune", "{d}/build/mnist_mlp.bundle", "-o", "/dev/null"],
+    ("tune -o /dev/null", ["tune", "{d}/build/mnist_mlp.bundle", "-o", "{d}/null"],
      ["not a regular file"]),
     ("tune -o the tuning database",
      ["tune", "{d}/build/mnist_mlp.bundle", "--tuning-db", "{d}/db.json", "-o", "{d}/db.json"],
