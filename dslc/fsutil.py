@@ -31,3 +31,21 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def replace_together(files: list[tuple[Path, Callable[[str], object]]]) -> None:
+    """Write files that belong together (a bundle and its runner): each is written to a temporary
+    file beside its target before any target is replaced, so a failed write replaces none. The
+    targets are then replaced last file first, by the tail of `atomic_write` (its rename, and what
+    it does to make the data durable). A crash, or a failure of that tail, between the first and
+    the last rename still leaves a mix of old and new files: that window is a few renames, not
+    the writing. The file that matters most belongs first: it is replaced last."""
+    if not files:
+        return
+    (path, write), rest = files[0], files[1:]
+
+    def write_all(tmp: str) -> None:
+        write(tmp)
+        replace_together(rest)  # written and renamed before `path` is renamed
+
+    atomic_write(path, write_all)

@@ -1,15 +1,17 @@
 """Weights: safetensors in and out, matched against a model's parameter manifest.
 
 A mismatch (missing, unexpected, wrong shape, wrong dtype) is an R0202 diagnostic naming the
-parameter path and pointing at the `param` declaration. `from_torch` converts a PyTorch
-`state_dict` (any float dtype) to the manifest's dtypes; `random_weights` makes test weights
+parameter path and pointing at the `param` declaration; NaN or infinite values are a W0202 warning
+per weight (an error with `--deny-warnings`: -inf is legitimate in an attention mask, NaN almost
+never is). With `convert`, float weights of another float dtype are converted to the manifest's
+dtypes (PyTorch checkpoints, or a model run at another precision). `random_weights` makes test weights
 with sensible scales (fan-in for kernels, positive variances for batchnorm).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from dslc.check.context import ParamSpec
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.diag.span import NO_SPAN
 from dslc.ir.interp import NUMPY_DTYPES
+from dslc.runtime.params import nonfinite, nonfinite_phrase
 
 IGNORED_SUFFIXES = ("num_batches_tracked",)  # PyTorch bookkeeping buffers, not weights
 
@@ -40,8 +43,14 @@ def load(path: Path) -> dict[str, np.ndarray]:
 def save(path: Path, tensors: Mapping[str, np.ndarray], metadata: dict[str, str] | None = None,
          ) -> None:
     """Write atomically: a failed or interrupted write leaves the previous file intact."""
+    fsutil.atomic_write(path, writer(tensors, metadata))
+
+
+def writer(tensors: Mapping[str, np.ndarray], metadata: dict[str, str] | None = None,
+           ) -> Callable[[str], None]:
+    """What writes `tensors` as a safetensors file at a given (temporary) path."""
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    fsutil.atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata))
+    return lambda tmp: save_file(arrays, tmp, metadata)
 
 
 def _dtype_name(a: np.ndarray) -> str:
@@ -52,9 +61,10 @@ def _dtype_name(a: np.ndarray) -> str:
 
 
 def validate(tensors: Mapping[str, np.ndarray], params: tuple[ParamSpec, ...], sink: Sink,
-             source: str, convert: bool = False) -> dict[str, np.ndarray]:
+             source: str, convert: bool = False, finite: bool = True) -> dict[str, np.ndarray]:
     """Match `tensors` to the manifest; report every mismatch. With `convert`, float tensors of
-    another float dtype are converted (PyTorch checkpoints are f32)."""
+    another float dtype are converted (PyTorch checkpoints are f32). With `finite`, NaN and
+    infinite values are reported (W0202)."""
     out: dict[str, np.ndarray] = {}
     wanted = {p.path: p for p in params}
     for p in params:
@@ -87,7 +97,25 @@ def validate(tensors: Mapping[str, np.ndarray], params: tuple[ParamSpec, ...], s
                 "R0202", f"{source} holds `{name}`, which the model does not declare",
                 params[0].span if params else NO_SPAN, "the model's parameters start here",
                 help=(f"parameter names are instance paths, e.g. `{close[0]}`",) if close else ()))
+    if finite:
+        report_nonfinite(out, params, sink, source)
     return out
+
+
+def report_nonfinite(tensors: Mapping[str, np.ndarray], params: tuple[ParamSpec, ...], sink: Sink,
+                     source: str) -> None:
+    """A W0202 warning for each weight holding NaN or infinite values, with how many."""
+    for p in params:
+        if p.path not in tensors:
+            continue
+        a = tensors[p.path]
+        nan, inf = nonfinite(a)
+        if nan or inf:
+            sink.report(Diagnostic(
+                "W0202", f"weight `{p.path}` holds {nonfinite_phrase(nan, inf)} of {a.size:,} in "
+                f"{source}", p.span, "declared here",
+                help=("the outputs that depend on it may be NaN or infinite too; if the values "
+                      "are meant (a -inf mask), silence this with `--allow W0202`",)))
 
 
 def random_weights(params: tuple[ParamSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:

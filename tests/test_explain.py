@@ -28,8 +28,9 @@ ERRONEOUS = "Erroneous example:"
 
 
 def _prose_only(code: str) -> bool:
-    """Codes that `dslc check` cannot report: run-time errors and backend support."""
-    return code.startswith("R") or code.startswith("E08")
+    """Codes that `dslc check` cannot report: run-time errors, backend support, and warnings
+    about the values in a weight file."""
+    return code.startswith("R") or code.startswith("E08") or code == "W0202"
 
 
 @dataclass(frozen=True)

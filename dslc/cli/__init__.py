@@ -1,5 +1,6 @@
 """`dslc`: the command line. Exit codes: 0 success, 1 diagnostics with at least one error, 2 usage
-or I/O error, 3 backend failure, 4 internal error (a bug in dslc: please report it).
+or I/O error, 3 backend failure (the cuDNN backend missing or unusable too), 4 internal error (a
+bug in dslc: please report it).
 
 Human diagnostics go to stderr; `--error-format json|github` write to stdout, where tools and
 GitHub Actions read them.
@@ -28,7 +29,9 @@ from dslc.cli.front import (
     cmd_ops,
     cmd_params,
 )
+from dslc.cli.paths import UsageError, describe
 from dslc.compile.target import TargetError
+from dslc.diag.diagnostic import Failed
 from dslc.parse.loader import ReadError
 from dslc.pipeline import front_end
 from dslc.runtime.bundle import BundleError
@@ -36,6 +39,9 @@ from dslc.runtime.errors import RunnerError
 from dslc.weights import WeightError
 
 __all__ = ["front_end", "main"]
+
+# Optional packages a command may need, and the extra of dslc that installs them.
+EXTRAS = {"cudnn": ("the cuDNN frontend", "cudnn"), "cupy": ("CuPy", "gpu")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,23 +81,41 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.debug)
     try:
         return run(args)
-    except (ReadError, WeightError, build.UsageError, TargetError, BundleError) as err:
+    except (ReadError, WeightError, UsageError, TargetError, BundleError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except RunnerError as err:
         print(err, file=sys.stderr)
         return EXIT_ERRORS if err.code != "R0801" else EXIT_BACKEND
+    except ModuleNotFoundError as err:
+        if err.name not in EXTRAS:
+            return _internal(err, args.debug)
+        what, extra = EXTRAS[err.name]
+        print(f"error: `dslc {args.command}` needs {what}, which is not installed here: "
+              f"`pip install 'dslc[{extra}]'`", file=sys.stderr)
+        return EXIT_BACKEND
+    except Failed:  # every stage reports before it stops; the limit must not read as a bug
+        print("error: stopped at the error limit (`--max-errors`)", file=sys.stderr)
+        return EXIT_ERRORS
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as err:  # a read or write the commands did not foresee: still an I/O error
+        where = f" `{err.filename}`" if err.filename else ""
+        print(f"error: cannot access{where}: {describe(err)}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as err:  # a bug in dslc; never show a traceback for the user's input
-        if args.debug:
-            traceback.print_exc()
-        print(f"error: internal error in dslc ({type(err).__name__}: {err})", file=sys.stderr)
-        print("note: this is a bug in dslc, not in your model; rerun with --debug and report it",
-              file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(err, args.debug)
+
+
+def _internal(err: Exception, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"error: internal error in dslc ({type(err).__name__}: {err})", file=sys.stderr)
+    print("note: this is a bug in dslc, not in your model; rerun with --debug and report it",
+          file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 def _configure_logging(debug: bool) -> None:

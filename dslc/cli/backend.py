@@ -8,6 +8,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import numpy as np
 
 from dslc import fsutil, weights
 from dslc.check.dump import format_checked
+from dslc.cli import paths
+from dslc.cli.build import UsageError, checked_weights, missing_weights, sources
 from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.fuse import format_plan
@@ -35,7 +38,8 @@ def _dumps(result: FrontEnd, lowered: Any, plan: Any, outdir: Path, wanted: list
     for number, stage in enumerate(STAGES, start=1):
         if stage in stages:
             text = texts[stage]()
-            fsutil.write_text(outdir / f"{number}.{stage}.txt", text)
+            with paths.writing(outdir / f"{number}.{stage}.txt"):
+                fsutil.write_text(outdir / f"{number}.{stage}.txt", text)
             if len(stages) > 1:
                 print(f"==> {number}.{stage}.txt <==")
             print(text, end="")
@@ -53,14 +57,10 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
     lowered, plan = middle_end(model)
     if args.dump:
         _dumps(result, lowered, plan, outdir, args.dump)
-    checked_weights = None
+    checked = None
     if args.weights is not None:
-        sink = Sink()
-        checked_weights = weights.validate(weights.load(args.weights), model.params, sink,
-                                           f"`{args.weights}`")
-        out.diagnostics(sink, result.program.sources)
-        if sink.error_count:
-            out.summary(sink, f"compile `{args.file}`")
+        checked = checked_weights(args, out, result, convert=args.precision is not None)
+        if checked is None:
             return EXIT_ERRORS
     target = load_target(args.target)
     started = time.perf_counter()
@@ -91,13 +91,15 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
 
             print(format_report(report), file=sys.stderr)
     name = model.name
-    # Everything is written next to its final name, then renamed: a failed build keeps the
-    # previous artifacts.
-    emit_bundle.write(outdir / f"{name}.bundle", payload)
-    fsutil.write_text(outdir / f"{name}_runner.py", render(compiled, f"{name}.bundle",
-                                                           f"{name}_runner"))
-    if checked_weights is not None:
-        weights.save(outdir / f"{name}.safetensors", checked_weights)
+    runner = render(compiled, f"{name}.bundle", f"{name}_runner")
+    beside: list[tuple[Path, Callable[[str], object]]] = [
+        (outdir / f"{name}_runner.py", lambda tmp: Path(tmp).write_text(runner, encoding="utf-8"))]
+    if checked is not None:
+        beside.append((outdir / f"{name}.safetensors", weights.writer(checked)))
+    # The bundle, its runner and its weights replaced together: a failed build keeps the
+    # previous set (the bundle goes last; see fsutil.replace_together for what a crash can do).
+    with paths.writing(outdir):
+        emit_bundle.write_with(outdir / f"{name}.bundle", payload, beside)
     graphs = sum(1 for s in compiled.steps if s.kind == "graph")
     kernels = len(compiled.steps) - graphs
     built = sum(1 for b in compiled.builds.values() if b.has_plan)
@@ -115,8 +117,6 @@ def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
     """`--bucket N=32` (repeatable): compile these buckets only; each must be a model bucket."""
     if not specs:
         return None
-    from dslc.cli.build import UsageError
-
     chosen = []
     for spec in specs:
         try:
@@ -153,10 +153,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dslc.runtime.bundle import read
     from dslc.tune import format_report
 
+    target = args.output or args.bundle  # in place unless told otherwise
+    paths.output_file(target, [_tuning_db(args)], option="-o" if args.output else "")
     payload = read(args.bundle)
     report = _tune(payload, args, args.quiet)
-    target = args.output or args.bundle
-    emit_bundle.write(target, payload)
+    with paths.writing(target):
+        emit_bundle.write(target, payload)
     print(format_report(report))
     print(f"wrote {target}", file=sys.stderr)
     return EXIT_OK
@@ -174,12 +176,35 @@ def _tune_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        paths.output_dir(args.output)
     out = Output(args.error_format, args.color, args.quiet)
     result = checked(args, out)
     if result is None or result.model is None:
         return EXIT_ERRORS
     outdir: Path = args.output or Path("build") / result.model.name
+    paths.output_dir(outdir)
+    paths.outputs_in(outdir, _artifact_names(result.model.name, args),
+                     [args.file, args.weights, _target_file(args.target), _tuning_db(args),
+                      *sources(result)])
     return compile_to(result, args, outdir, out)
+
+
+def _artifact_names(name: str, args: argparse.Namespace) -> list[str]:
+    """The files `dslc compile` writes into its folder."""
+    dumps = set(STAGES) if "all" in args.dump else set(args.dump)
+    return [f"{name}.bundle", f"{name}_runner.py",
+            *([f"{name}.safetensors"] if args.weights is not None else []),
+            *(f"{n}.{stage}.txt" for n, stage in enumerate(STAGES, start=1) if stage in dumps)]
+
+
+def _tuning_db(args: argparse.Namespace) -> Path | None:
+    return Path(args.tuning_db) if args.tuning_db not in (None, "none") else None
+
+
+def _target_file(spec: str | None) -> Path | None:
+    """The profile file `--target` names, if it names one."""
+    return Path(spec) if spec and Path(spec).is_file() else None
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -261,28 +286,34 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
     from dslc.runtime import Model
 
     bundle = args.file
-    tmp = None
-    if result is not None:
-        assert result.model is not None
-        tmp = Path(tempfile.mkdtemp(prefix="dslc-run-"))
-        args.target = "device"
-        args.dump = []
-        args.weights = None
-        args.bucket = []
-        args.quiet = True
-        args.tune = False
-        status = compile_to(result, args, tmp, Output("human", "never", quiet=True))
-        if status:
-            return status
-        bundle = tmp / f"{result.model.name}.bundle"
+    weights_file = args.weights_file
+    tmp = Path(tempfile.mkdtemp(prefix="dslc-run-"))
     try:
-        model = Model(bundle, args.weights_file)
+        if result is not None:
+            assert result.model is not None
+            found = checked_weights(args, Output(args.error_format, args.color), result,
+                                    convert=args.precision is not None, finite=False)
+            if found is None:
+                return EXIT_ERRORS
+            if args.precision is not None and weights_file is not None:
+                weights_file = tmp / "weights.safetensors"  # converted to the run's precision
+                weights.save(weights_file, found)
+            args.target, args.dump, args.weights, args.bucket = "device", [], None, []
+            args.quiet, args.tune = True, False
+            status = compile_to(result, args, tmp, Output("human", "never", quiet=True))
+            if status:
+                return status
+            bundle = tmp / f"{result.model.name}.bundle"
+        model = Model(bundle, weights_file)  # NaN or infinite weights: logged once (W0202)
+        if weights_file is None and model.manifest["params"]:
+            raise missing_weights(model.manifest["model"],
+                                  [p["path"] for p in model.manifest["params"]])
         outputs = model.run({k: _to_device(model, k, v) for k, v in args.inputs.items()})
         host = {k: v.get() for k, v in outputs.items()}  # CuPy arrays, as the inputs were
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    fsutil.atomic_write(args.output, lambda t: _savez(t, host))
+        shutil.rmtree(tmp, ignore_errors=True)
+    with paths.writing(args.output):
+        fsutil.atomic_write(args.output, lambda t: _savez(t, host))
     for name, value in host.items():
         v = value.astype(np.float64)
         print(f"{name}: {value.dtype}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}")
@@ -309,11 +340,13 @@ def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:
 def cmd_target(args: argparse.Namespace) -> int:
     from dslc.compile.target import capture, live_device_available
 
+    paths.output_file(args.output)
     if not live_device_available():
         print("error: `dslc target capture` needs a GPU, and this machine has none",
               file=sys.stderr)
         return EXIT_BACKEND
-    fsutil.write_text(args.output, capture())
+    with paths.writing(args.output):
+        fsutil.write_text(args.output, capture())
     print(f"wrote {args.output}", file=sys.stderr)
     return EXIT_OK
 

@@ -62,6 +62,7 @@ E0704 a def or model that is incomplete or repeated
 E0801 no cuDNN engine supports a fused group
 E0802 an operation the target device cannot run
 W0201 a value that is never used
+W0202 weights holding NaN or infinite values
 W0301 a rank-1 operand broadcast onto the width axis
 W0302 an attention head dimension above 128
 W0401 narrowing to fp8 without a scale

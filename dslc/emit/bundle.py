@@ -1,8 +1,10 @@
-"""Compiled model -> bundle payload (schema in `dslc.runtime.bundle`), written atomically."""
+"""Compiled model -> bundle payload (schema in `dslc.runtime.bundle`), written atomically, alone
+or together with the files that go with it (its runner, its weights)."""
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +59,11 @@ def payload(compiled: Compiled) -> dict[str, Any]:
 
 def write(path: Path, data: dict[str, Any]) -> None:
     fsutil.write_bytes(path, bundle.pack(data))
+
+
+def write_with(path: Path, data: dict[str, Any],
+               beside: list[tuple[Path, Callable[[str], object]]]) -> None:
+    """The bundle and the files made with it, replaced together (`fsutil.replace_together`): a
+    failed write leaves the previous set, and the bundle is replaced last."""
+    packed = bundle.pack(data)
+    fsutil.replace_together([(path, lambda tmp: Path(tmp).write_bytes(packed)), *beside])

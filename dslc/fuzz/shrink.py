@@ -73,7 +73,7 @@ def shrink(sequence: list[int], test: Test, want: tuple[str, str, str],
                     improved = True
         for i in range(len(best)):
             for lower in (0, best[i] // 2, best[i] - 1) if i < len(best) else ():
-                if 0 <= lower < best[i] and fails(best[:i] + [lower] + best[i + 1:]):
+                if 0 <= lower < best[i] and fails([*best[:i], lower, *best[i + 1:]]):
                     improved = True
                     break
     return best

@@ -214,9 +214,11 @@ class Model:
 
     def _device_weights(self) -> dict[str, Any]:
         if self._weights is None:
-            if self._host_weights is None:
+            if self._host_weights is None and self.manifest["params"]:
                 raise RunnerError("R0202", "no weights loaded: pass a safetensors file to the "
                                   "runner, or call `load_weights(path)`")
+            if self._host_weights is None:  # a model without params
+                self._host_weights = {}
             from dslc.runtime import params
 
             self.cupy  # noqa: B018 - R0801 without a GPU

@@ -5,11 +5,16 @@ the steps read, each in its dtype and memory layout.
 The load-time values are computed on the GPU after the params go up (`upload`): in numpy on the
 CPU, ResNet-50's folding took 0.3-0.6 s of a cold start, most of it f16 <-> f32 conversions.
 `load_time_values` (numpy) stays the oracle the GPU path is tested against, and the route for
-dtypes CuPy cannot hold (fp8)."""
+dtypes CuPy cannot hold (fp8).
+
+Loading checks what the pointers given to cuDNN will read: each param's shape and dtype, each
+prepared value's byte count; and it reports NaN or infinite values once per file (W0202, logged:
+they are legitimate in some weights, such as -inf attention masks, so loading goes on)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +25,15 @@ from dslc.ir.interp import NUMPY_DTYPES, apply_view, concrete_attrs, evaluate_no
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.schedule import Program
 
+LOG = logging.getLogger("dslc.runtime")
+Warn = Callable[[str], None]  # takes one sentence about NaN or infinite values
 PREPARED = "dslc.prepared"  # the `format` of a prepared weights file's safetensors metadata
 
 
-def read(path: Path, manifest: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The model's params from a safetensors file, checked against the manifest."""
+def read(path: Path, manifest: Mapping[str, Any], warn: Warn | None = None,
+         ) -> dict[str, np.ndarray]:
+    """The model's params from a safetensors file, checked against the manifest. NaN or infinite
+    values are told in one sentence, to `warn` (default: the `dslc.runtime` log, as W0202)."""
     from safetensors.numpy import load_file
 
     if _metadata(path).get("format") == PREPARED:
@@ -48,6 +57,7 @@ def read(path: Path, manifest: Mapping[str, Any]) -> dict[str, np.ndarray]:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise RunnerError("R0202", problems[0][0] + more, problems[0][1])
+    _warn_nonfinite(path, {p["path"]: tensors[p["path"]] for p in manifest["params"]}, warn)
     return tensors
 
 
@@ -95,9 +105,12 @@ def save_prepared(path: Path, program: Program, data: Mapping[str, np.ndarray],
     fsutil.atomic_write(path, lambda tmp: save_file(dict(data), tmp, metadata=meta))
 
 
-def read_prepared(path: Path, program: Program) -> dict[str, np.ndarray] | None:
+def read_prepared(path: Path, program: Program, warn: Warn | None = None,
+                  ) -> dict[str, np.ndarray] | None:
     """The device bytes from a prepared weights file made for this bundle's program; None when
-    `path` is a plain weights file; R0202 when it was prepared for another build."""
+    `path` is a plain weights file; R0202 when it was prepared for another build, or when a value
+    does not hold the bytes this bundle reads (the digest names the build, it does not prove the
+    bytes)."""
     from safetensors.numpy import load_file
 
     meta = _metadata(path)
@@ -107,11 +120,77 @@ def read_prepared(path: Path, program: Program) -> dict[str, np.ndarray] | None:
         raise RunnerError("R0202", f"`{path}` was prepared for another build of "
                           f"`{meta.get('model')}` (its load-time values differ from this "
                           "bundle's); prepare it again: `dslc weights prepare BUNDLE W.safetensors`")
-    data = dict(load_file(str(path)))
-    missing = [w for w in program.weights_used() if w not in data]
-    if missing:
-        raise RunnerError("R0202", f"`{path}` lacks the prepared value `{missing[0]}`")
+    try:
+        data = dict(load_file(str(path)))
+    except Exception as err:
+        raise RunnerError("R0202", f"cannot read weights `{path}`: {err}") from err
+    values = {}
+    for name in program.weights_used():
+        a = data.get(name)
+        if a is None:
+            raise RunnerError("R0202", f"`{path}` lacks the prepared value `{name}`")
+        storage = program.storage(name, {})
+        if a.dtype != np.uint8 or a.ndim != 1 or a.size != storage.nbytes:
+            raise RunnerError("R0202", f"the prepared value `{name}` in `{path}` is "
+                              f"{a.dtype}{list(a.shape)}, but this bundle reads it as "
+                              f"{storage.nbytes:,} bytes ({storage.dtype}{list(storage.shape)}); "
+                              "prepare it again: `dslc weights prepare BUNDLE W.safetensors`")
+        if storage.dtype in _NOT_FINITE:  # the floats
+            values[name] = a.view(NUMPY_DTYPES[storage.dtype])
+    _warn_nonfinite(path, values, warn)
     return data
+
+
+# -- NaN and infinity: found by the exponent bits, which is fast enough for every load ----------
+# (the integer type of a float's bits, every bit but the sign, the lowest of those not finite)
+_NOT_FINITE: dict[str, tuple[type[np.unsignedinteger[Any]], int, int]] = {
+    "f32": (np.uint32, 0x7FFFFFFF, 0x7F800000), "f16": (np.uint16, 0x7FFF, 0x7C00),
+    "bf16": (np.uint16, 0x7FFF, 0x7F80), "f8e5m2": (np.uint8, 0x7F, 0x7C),
+    "f8e4m3": (np.uint8, 0x7F, 0x7F)}  # f8e4m3 (fn) has no infinity; 0x7F is its NaN
+_CHUNK = 1 << 20  # elements per pass: the masked copy stays in the cache
+
+
+def nonfinite(a: np.ndarray) -> tuple[int, int]:
+    """How many NaN and how many infinite values `a` holds (0, 0 for integer arrays)."""
+    name = next((k for k, dt in NUMPY_DTYPES.items() if a.dtype == np.dtype(dt)), None)
+    if name not in _NOT_FINITE:
+        if a.dtype.kind != "f":
+            return 0, 0
+        return int(np.isnan(a).sum()), int(np.isinf(a).sum())
+    uint, magnitude, lowest = _NOT_FINITE[name]
+    bits = np.ascontiguousarray(a).reshape(-1).view(uint)
+    if not any(int((bits[i:i + _CHUNK] & magnitude).max()) >= lowest
+               for i in range(0, bits.size, _CHUNK)):
+        return 0, 0
+    wide = a.astype(np.float32)  # only for a tensor that has some
+    return int(np.isnan(wide).sum()), int(np.isinf(wide).sum())
+
+
+def nonfinite_phrase(nan: int, inf: int) -> str:
+    """`3 NaN and 1 infinite value`, `2 NaN values`, `1 infinite value`."""
+    infinite = f"{inf} infinite value{'s' if inf != 1 else ''}"
+    if not nan:
+        return infinite
+    return f"{nan} NaN and {infinite}" if inf else f"{nan} NaN value{'s' if nan != 1 else ''}"
+
+
+def _warn_nonfinite(path: Path, tensors: Mapping[str, np.ndarray], warn: Warn | None) -> None:
+    """One sentence for the whole file: the first tensor with NaN or infinite values, and how many
+    more there are."""
+    found = [(name, *nonfinite(a), a.size) for name, a in tensors.items()]
+    found = [f for f in found if f[1] or f[2]]
+    if not found:
+        return
+    name, nan, inf, size = found[0]
+    others = len(found) - 1
+    more = f" ({others} more weight{'s hold' if others > 1 else ' holds'} some too)" if others else ""
+    (warn or _log_warning)(f"weight `{name}` holds {nonfinite_phrase(nan, inf)} of {size:,} in "
+                           f"`{path}`{more}; the outputs that depend on it may be NaN or "
+                           "infinite too")
+
+
+def _log_warning(text: str) -> None:
+    LOG.warning("warning[W0202]: %s", text)
 
 
 def _needed(program: Program, wanted: list[str]) -> list[Node]:
