@@ -1,12 +1,19 @@
-"""Helpers for tests: check a `.cgraph` snippet in memory, run the CLI in-process."""
+"""Helpers for tests: check a `.cgraph` snippet in memory, run the CLI in-process, random inputs
+from seeds that are the same in every process and are printed when a test fails, and the
+tolerance of two runs of a model at a storage precision."""
 
 from __future__ import annotations
 
 import io
 import json
+import math
+import zlib
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from dslc.check.checker import CheckedModel
 from dslc.cli import main
@@ -58,3 +65,67 @@ def run_cli(*args: str) -> Run:
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(args))
     return Run(code, out.getvalue(), err.getvalue())
+
+
+# The seeds the running test drew random inputs from; conftest prints them under a failure and
+# clears the list after each test.
+SEEDS: list[str] = []
+
+
+def seed_of(*key: object) -> int:
+    """A seed for `key` that is the same in every process (Python's `hash()` of a string is
+    salted per process, so it cannot seed reproducible inputs)."""
+    text = repr(key)
+    assert " at 0x" not in text, f"a seed key must not hold an object address: {text}"
+    return zlib.crc32(text.encode())
+
+
+def note_seed(what: str, seed: int) -> int:
+    """Record a seed used outside `rng` (e.g. `random_weights(..., seed)`), so a failure names it."""
+    SEEDS.append(f"{what}: seed {seed}")
+    return seed
+
+
+def rng(*key: object) -> np.random.Generator:
+    """A numpy generator seeded from `key` (one int is used as the seed itself); the seed is
+    reported with any failure of the test: `np.random.default_rng(SEED)` reproduces the inputs."""
+    seed = key[0] if len(key) == 1 and isinstance(key[0], int) else seed_of(*key)
+    note_seed(f"np.random.default_rng for {key!r}", seed)
+    return np.random.default_rng(seed)
+
+
+# -- comparing runs at a storage precision -----------------------------------------------------
+# The unit roundoff u of a storage dtype: round to nearest moves a value by at most u relative.
+UNIT_ROUNDOFF = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
+# Ops whose result is one of their operands' values (or a rearrangement): they round nothing.
+EXACT_OPS = frozenset({"input", "param", "scalar", "view", "reshape", "transpose", "slice",
+                       "contiguous", "relu", "maxpool", "concat", "neg", "abs"})
+# Higham and Mary's probabilistic bound: n roundings, independent with mean zero, each a relative
+# error of at most u, stay within LAMBDA * sqrt(n) * u with probability 1 - 2 * exp(-LAMBDA**2 / 2)
+# or more (LAMBDA = 4: 1 - 7e-4).
+LAMBDA = 4.0
+
+
+def rounding_depth(graph: Any) -> int:
+    """The most storage roundings on any path from an input to an output of a checked graph when
+    each op rounds its result (PyTorch run op by op does; dslc rounds at a subset of those points,
+    the outputs of its fused groups)."""
+    depth: dict[str, int] = {}
+    for node in graph.nodes:
+        before = max((depth[i] for i in node.inputs), default=0)
+        depth[node.name] = before + (node.op not in EXACT_OPS)
+    return max(depth[value] for _, value in graph.outputs)
+
+
+def precision_tolerance(dtype: str, depth: int) -> float:
+    """How far two runs of one model at storage `dtype` may be apart (largest difference over the
+    largest value): where both round the same value the same way the errors cancel, so their
+    difference is at most the roundings of one of them, `depth`, bounded as above."""
+    return LAMBDA * math.sqrt(depth) * UNIT_ROUNDOFF[dtype]
+
+
+def rel_error(a: Any, b: Any) -> float:
+    """Largest |a - b| over largest |b|."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a64.shape == b64.shape, (a64.shape, b64.shape)
+    return float(np.abs(a64 - b64).max() / max(np.abs(b64).max(), 1e-30))

@@ -58,7 +58,9 @@ def test_every_front_end_code_has_a_golden_case() -> None:
 
 def test_rendered_diagnostics_show_no_traceback_or_internal_path() -> None:
     package = str(ROOT / "dslc")
-    for expected in CASE_DIR.glob("*.stderr"):
+    rendered = sorted(CASE_DIR.glob("*.stderr"))
+    assert len(rendered) == len(CASES)
+    for expected in rendered:
         text = expected.read_text() + expected.with_suffix(".json").read_text()
         assert "Traceback" not in text, expected.name
         assert package not in text and "site-packages" not in text, expected.name

@@ -28,6 +28,10 @@ def test_cgraph_example_checks_clean(doc: Path, index: int, text: str, tmp_path:
     assert not sink.diagnostics, f"{doc.name} example {index}: {[d.message for d in sink.diagnostics]}"
 
 
+def test_the_docs_have_examples_to_check() -> None:
+    assert len({doc for doc, _, _ in EXAMPLES}) >= 2  # README.md and docs/LANGUAGE.md at least
+
+
 def test_language_doc_prints_the_real_grammar() -> None:
     doc = (ROOT / "docs" / "LANGUAGE.md").read_text()
     assert grammar_text() in doc

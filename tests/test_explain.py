@@ -149,7 +149,9 @@ def test_retired_code_is_explained_as_retired(code: str) -> None:
 
 @pytest.mark.parametrize("code", CHECKED_CODES)
 def test_examples_check_as_documented(code: str, tmp_path: Path) -> None:
-    for n, block in enumerate(b for b in _blocks(_text(code)) if b.info == "cgraph"):
+    blocks = [b for b in _blocks(_text(code)) if b.info == "cgraph"]
+    assert {b.kind for b in blocks} >= {"erroneous", "fixed"}, f"{code}.md: nothing to check"
+    for n, block in enumerate(blocks):
         where = tmp_path / f"example{n}"
         where.mkdir()
         checked = _check(block, where)

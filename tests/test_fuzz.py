@@ -37,6 +37,7 @@ from dslc.diag.span import SourceMap, Span
 from dslc.parse.parser import lark_parser
 from dslc.pipeline import Options, front_end
 from tests.conftest import ROOT
+from tests.helpers import note_seed
 
 MODELS = ROOT / "models"
 STD_NN = ROOT / "dslc" / "std" / "nn.cgraph"
@@ -307,7 +308,9 @@ def _token_pieces(text: str) -> list[str]:
 
 def mutants(source: Path) -> Iterator[tuple[str, list[str]]]:
     pool = corpus_pool()
-    mut = Mutator(source.read_text(), pool, zlib.crc32(source.name.encode()) + SEED)
+    seed = note_seed(f"random.Random mutating {source.name} (DSLC_FUZZ_SEED={SEED})",
+                     zlib.crc32(source.name.encode()) + SEED)
+    mut = Mutator(source.read_text(), pool, seed)
     for _ in range(round(SCALE * CASES.get(source.name, DEFAULT_CASES))):
         yield mut.mutant()
 

@@ -19,7 +19,14 @@ from tests.helpers import check_source
 
 def _lowered(src: str, tmp_path: Path) -> str:
     model = check_source(src, tmp_path).model
-    graph = lower(model.graph, lambda name, g: _assert_sound(name, g, model.env))
+    seen: list[str] = []
+
+    def after(name: str, g) -> None:  # type: ignore[no-untyped-def]
+        seen.append(name)
+        _assert_sound(name, g, model.env)
+
+    graph = lower(model.graph, after)
+    assert seen == [p.__name__ for p in PASSES] and seen  # the verifier saw every pass
     return format_graph(graph)
 
 
@@ -166,6 +173,7 @@ def test_verifier_is_clean_after_every_pass(name: str, precision: PrecisionSpec 
     assert result.model is not None
     assert not verify(result.model.graph, result.model.env)
     graph = result.model.graph
+    assert PASSES
     for p in PASSES:
         graph = p(graph)
         _assert_sound(p.__name__, graph, result.model.env)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dslc.runtime import plancache
 
 SPEC = {"signature": "abc", "tensors": [{"name": "x", "dims": [24, 8]}], "ops": []}
@@ -24,8 +26,49 @@ def test_the_key_follows_the_graph_and_the_environment(tmp_path: Path) -> None:
     base = plancache.path_for(tmp_path, SPEC, ENV)
     assert plancache.path_for(tmp_path, dict(SPEC), dict(ENV)) == base
     assert plancache.path_for(tmp_path, {**SPEC, "signature": "abd"}, ENV) != base
-    assert plancache.path_for(tmp_path, SPEC, {**ENV, "cudnn_backend": 92000}) != base
     assert plancache.path_for(tmp_path, SPEC, {**ENV, "memory_bytes": 1}) == base  # not a key
+
+
+# What a serialized plan depends on, so each must be in the key: a plan made on another GPU
+# (name, compute capability, SM count), with another cuDNN (backend, frontend) or driver must not
+# be restored. Written here from that reasoning, not read from the module.
+KEY_FIELDS = {"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": "10.0",
+              "sm_count": 114, "cudnn_backend": 92000, "cudnn_frontend": "1.33.0",
+              "driver": 13010}
+
+
+@pytest.mark.parametrize("field", sorted(KEY_FIELDS))
+def test_each_environment_field_of_the_key_changes_the_file(tmp_path: Path, field: str) -> None:
+    assert ENV[field] != KEY_FIELDS[field]
+    base = plancache.path_for(tmp_path, SPEC, ENV)
+    other = plancache.path_for(tmp_path, SPEC, {**ENV, field: KEY_FIELDS[field]})
+    assert other != base and other.parent == base.parent
+
+
+def test_a_plan_stored_on_one_gpu_is_not_found_on_another(tmp_path: Path) -> None:
+    plan = {"engine_id": 3, "knobs": {}, "workspace": 0, "serialized": b"\x01"}
+    plancache.store(plancache.path_for(tmp_path, SPEC, ENV), plan)
+    for field, value in KEY_FIELDS.items():
+        assert plancache.load(plancache.path_for(tmp_path, SPEC, {**ENV, field: value})) is None, \
+            field
+    assert plancache.load(plancache.path_for(tmp_path, SPEC, dict(ENV))) == plan
+
+
+@pytest.mark.parametrize("change", [
+    {"tensors": [{"name": "x", "dims": [32, 8]}]},   # another size
+    {"tensors": [{"name": "y", "dims": [24, 8]}]},   # another tensor name (plans bind names)
+    {"ops": [{"op": "relu"}]},                       # another graph
+])
+def test_each_part_of_the_graph_changes_the_file(tmp_path: Path, change: dict[str, object]) -> None:
+    assert plancache.path_for(tmp_path, {**SPEC, **change}, ENV) != \
+        plancache.path_for(tmp_path, SPEC, ENV)
+
+
+def test_the_key_ignores_the_order_of_fields(tmp_path: Path) -> None:
+    reordered_spec = dict(reversed(list(SPEC.items())))
+    reordered_env = dict(reversed(list(ENV.items())))
+    assert plancache.path_for(tmp_path, reordered_spec, reordered_env) == \
+        plancache.path_for(tmp_path, SPEC, ENV)
 
 
 def test_a_damaged_file_reads_as_a_miss(tmp_path: Path) -> None:

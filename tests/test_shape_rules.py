@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from dslc.check import dims
@@ -332,6 +332,9 @@ def test_pool_output_size_agrees_with_torch(workdir: Path, p: dict[str, Any]) ->
 
 @SETTINGS
 @given(st.integers(1, 5), st.integers(0, 4), st.integers(3, 9))
+@example(window=3, pad=2, size=5).via("padding above half the window")
+@example(window=5, pad=0, size=3).via("a window larger than the input")
+@example(window=3, pad=1, size=5).via("an output")
 def test_pool_padding_above_half_the_window_is_refused_like_torch(
         workdir: Path, window: int, pad: int, size: int) -> None:
     src = model_snippet(f"  input x: [1, 2, {size}, {size}]\n"
@@ -341,7 +344,9 @@ def test_pool_padding_above_half_the_window_is_refused_like_torch(
     if 2 * pad > window:
         assert expected is None
         assert _errors(c) == ["E0305"], _messages(c)
-    elif expected is not None:
+    elif expected is None:  # a window larger than the padded input: no output
+        assert _errors(c) == ["E0603"], _messages(c)
+    else:
         assert _errors(c) == [] and _node_shapes(c, "maxpool") == [expected], _messages(c)
 
 

@@ -1,7 +1,10 @@
-"""The start-up policy: one case per decision path, on recorded vs live fingerprints."""
+"""The start-up policy: one case per decision path, on recorded vs live fingerprints, and the
+whole table: each environment field changed alone and in pairs, under each `on_mismatch` policy,
+against expectations written here from docs/DESIGN.md ("Start-up and re-tuning")."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -72,3 +75,66 @@ def test_untuned_bundle_restores_what_it_has() -> None:
 def test_unknown_policy_is_rejected() -> None:
     with pytest.raises(ValueError, match="on_mismatch"):
         decide(TUNED, live(), "sometimes")
+
+
+# docs/DESIGN.md: a cuDNN, frontend or CUDA runtime upgrade replays; a changed driver re-times;
+# a different GPU re-tunes; the memory size alone changes nothing.
+WHAT_CHANGES = {"cudnn_backend": ("replay", 92200), "cudnn_frontend": ("replay", "1.17.0"),
+                "cuda_runtime": ("replay", 13000), "driver": ("retime", 13010),
+                "driver_release": ("retime", "590.10"), "device_name": ("retune", "NVIDIA B200"),
+                "compute_capability": ("retune", "10.0"), "sm_count": ("retune", 148),
+                "memory_bytes": ("restore", 80 << 30)}
+STRENGTH = ["restore", "replay", "retime", "retune"]
+
+
+def expected(action: str, policy: str) -> str | None:
+    """What start-up does when the saved plans call for `action`, under `policy`; None: R0802.
+    Restoring and replaying trust the recorded choice; re-timing and re-tuning measure, which
+    "heuristic" replaces by the heuristics' choice and "error" refuses."""
+    if action in ("restore", "replay") or policy == "retune":
+        return action
+    return "heuristic" if policy == "heuristic" else None
+
+
+@pytest.mark.parametrize("policy", ["retune", "heuristic", "error"])
+@pytest.mark.parametrize("fields", [*((f,) for f in WHAT_CHANGES),
+                                    *itertools.combinations(WHAT_CHANGES, 2)],
+                         ids=lambda f: "+".join(f))
+def test_each_change_under_each_policy(fields: tuple[str, ...], policy: str) -> None:
+    changed = {f: WHAT_CHANGES[f][1] for f in fields}
+    strongest = max((WHAT_CHANGES[f][0] for f in fields), key=STRENGTH.index)
+    want = expected(strongest, policy)
+    if want is None:
+        with pytest.raises(RunnerError) as err:
+            decide(TUNED, live(**changed), policy)
+        assert err.value.code == "R0802"
+        for f in fields:
+            assert f"{f} ({TUNED[f]} -> {changed[f]})" in str(err.value)
+        return
+    d = decide(TUNED, live(**changed), policy)
+    assert d.action == want
+    assert sorted(c[0] for c in d.changes) == sorted(fields)
+    for f, was, now, act in d.changes:
+        assert (was, now, act) == (TUNED[f], changed[f], WHAT_CHANGES[f][0])
+        assert f"{f}: {was} -> {now} ({act})" in d.explain()
+
+
+@pytest.mark.parametrize("policy", ["retune", "heuristic", "error"])
+@pytest.mark.parametrize("field", sorted(WHAT_CHANGES))
+def test_a_deviceless_bundle_never_measures_what_it_never_measured(field: str,
+                                                                   policy: str) -> None:
+    """Compiled without a GPU (`live` false): the plans are the heuristics' choice for the target
+    profile. A library change still replays; a changed GPU re-tunes (or, by policy, takes the
+    heuristics' choice or refuses); what nothing recorded cannot have changed."""
+    deviceless = {**TUNED, "live": False, "cuda_runtime": None, "driver_release": None}
+    d_fields = {k for k, v in deviceless.items() if v is not None and k in WHAT_CHANGES}
+    action, value = WHAT_CHANGES[field]
+    if field not in d_fields:
+        assert decide(deviceless, live(**{field: value}), policy).action == "restore"
+        return
+    want = expected(action, policy)
+    if want is None:
+        with pytest.raises(RunnerError, match="R0802"):
+            decide(deviceless, live(**{field: value}), policy)
+    else:
+        assert decide(deviceless, live(**{field: value}), policy).action == want

@@ -92,9 +92,10 @@ def bind_inputs(manifest: Mapping[str, Any], given: Mapping[str, tuple[tuple[int
     _check_ranges(manifest, dims)
     for spec, axis, want, got in pending:
         value = evaluate(want, dims)
-        if value != got:
+        if value != got:  # value None: no integer value of its symbol gives `got`
+            expected = _show(want) if value is None else f"{_show(want)} = {value}"
             raise RunnerError("R0301", f"input `{spec['name']}` has size {got} on axis {axis}, "
-                              f"expected {_show(want)} = {value}", spec["span"])
+                              f"expected {expected}", spec["span"])
     return dims
 
 

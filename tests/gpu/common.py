@@ -17,6 +17,7 @@ from dslc.pipeline import Options, front_end, middle_end
 from dslc.runtime.bundle import read
 from dslc.runtime.schedule import Program
 from dslc.weights import random_weights, save
+from tests.helpers import note_seed, rng
 
 # Largest |ours - reference| over largest |reference|, per output dtype of the model.
 TOLERANCE = {"f32": 5e-3, "f16": 1.5e-2, "bf16": 3e-2}
@@ -37,7 +38,8 @@ def compile_file(path: Path, outdir: Path, bucket: dict[str, int] | None = None)
     outdir.mkdir(parents=True, exist_ok=True)
     bundle = outdir / f"{result.model.name}.bundle"
     emit_bundle.write(bundle, emit_bundle.payload(compiled))
-    save(outdir / f"{result.model.name}.safetensors", random_weights(result.model.params, seed=7))
+    seed = note_seed(f"random_weights of {path.name}", 7)
+    save(outdir / f"{result.model.name}.safetensors", random_weights(result.model.params, seed=seed))
     return bundle
 
 
@@ -51,11 +53,11 @@ def random_inputs(bundle: Path, dims: dict[str, int] | None = None, seed: int = 
                   ) -> dict[str, np.ndarray]:
     program = Program(read(bundle))
     values = dict(dims or program.payload["buckets"][0]["dims"])
-    rng = np.random.default_rng(seed)
+    g = rng(seed)
     out = {}
     for name, node_name in program.inputs.items():
         s = program.storage(node_name, values)
-        out[name] = rng.standard_normal(s.shape).astype(interp.NUMPY_DTYPES[s.dtype])
+        out[name] = g.standard_normal(s.shape).astype(interp.NUMPY_DTYPES[s.dtype])
     return out
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.gpu.common import rel_error
-from tests.helpers import run_cli
+from tests.helpers import rng, run_cli
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +22,7 @@ def test_compile_run_cudnn_equals_reference(tmp_path: Path) -> None:
     weights = tmp_path / "w.safetensors"
     assert run_cli("weights", "random", "models/mlp.cgraph", "-o", str(weights)).code == 0
     x = tmp_path / "x.npy"
-    np.save(x, np.random.default_rng(0).standard_normal((16, 784)).astype(np.float16))
+    np.save(x, rng(0).standard_normal((16, 784)).astype(np.float16))
     for backend in ("cudnn", "reference"):
         run = run_cli("run", str(bundle), "--backend", backend, "--weights", str(weights),
                       "--input", f"x={x}", "-o", str(tmp_path / f"{backend}.npz"))

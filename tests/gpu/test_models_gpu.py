@@ -75,7 +75,9 @@ def test_resnet_matches_torchvision(name: str, bundles: dict[str, Path]) -> None
     net = getattr(torchvision.models, name)()
     state = {k: torch.from_numpy(v.astype(np.float32)) for k, v in
              load_file(str(bundle.with_suffix(".safetensors"))).items()}
-    net.load_state_dict(state, strict=False)
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing), \
+        (missing, unexpected)  # every weight torchvision uses came from our file
     net = net.eval().cuda().half().to(memory_format=torch.channels_last)
     image = torch.from_numpy(inputs["image"].astype(np.float32)).cuda().half()
     with torch.no_grad():
@@ -105,6 +107,23 @@ def test_encoder_matches_pytorch(bundles: dict[str, Path]) -> None:
     err = rel_error(ours, theirs)
     print(f"encoder: relative error {err:.2e} against PyTorch (bf16)")
     assert err <= 5e-2
+
+
+def test_an_input_in_another_layout_is_r0501(bundles: dict[str, Path]) -> None:
+    """The UNet declares its image NHWC: a row-major (NCHW) tensor is refused, not misread."""
+    import torch
+
+    from dslc.runtime import Model, RunnerError
+
+    bundle = bundles["unet"]
+    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    n, h, w = (MODELS["unet"][k] for k in ("N", "H", "W"))
+    image = torch.zeros(n, 3, h, w, dtype=torch.float16, device="cuda")
+    with pytest.raises(RunnerError) as err:
+        model.run({"image": image})
+    assert err.value.code == "R0501" and "make it contiguous in that layout" in str(err.value)
+    out = model.run({"image": image.contiguous(memory_format=torch.channels_last)})
+    assert set(out) == {"mask"}
 
 
 RELOAD = """
