@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dslc.fuzz.choices import Choices  # noqa: E402
-from dslc.fuzz.generate import generate  # noqa: E402
-from dslc.fuzz.oracle import Outcome  # noqa: E402
-from dslc.fuzz.state import Stats  # noqa: E402
+from dslc.fuzz.choices import Choices
+from dslc.fuzz.generate import generate
+from dslc.fuzz.oracle import Outcome
+from dslc.fuzz.state import Stats
 
 
 def program_seed(seed: int, index: int) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from dslc.check.dims import DimEnv
 from dslc.check.types import Layout
 from dslc.fuse.plan import Group
-from dslc.ir.graph import Graph, Node
+from dslc.ir.graph import Graph, Node, stored_dtype
 from dslc.ir.interp import concrete
 from dslc.ir.views import layout_strides
 
@@ -246,9 +246,7 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
         node = nodes[name]
         dims_, strides = shaper.shape(name)
         role = "output" if name in group.outputs else "virtual"
-        dtype = node.type.dtype
-        if role == "virtual" and dtype in ("f32", "f16", "bf16"):
-            dtype = node.precision.intermediate
+        dtype = stored_dtype(node, role == "virtual")
         tensors.append(TensorSpec(name, len(tensors) + 1, tuple(dims_), tuple(strides), dtype,
                                   role))
     ops = tuple(OpSpec(name, nodes[name].op, nodes[name].inputs,

@@ -37,7 +37,9 @@ def std_call(g: Gen) -> bool:
         _call(g, f"softmax({x.text})", x, TensorType(x.type.dtype, x.type.shape), 1.0, "std.softmax")
         return True
     if which in ("linear", "layer_norm"):
-        x = g.pick(lambda e: _io(g, e) and e.type.rank >= 1 and static(e.type.shape[-1]))
+        # linear's matmul needs rank 2 or more (as `matmul` does); layer_norm takes any rank
+        least = 2 if which == "linear" else 1
+        x = g.pick(lambda e: _io(g, e) and e.type.rank >= least and static(e.type.shape[-1]))
         if x is None:
             return False
         if which == "layer_norm":

@@ -25,6 +25,15 @@ class Choices:
         self.rng = random.Random(seed)
         self.replay = list(replay) if replay is not None else None
         self.record: list[int] = []
+        self.spans: list[tuple[int, int]] = []  # the choices of each unit (an op family's try)
+
+    def begin(self) -> int:
+        return len(self.record)
+
+    def end(self, start: int) -> None:
+        """Mark the choices made since `start` as one unit: the shrinker deletes it whole."""
+        if len(self.record) > start:
+            self.spans.append((start, len(self.record)))
 
     def below(self, n: int) -> int:
         """An integer in 0..n-1 (0 when n <= 1)."""

@@ -32,12 +32,16 @@ def generate(ch: Choices, stats: Stats | None = None, max_ops: int = MAX_OPS) ->
         g.stats.features[f"dynamic dim {d.name}"] += 1
     for _ in range(ch.between(1, 2)):
         _input(g, batch, length)
-    target = ch.between(1, max_ops)
+    # One "go on?" choice per op (a shrunk sequence stops early): 14 ops on average, 1 to max_ops.
     added = attempts = 0
-    while added < target and attempts < 4 * target + 8:
+    while added < max_ops and attempts < 4 * max_ops:
+        start = ch.begin()
+        if added and not ch.coin(0.93):
+            break
         attempts += 1
         if ch.pick(FAMILIES)(g):
             added += 1
+        ch.end(start)
     _outputs(g)
     return g.prog
 

@@ -33,6 +33,12 @@ def replay(sequence: list[int]) -> tuple[Program, list[int]]:
     return prog, ch.record
 
 
+def _spans(sequence: list[int]) -> list[tuple[int, int]]:
+    ch = Choices(replay=sequence)
+    generate(ch)
+    return ch.spans
+
+
 def _key(seq: list[int]) -> tuple[int, list[int]]:
     return len(seq), seq
 
@@ -43,6 +49,7 @@ def shrink(sequence: list[int], test: Test, want: tuple[str, str, str],
     deadline = time.monotonic() + budget_s
     best = list(sequence)
     tried: set[tuple[int, ...]] = set()
+    verdicts: dict[str, bool] = {}  # by source: many sequences print the same live program
 
     def fails(candidate: list[int]) -> bool:
         nonlocal best
@@ -54,7 +61,12 @@ def shrink(sequence: list[int], test: Test, want: tuple[str, str, str],
             prog, used = replay(candidate)
         except Exhausted:
             return False
-        if _key(used) >= _key(best) or test(prog).signature != want:
+        if _key(used) >= _key(best):
+            return False
+        source = prog.source()
+        if source not in verdicts:
+            verdicts[source] = test(prog).signature == want
+        if not verdicts[source]:
             return False
         best = used
         if log:
@@ -64,13 +76,17 @@ def shrink(sequence: list[int], test: Test, want: tuple[str, str, str],
     improved = True
     while improved and time.monotonic() < deadline:
         improved = False
-        for k in (32, 16, 8, 4, 2, 1):
+        # Whole op applications first, the last ones first (later ops read earlier ones).
+        for start, stop in reversed(_spans(best)):
+            if stop <= len(best) and fails(best[:start] + best[stop:]):
+                improved = True
+        for k in (8, 4, 2, 1):
             i = 0
             while i < len(best):
-                if not fails(best[:i] + best[i + k:]):
-                    i += k
-                else:
+                if fails(best[:i] + best[i + k:]):
                     improved = True
+                else:
+                    i += 1
         for i in range(len(best)):
             for lower in (0, best[i] // 2, best[i] - 1) if i < len(best) else ():
                 if 0 <= lower < best[i] and fails([*best[:i], lower, *best[i + 1:]]):

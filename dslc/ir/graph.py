@@ -71,3 +71,16 @@ class Graph:
             for i in n.inputs:
                 out[i].append(n)
         return out
+
+
+FLOAT_STORAGE = ("f32", "f16", "bf16")
+
+
+def stored_dtype(node: Node, virtual: bool) -> str:
+    """The dtype a value's elements are held in: its own dtype when materialised; inside a fused
+    group (virtual) the `intermediate` dtype, except a `cast`'s result, which keeps the dtype it
+    casts to (a cast asks for that rounding). The interpreter and cuDNN's graphs both use this."""
+    if virtual and node.type.dtype in FLOAT_STORAGE and node.op != "cast":
+        return node.precision.intermediate
+    return node.type.dtype
+

@@ -2,7 +2,8 @@
 
 Precision follows cuDNN: each op reads its operands in their dtype, computes in the `compute`
 dtype, and rounds its result to the dtype it is stored in: the node's dtype for a materialised
-value, the `intermediate` dtype for a value kept virtual inside a fused group (pass `virtual`).
+value, the `intermediate` dtype for a value kept virtual inside a fused group (pass `virtual`),
+except that a `cast` always rounds to the dtype it casts to (`graph.stored_dtype`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from dslc.check import dims
 from dslc.check.dims import DimEnv, Poly
 from dslc.check.types import is_float
-from dslc.ir.graph import Graph, Node
+from dslc.ir.graph import Graph, Node, stored_dtype
 
 NUMPY_DTYPES: dict[str, Any] = {
     "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
@@ -198,9 +199,7 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np
             out = planned_view(node, nodes[node.inputs[0]], results[node.inputs[0]], attrs, shape,
                                check_views)
         else:
-            storage = node.type.dtype
-            if node.name in virtual and is_float(storage):
-                storage = node.precision.intermediate
+            storage = stored_dtype(node, node.name in virtual)
             out = evaluate_node(node, [results[i] for i in node.inputs], attrs, storage)
         results[node.name] = out
         if keep is not None and keep(node):

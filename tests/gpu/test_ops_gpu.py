@@ -241,6 +241,11 @@ model m {
   let b = batchnorm2d(c)
   output y = maxpool(relu(b), window=3, stride=2, pad=1)
 }""",
+    "cast_inside_a_fused_group_rounds_f32": """model m {
+  input x: f32[8, 64]
+  let r = relu(x)
+  output y = (cast(r, f16) - r) * 1000.0
+}""",
     "slice_and_transpose_views_f32": """model m {
   input x: f32[4, 10, 12]
   output y = relu(transpose(x[1:3, 2:9, :], [0, 2, 1]))

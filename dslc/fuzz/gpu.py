@@ -1,0 +1,144 @@
+"""The GPU oracles for a generated program (needs CuPy, PyTorch with CUDA and cuDNN):
+
+- the program compiled for this GPU (the heuristics' plans, no tuning), run by the runtime at its
+  declared precision at the generator's sizes (a size between buckets is built on first use),
+  equals the reference executor at the per-dtype tolerance;
+- a CUDA-graph replay of it equals the plain run, bit for bit;
+- a bundle written and read back runs the same plans: the reloaded model's outputs equal the
+  first run's, bit for bit;
+- the deviceless compile for the H200 profile makes the same fusion plan and the same groups.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dslc.fuzz.oracle import Failure, Outcome, _checked, _lower, make_inputs, make_weights
+from dslc.fuzz.program import Program
+from dslc.ir import interp
+from dslc.pipeline import Options
+
+# max|gpu - reference| / max(max|reference|, 1e-2), by the narrowest dtype the program stores.
+TOLERANCE = {"f32": 5e-3, "f16": 2e-2, "bf16": 6e-2}
+
+
+def run(prog: Program, seed: int) -> Outcome:
+    with tempfile.TemporaryDirectory(prefix="dslc-fuzz-gpu-") as tmp:
+        stage = "check"
+        try:
+            path = Path(tmp) / "fuzz.cgraph"
+            path.write_text(prog.source())
+            model = _checked(path, Options())
+            inputs = make_inputs(model.inputs, prog.run_dims, model, seed)
+            weights = make_weights(model.params, prog.roles(), seed)
+            stage = "compile"
+            bundle, steps = _compile(model, Path(tmp))
+            stage = "deviceless"
+            _same_groups(model, steps)
+            stage = "run"
+            return _compare(bundle, Path(tmp), inputs, weights)
+        except Failure as f:
+            f.outcome.stage = f.outcome.stage or stage
+            return f.outcome
+        except Exception as err:
+            return Outcome("crash", stage, f"{type(err).__name__}: {err}\n"
+                                           f"{''.join(traceback.format_exc(limit=-4))}")
+
+
+def _compile(model: Any, tmp: Path) -> tuple[Path, list[tuple[str, tuple[str, ...]]]]:
+    from dslc.compile.stage import compile_model
+    from dslc.compile.target import load_target
+    from dslc.emit import bundle as emit_bundle
+
+    lowered, plan = _lower(model.graph, model.env)
+    compiled = compile_model(model, lowered, plan, load_target("device"))
+    path = tmp / "fuzz.bundle"
+    emit_bundle.write(path, emit_bundle.payload(compiled))
+    return path, [(s.group.signature, s.group.nodes) for s in compiled.steps]
+
+
+def _same_groups(model: Any, steps: list[tuple[str, tuple[str, ...]]]) -> None:
+    """Deviceless for the H200 profile: the same groups, except where the GPU split a group that
+    got no plan there (the deviceless build cannot know; each half must still be a group's
+    part)."""
+    from dslc.compile.stage import compile_model
+    from dslc.compile.target import load_target
+
+    lowered, plan = _lower(model.graph, model.env)
+    deviceless = compile_model(model, lowered, plan, load_target("h200"))
+    groups = {s.group.nodes for s in deviceless.steps}
+    for _, nodes in steps:
+        if nodes not in groups and not any(set(nodes) <= set(g) for g in groups):
+            raise Failure(Outcome("fusion", "deviceless", f"the GPU ran the group {list(nodes)}, "
+                                                          "which no deviceless group holds"))
+
+
+def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
+             weights: dict[str, np.ndarray]) -> Outcome:
+    from dslc.runtime import Model
+    from dslc.runtime.bundle import read
+    from dslc.runtime.schedule import Program as BundleProgram
+    from dslc.weights import save
+
+    save(tmp / "fuzz.safetensors", weights)
+    model = Model(bundle, tmp / "fuzz.safetensors", plan_cache=None)
+    device_inputs = _to_device(inputs, model)
+    plain = _to_host(model.run(device_inputs))
+    program = BundleProgram(read(bundle))
+    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
+    want = interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
+    dtype = _narrowest(program)
+    errors = {}
+    for name, value in want.items():
+        a, b = np.asarray(plain[name], np.float64), np.asarray(value, np.float64)
+        if a.shape != b.shape or not np.isfinite(a).all():
+            raise Failure(Outcome("mismatch", "run", f"output {name}: shape {a.shape} or "
+                                                     f"values not finite"))
+        errors[name] = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-2)) if a.size else 0.0
+        if errors[name] > TOLERANCE[dtype]:
+            raise Failure(Outcome("mismatch", "run", f"output {name}: relative error "
+                                                     f"{errors[name]:.3e} > {TOLERANCE[dtype]} "
+                                                     f"({dtype})", errors))
+    replayed = _to_host(model.capture(device_inputs)(device_inputs))
+    _identical(plain, replayed, "replay", "a CUDA-graph replay differs from the plain run")
+    again = _to_host(Model(bundle, tmp / "fuzz.safetensors", plan_cache=None).run(device_inputs))
+    _identical(plain, again, "reload", "a model reloaded from the bundle computes other bits")
+    return Outcome("ok", errors=errors)
+
+
+def _identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray], stage: str, what: str) -> None:
+    for name in a:
+        if np.asarray(a[name]).tobytes() != np.asarray(b[name]).tobytes():
+            raise Failure(Outcome("metamorphic", stage, f"output {name}: {what}"))
+
+
+def _narrowest(program: Any) -> str:
+    dtypes = {n.type.dtype for n in program.graph.nodes}
+    return "bf16" if "bf16" in dtypes else "f16" if "f16" in dtypes else "f32"
+
+
+def _to_device(arrays: dict[str, np.ndarray], model: Any) -> dict[str, Any]:
+    """Torch CUDA tensors in each input's declared dtype and layout."""
+    import torch
+
+    out = {}
+    for name, a in arrays.items():
+        node = model.program.nodes[model.program.inputs[name]]
+        order = node.type.layout.order if node.type.layout is not None else tuple(range(a.ndim))
+        dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[node.type.dtype]
+        t = torch.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(order)))
+        out[name] = t.to(dtype=dtype).cuda().permute(tuple(order.index(i) for i in range(a.ndim)))
+    return out
+
+
+def _to_host(outputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    import torch
+
+    torch.cuda.synchronize()
+    return {k: v.float().cpu().numpy() if hasattr(v, "cpu") else np.asarray(v.get())
+            for k, v in outputs.items()}

@@ -1,0 +1,83 @@
+"""Generated programs against independent oracles (dslc/fuzz): a fixed-seed batch through the
+whole compiler on the CPU, every saved regression case, and the generator's own promises
+(deterministic, well-typed by construction, every op covered, failures shrink).
+
+A failure names the program and the command that reruns and shrinks it:
+`scripts/fuzz_diff.py --seed S --only I --minimize --save tests/fuzz_cases`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dslc.fuzz import oracle
+from dslc.fuzz.choices import Choices
+from dslc.fuzz.generate import generate
+from dslc.fuzz.shrink import load_case, replay, shrink
+from dslc.fuzz.state import Stats
+from dslc.ops import OPS
+
+SEED = 2026  # CI's batch; scripts/fuzz_diff.py runs any other
+BATCH = 240  # programs through check, the f32 reference (views checked) and PyTorch
+COMPILED = 24  # of which the first ones also compile deviceless and round-trip their bundle
+CASES = sorted(Path(__file__).parent.joinpath("fuzz_cases").glob("*.cgraph"))
+
+
+def _program(index: int, stats: Stats | None = None):  # type: ignore[no-untyped-def]
+    return generate(Choices(SEED * 1_000_000 + index), stats)
+
+
+@pytest.mark.parametrize("part", range(4))
+def test_generated_programs_pass_every_oracle(part: int) -> None:
+    failures = []
+    for index in range(part, BATCH, 4):
+        outcome = oracle.run(_program(index), SEED * 1_000_000 + index,
+                             compile=index < COMPILED)
+        if outcome.failed:
+            failures.append(f"program {index}: {outcome.status} at {outcome.stage}: "
+                            f"{outcome.detail.splitlines()[0]}\n  rerun: scripts/fuzz_diff.py "
+                            f"--seed {SEED} --only {index} --show --minimize")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_regression_case_equals_its_expected_outputs(case: Path) -> None:
+    outcome = oracle.run_case(load_case(case), torch_oracle=False, compile=True)
+    assert not outcome.failed, f"{case.name}: {outcome.status} at {outcome.stage}: {outcome.detail}"
+
+
+def test_every_op_and_every_feature_is_generated() -> None:
+    stats = Stats()
+    for index in range(BATCH):
+        _program(index, stats)
+    missed = sorted(op for op in OPS if not stats.ops[op])
+    assert not missed, f"ops the batch never generates: {missed}"
+    for feature in ("io=f32", "io=f16", "io=bf16", "layout NHWC", "dynamic dim N", "def",
+                    "repeat"):
+        assert stats.features[feature] > 0, feature
+
+
+def test_the_same_choices_give_the_same_program() -> None:
+    a, b = Choices(7), Choices(7)
+    assert generate(a).source() == generate(b).source()
+    replayed, used = replay(a.record)
+    assert replayed.source() == generate(Choices(7)).source() and used == a.record
+
+
+def test_a_failure_shrinks_to_a_small_program() -> None:
+    """A stand-in failure (the program holds a conv) shrinks to a program of a few lines."""
+    index = next(i for i in range(100) if " conv(" in _program(i).source())
+    ch = Choices(SEED * 1_000_000 + index)
+    big = generate(ch)
+
+    def test(prog):  # type: ignore[no-untyped-def]
+        found = " conv(" in prog.source()
+        return oracle.Outcome("mismatch" if found else "ok", "torch")
+
+    best = shrink(ch.record, test, ("mismatch", "torch", ""), budget_s=20)
+    small, _ = replay(best)
+    assert " conv(" in small.source()
+    assert len(small.source().splitlines()) < len(big.source().splitlines())
+    assert len(small.source().splitlines()) <= 12, small.source()
