@@ -5,7 +5,7 @@ defs of residual blocks, called once or stacked with `repeat` (`as "layers.{i}"`
 from __future__ import annotations
 
 from dslc.check.types import TensorType
-from dslc.fuzz.families import is_float, size, static, tame
+from dslc.fuzz.families import flat_rows, is_float, size, static, tame
 from dslc.fuzz.program import Expr, Stmt
 from dslc.fuzz.state import Gen
 
@@ -43,6 +43,8 @@ def std_call(g: Gen) -> bool:
         if x is None:
             return False
         if which == "layer_norm":
+            if flat_rows(x, range(x.type.rank - 1, x.type.rank)):
+                return False
             _call(g, f"layer_norm({x.text}, eps=1e-5)", x, TensorType(x.type.dtype, x.type.shape),
                   2.0, "std.layer_norm")
             return True

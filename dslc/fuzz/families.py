@@ -195,6 +195,7 @@ def matmul(g: Gen) -> bool:
     if a is None:
         return False
     k = size(a.type.shape[-1])
+    a = tame(g, a)
     form = g.ch.pick(["param", "linear", "self", "value"])
     if form == "param":
         b: Expr | None = g.new_param((k, g.ch.pick([8, 16, 4, 32, 1, 3])))
@@ -208,8 +209,9 @@ def matmul(g: Gen) -> bool:
         b = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and e.type.shape[-2] == k)
     if b is None:
         return False
-    out = g.apply("matmul", {"a": tame(g, a), "b": b},
-                  scale=max(a.scale, 0.05) * b.scale * math.sqrt(k) if form == "value" else None)
+    # a @ a^T sums K squares (correlated: K * scale^2); a value times another grows by sqrt(K).
+    scale = {"self": k * a.scale * a.scale, "value": a.scale * b.scale * math.sqrt(k)}.get(form)
+    out = g.apply("matmul", {"a": a, "b": b}, scale=scale)
     if out is None:
         return False
     g.bind(tame(g, out, 30.0))
@@ -290,6 +292,8 @@ def norm(g: Gen) -> bool:
         if x is None:
             return False
         r = 2 if x.type.rank >= 3 and static(x.type.shape[-2]) and g.ch.coin(0.3) else 1
+        if flat_rows(x, range(x.type.rank - r, x.type.rank)):
+            return False
         shape = tuple(size(d) for d in x.type.shape[x.type.rank - r:])
         tensors = {"x": x, "scale": g.new_param(shape, "scale")}
         if op == "layernorm" or g.ch.coin(0.3):
@@ -306,12 +310,21 @@ def norm(g: Gen) -> bool:
                        "bias": g.new_param(c, "shift", "f32")}
             out = g.apply(op, tensors, {"eps": 1e-5}, scale=x.scale * 2)
         else:
+            if flat_rows(x, range(2, x.type.rank)):
+                return False
             tensors = {"x": x, "scale": g.new_param(c, "scale"), "bias": g.new_param(c, "shift")}
             out = g.apply(op, tensors, {"eps": 1e-5}, scale=4.0)
     if out is None:
         return False
     g.bind(out)
     return True
+
+
+def flat_rows(x: Expr, axes: range) -> bool:
+    """Whether the values a norm would normalise over may all be equal (zero variance: the
+    result is rounding noise over sqrt(eps), different in every implementation)."""
+    return all(x.type.shape[a] == 1 or a in x.constant for a in axes) and \
+        any(x.type.shape[a] != 1 for a in axes)
 
 
 def pool(g: Gen) -> bool:
@@ -365,7 +378,12 @@ def attention(g: Gen) -> bool:
     attrs: dict[str, object] = {"causal": g.ch.coin(0.4)}
     if g.ch.coin(0.3):
         attrs["scale"] = g.ch.pick([0.125, 0.5])
-    out = g.apply("sdpa", dict(zip("qkv", qkv, strict=True)), attrs)
+    if g.ch.coin(0.2):  # self-attention: every query keeps at least its own key
+        attrs["window"] = g.ch.pick([1, 2, 4])
+    tensors: dict[str, Expr | None] = dict(zip("qkv", qkv, strict=True))
+    if static(s) and g.ch.coin(0.2):
+        tensors["bias"] = g.new_param((size(s), size(s)), "shift")
+    out = g.apply("sdpa", tensors, attrs)
     if out is None:
         return False
     merged = g.apply("transpose", {"x": g.bind(out)}, {"perm": (0, 2, 1, 3)})

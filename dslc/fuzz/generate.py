@@ -56,7 +56,8 @@ def _input(g: Gen, batch: dims.Dim, length: dims.Dim | None) -> None:
         s = length if length is not None and g.ch.coin(0.5) else g.ch.pick([4, 6, 8])
         g.new_input((batch, s, g.ch.pick([16, 8, 32, 24])))
     else:
-        g.new_input((batch, g.ch.pick([16, 4, 64, 10])))
+        g.new_input((batch, g.ch.pick([16, 4, 64, 10])),
+                    dtype="f32" if g.ch.coin(0.1) else "")  # sometimes not the model's io
 
 
 def _outputs(g: Gen) -> None:
@@ -73,4 +74,8 @@ def _outputs(g: Gen) -> None:
         if inner:
             chosen.append(g.ch.pick(inner))
     for i, e in enumerate(chosen):
-        g.prog.outputs.append((f"o{i + 1}", e.text))
+        typ = ""
+        if e.type.dtype in ("f32", "f16", "bf16") and g.ch.coin(0.15):  # stored in another dtype
+            typ = ": " + g.ch.pick([d for d in ("f32", "f16", "bf16") if d != e.type.dtype])
+            g.stats.features["output dtype written"] += 1
+        g.prog.outputs.append((f"o{i + 1}", e.text, typ))

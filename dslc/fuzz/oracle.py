@@ -96,7 +96,7 @@ def run_case(case: Case, torch_oracle: bool = True, compile: bool = True) -> Out
         try:
             declared = _checked(path, Options())
             stage = "reference"
-            model = _checked(path, Options(precision=F32, backend="reference"))
+            model = _in_f32(path, declared)
             if case.inputs is None:
                 case.inputs = make_inputs(model.inputs, case.run_dims, declared, case.seed)
             if case.weights is None:
@@ -134,6 +134,18 @@ def _checked(path: Path, options: Options) -> Any:
         text = f"{first.code} {first.message} (line {first.span.line})" if first else "no model"
         raise Failure(Outcome("rejected", "", text))
     return result.model
+
+
+def _in_f32(path: Path, declared: Any) -> Any:
+    """The model checked in f32 for the reference backend (`--precision f32`); where the dtypes
+    written on its values make it ill-typed in f32 (a `cast(x, f16)` feeding a conv whose
+    weights become f32), the model as declared: the oracles then compare at its precision."""
+    try:
+        return _checked(path, Options(precision=F32, backend="reference"))
+    except Failure as f:
+        if f.outcome.detail.startswith("E04"):
+            return declared
+        raise
 
 
 def _lower(graph: Graph, env: Any) -> tuple[Graph, Any]:

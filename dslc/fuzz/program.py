@@ -22,6 +22,9 @@ class Expr:
     scale: float  # rough magnitude of its values (keeps f16/bf16 programs finite)
     op: str = ""  # the op at its root ("" for a bare name)
     atom: bool = True  # needs no parentheses as an operand of an infix operator
+    # Axes along which every value is the same (an upsampled 1x1 map): a norm over them divides
+    # rounding noise by sqrt(eps), so the generator keeps norms off them.
+    constant: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -67,14 +70,15 @@ class Program:
     params: list[ParamDecl] = field(default_factory=list)
     stmts: list[Stmt] = field(default_factory=list)
     defs: dict[str, str] = field(default_factory=dict)  # name -> source text
-    outputs: list[tuple[str, str]] = field(default_factory=list)  # (output name, value name)
+    # (output name, value name, a type written on the output: "" or e.g. ": f32")
+    outputs: list[tuple[str, str, str]] = field(default_factory=list)
     run_dims: dict[str, int] = field(default_factory=dict)  # where the oracles run it
     uses_std: bool = False
 
     def live(self) -> set[str]:
         """The names the outputs need, transitively."""
         producers = {n: s for s in self.stmts for n in s.names}
-        todo = [v for _, v in self.outputs]
+        todo = [v for _, v, _ in self.outputs]
         seen: set[str] = set()
         while todo:
             name = todo.pop()
@@ -112,7 +116,7 @@ class Program:
                 dtype = p.dtype if p.dtype != io else ""
                 lines.append(f"  param {p.name}: {dtype}{shape_text(p.shape)}")
         lines += [s.text for s in stmts]
-        lines += [f"  output {name} = {value}" for name, value in self.outputs]
+        lines += [f"  output {name}{typ} = {value}" for name, value, typ in self.outputs]
         lines.append("}")
         return "\n".join(lines) + "\n"
 

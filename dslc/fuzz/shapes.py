@@ -80,8 +80,15 @@ def _slice(g: Gen, x: Expr, syntax: bool) -> Expr | None:
     starts: list[dims.Dim] = []
     ends: list[dims.Dim] = []
     written: list[str] = []
-    for d in x.type.shape:
-        if static(d) and size(d) >= 2 and g.ch.coin(0.6):
+    drop: list[int] = []
+    for axis, d in enumerate(x.type.shape):
+        if syntax and static(d) and x.type.rank - len(drop) > 1 and g.ch.coin(0.15):
+            k = g.ch.below(size(d))  # an integer index: the axis is dropped
+            starts.append(k)
+            ends.append(k + 1)
+            drop.append(axis)
+            written.append(str(k))
+        elif static(d) and size(d) >= 2 and g.ch.coin(0.6):
             n = size(d)
             a = g.ch.below(n - 1)
             b = g.ch.between(a + 1, n)
@@ -95,9 +102,12 @@ def _slice(g: Gen, x: Expr, syntax: bool) -> Expr | None:
             starts.append(0)
             ends.append(d)
             written.append(":")
-    if not any(w != ":" for w in written):
+    if all(w == ":" for w in written):
         return None
     out = g.apply("slice", {"x": x}, {"starts": tuple(starts), "ends": tuple(ends)})
+    if out is not None and drop:
+        kept = tuple(d for i, d in enumerate(out.type.shape) if i not in drop)
+        out = g.apply("reshape", {"x": out}, {"shape": kept})
     if out is None or not syntax:
         return out
     return replace(out, text=f"{x.text}[{', '.join(written)}]")

@@ -172,7 +172,7 @@ class Gen:
             scale = max((e.scale for e in exprs), default=1.0)
         return Expr(self._call_text(opdef, op, tensors, attrs, infix), result,
                     frozenset().union(*(e.reads for e in exprs)), exact, scale, op,
-                    atom=not infix)
+                    atom=not infix, constant=constant_axes(op, exprs, result, attrs))
 
     def infer(self, op: str, tensors: Mapping[str, Operand], attrs: Mapping[str, Any],
               ) -> TensorType | tuple[TensorType, ...] | None:
@@ -259,6 +259,35 @@ class Gen:
         if not cands:
             return None
         return cands[-1 - self.ch.below(len(cands))]
+
+
+ELEMENTWISE = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "abs", "neg", "erf", "sin",
+               "cos", "softplus", "leaky_relu", "clamp", "swish", "elu", "exp", "log", "sqrt",
+               "rsqrt", "reciprocal", "floor", "ceil", "add", "sub", "mul", "div", "max", "min",
+               "pow", "select", "bias_add", "scale_mul", "cast", "contiguous", "cmp_lt", "cmp_le",
+               "cmp_gt", "cmp_ge", "cmp_eq", "cmp_ne"}
+
+
+def constant_axes(op: str, operands: list[Expr], result: TensorType, attrs: Mapping[str, Any],
+                  ) -> frozenset[int]:
+    """Axes of the result (of size > 1) along which every value is the same."""
+    shape = result.shape
+    if op in ELEMENTWISE:
+        def flat(e: Expr, axis: int) -> bool:  # e is the same along `axis` of the result
+            a = axis - (len(shape) - e.type.rank)
+            return a < 0 or e.type.shape[a] == 1 or a in e.constant
+        axes = {a for a in range(len(shape)) if all(flat(e, a) for e in operands)}
+    elif op == "upsample":
+        x = operands[0]
+        axes = {a for a in range(len(shape)) if x.type.shape[a] == 1 or a in x.constant}
+    elif op == "transpose":
+        perm = tuple(attrs["perm"])
+        axes = {i for i, p in enumerate(perm) if p in operands[0].constant}
+    elif op in ("slice", "maxpool", "avgpool"):
+        axes = set(operands[0].constant)
+    else:
+        axes = set()
+    return frozenset(a for a in axes if shape[a] != 1)
 
 
 def _operand_text(v: Operand, wrap: bool) -> str:

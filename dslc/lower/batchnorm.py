@@ -46,9 +46,11 @@ def fold_batchnorm(rw: Rewriter, node: Node) -> str | None:
     x = rw.node(node.inputs[0])
     conv_bias = None
     conv = x
-    if x.op == "bias_add" and x.attrs["axis"] == 1 and len(rw.users_of(x.name)) == 1:
+    if x.op == "bias_add" and x.attrs["axis"] == 1 and rw.only_read_by_one(x.name):
         conv_bias, conv = x.inputs[1], rw.node(x.inputs[0])
-    if conv.op != "conv" or len(rw.users_of(conv.name)) != 1:
+    # The conv's own result must not be needed elsewhere (another op, or an output): folding
+    # changes it.
+    if conv.op != "conv" or not rw.only_read_by_one(conv.name):
         return None
     weight = rw.node(conv.inputs[1])
     if weight.op != "param":

@@ -26,6 +26,11 @@ class Rewriter:
     def users_of(self, old_name: str) -> list[Node]:
         return self.old_users.get(old_name, [])
 
+    def only_read_by_one(self, old_name: str) -> bool:
+        """One op reads the value and no output exports it: a rewrite may consume it."""
+        exported = any(value == old_name for _, value in self.old.outputs)
+        return len(self.users_of(old_name)) == 1 and not exported
+
     def emit(self, node: Node) -> str:
         name = node.name
         k = 1
