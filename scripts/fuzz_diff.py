@@ -15,6 +15,7 @@ Exit status: 0 when every program passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import time
@@ -74,7 +75,9 @@ def main() -> int:
     worst: dict[str, float] = {}
     start = time.monotonic()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    pool = ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
+    # On a GPU each worker starts fresh (spawn): CUDA cannot be used after a fork.
+    context = multiprocessing.get_context("spawn" if args.backend == "cudnn" else "fork")
+    pool = ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else None
     results = pool.map(check_one, work, chunksize=4) if pool else map(check_one, work)
     for done, (index, outcome, st) in enumerate(results, 1):
         _merge(stats, st)

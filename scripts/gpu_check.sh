@@ -2,11 +2,12 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|ops|models|startup|bench|tune|probe|all] [extra pytest args...]
+# Usage: scripts/gpu_check.sh [tests|ops|models|startup|bench|tune|probe|fuzz|all] [extra args...]
 #   tests: every GPU test; ops/models/startup: one file's worth (startup: tuning, start-up
 #   decisions, CLI); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
-#   start, tuned benchmarks); probe: scripts/probe_gpu.py (where the time goes); all: tests,
-#   then tune.
+#   start, tuned benchmarks); probe: scripts/probe_gpu.py (where the time goes); fuzz:
+#   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
+#   processes; extra args go to it); all: tests, then tune.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -37,6 +38,10 @@ case $what in
     python3 scripts/bench_gpu.py --out "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -12 || status=1 ;;
   probe)
     python3 scripts/probe_gpu.py --out "$out" 2>&1 | tee "$out/probe.log" | tail -80 || status=1 ;;
+  fuzz)
+    python3 scripts/fuzz_diff.py --backend cudnn --count "${FUZZ_COUNT:-500}" --seed "${FUZZ_SEED:-1}" \
+      --jobs "${FUZZ_JOBS:-8}" "${extra[@]}" > "$out/fuzz.log" 2>&1 || status=1
+    grep -E "^FAIL|rerun:|programs \(seed" "$out/fuzz.log" | tail -60 ;;
   tune|all)
     python3 scripts/bench_tune.py --out "$out" > "$out/bench_tune.log" 2>&1 || status=1
     sed -n '/^== summary/,$p' "$out/bench_tune.log" ;;

@@ -15,12 +15,11 @@ from typing import Any
 from dslc.check import dims
 from dslc.check.dims import DimEnv, SymInfo
 from dslc.check.types import Layout, PrecisionSpec, TensorType
-from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.fuzz.choices import Choices
 from dslc.fuzz.program import DynDim, Expr, Input, ParamDecl, Program, Stmt
 from dslc.ops import OPS
-from dslc.ops.opdef import Args, Kind
+from dslc.ops.opdef import Args, Kind, SilentCtx
 
 _SPAN = Span("<generated>", 1, 1, 1, 1)
 
@@ -31,46 +30,6 @@ EXACT_OPS = {"relu", "abs", "neg", "max", "min", "maxpool", "reduce_max", "reduc
 INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "cmp_lt": "<", "cmp_le": "<=",
          "cmp_gt": ">", "cmp_ge": ">=", "cmp_eq": "==", "cmp_ne": "!="}
 Operand = Expr | TensorType | float | list[Expr] | None
-
-
-class GenCtx:
-    """`InferCtx` for a proposed call: records errors instead of reporting them."""
-
-    def __init__(self, env: DimEnv, precision: PrecisionSpec, producers: dict[str, str]) -> None:
-        self.env = env
-        self.precision = precision
-        self.cudnn = True  # programs must also compile for cuDNN (the GPU oracle runs them)
-        self.errors: list[str] = []
-        self.attrs: dict[str, Any] = {}
-        self._producers = producers
-
-    @property
-    def compute(self) -> str:
-        return self.precision.compute
-
-    def error(self, code: str, message: str, at: str | None = None, label: str = "",
-              labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
-              help: tuple[str, ...] = ()) -> None:
-        if not code.startswith("W"):
-            self.errors.append(f"{code} {message}")
-
-    def span(self, arg: str) -> Span:
-        return _SPAN
-
-    def label(self, arg: str, text: str) -> Label:
-        return Label(_SPAN, text)
-
-    def text(self, arg: str) -> str:
-        return arg
-
-    def producer(self, arg: str) -> str | None:
-        return self._producers.get(arg)
-
-    def set_attr(self, name: str, value: Any) -> None:
-        self.attrs[name] = value
-
-    def precision_origin(self, key: str) -> Span | None:
-        return None
 
 
 @dataclass
@@ -196,7 +155,8 @@ class Gen:
                     values[p.name] = None
             else:
                 values[p.name] = attrs.get(p.name, p.default)
-        ctx = GenCtx(self.env, self.precision, producers)
+        # cudnn=True: programs must also compile for cuDNN (the GPU oracle runs them).
+        ctx = SilentCtx(self.env, self.precision, producers, _SPAN, cudnn=True)
         result = opdef.infer(ctx, Args(values))
         if result is None or ctx.errors:
             self.stats.rejected[op] += 1

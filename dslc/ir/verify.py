@@ -10,56 +10,13 @@ from typing import Any
 
 from dslc.check.dims import DimEnv
 from dslc.check.types import TensorType, format_shape, format_type
-from dslc.diag.diagnostic import Label
-from dslc.diag.span import Span
 from dslc.ir.graph import Graph, Node
 from dslc.ir.views import view_layout, view_shape
 from dslc.ops import OPS
-from dslc.ops.opdef import Args, Kind
+from dslc.ops.opdef import Args, Kind, SilentCtx
 
 SOURCES = {"input", "param", "scalar"}  # nodes without operands
 IR_ONLY = {"view"}  # ops that exist only after lowering (no type rule in `dslc.ops`)
-
-
-class _Ctx:
-    """A silent `InferCtx`: records the first error instead of reporting it."""
-
-    def __init__(self, env: DimEnv, node: Node, producers: dict[str, str]) -> None:
-        self.env = env
-        self.precision = node.precision
-        self.cudnn = False  # the graph was checked already; only its shapes are compared
-        self.node = node
-        self.errors: list[str] = []
-        self.attrs: dict[str, Any] = {}
-        self._producers = producers
-
-    @property
-    def compute(self) -> str:
-        return str(self.node.attrs.get("compute", self.precision.compute))
-
-    def error(self, code: str, message: str, at: str | None = None, label: str = "",
-              labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
-              help: tuple[str, ...] = ()) -> None:
-        if not code.startswith("W"):
-            self.errors.append(f"{code} {message}")
-
-    def span(self, arg: str) -> Span:
-        return self.node.span
-
-    def label(self, arg: str, text: str) -> Label:
-        return Label(self.node.span, text)
-
-    def text(self, arg: str) -> str:
-        return arg
-
-    def producer(self, arg: str) -> str | None:
-        return self._producers.get(arg)
-
-    def set_attr(self, name: str, value: Any) -> None:
-        self.attrs[name] = value
-
-    def precision_origin(self, key: str) -> Span | None:
-        return None
 
 
 def verify(graph: Graph, env: DimEnv | None = None) -> list[str]:
@@ -126,7 +83,9 @@ def retype_problems(node: Node, types: dict[str, TensorType], ops: dict[str, str
     for p in op.params:
         if p.kind is Kind.OPT_TENSOR:
             values.setdefault(p.name, None)
-    ctx = _Ctx(env, node, producers)
+    # The graph was checked already: only its shapes are compared (no cuDNN limits).
+    ctx = SilentCtx(env, node.precision, producers, node.span,
+                    str(node.attrs.get("compute", node.precision.compute)))
     result = op.infer(ctx, Args(values))
     if ctx.errors:
         return ctx.errors[:1]

@@ -104,6 +104,50 @@ class InferCtx(Protocol):
     def precision_origin(self, key: str) -> Span | None: ...
 
 
+class SilentCtx:
+    """An `InferCtx` outside the checker (the IR verifier, the program generator): errors are
+    recorded, not reported; warnings are ignored."""
+
+    def __init__(self, env: DimEnv, precision: PrecisionSpec, producers: Mapping[str, str],
+                 span: Span, compute: str | None = None, cudnn: bool = False) -> None:
+        self.env = env
+        self.precision = precision
+        self.cudnn = cudnn
+        self.errors: list[str] = []
+        self.attrs: dict[str, Any] = {}
+        self._producers = producers
+        self._span = span
+        self._compute = compute or precision.compute
+
+    @property
+    def compute(self) -> str:
+        return self._compute
+
+    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+              labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
+              help: tuple[str, ...] = ()) -> None:
+        if not code.startswith("W"):
+            self.errors.append(f"{code} {message}")
+
+    def span(self, arg: str) -> Span:
+        return self._span
+
+    def label(self, arg: str, text: str) -> Label:
+        return Label(self._span, text)
+
+    def text(self, arg: str) -> str:
+        return arg
+
+    def producer(self, arg: str) -> str | None:
+        return self._producers.get(arg)
+
+    def set_attr(self, name: str, value: Any) -> None:
+        self.attrs[name] = value
+
+    def precision_origin(self, key: str) -> Span | None:
+        return None
+
+
 class Args:
     """The bound arguments of one call: tensors by parameter name, and compile-time values."""
 
