@@ -7,7 +7,6 @@ only a regular file is read, and never more than a given number of bytes."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import tempfile
@@ -89,7 +88,7 @@ def read_limited(path: Path, limit: int) -> bytes:
     (UnreadableFile otherwise; OSError when it cannot be opened). Never blocks on a FIFO and
     never reads more than `limit + 1` bytes, whatever the file claims."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    with contextlib.closing(os.fdopen(fd, "rb", buffering=0)) as f:
+    try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise UnreadableFile(21, "it is a folder, not a file", str(path))
@@ -100,11 +99,13 @@ def read_limited(path: Path, limit: int) -> bytes:
         chunks: list[bytes] = []
         total = 0
         while total <= limit:
-            chunk = f.read(min(1 << 20, limit + 1 - total))
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
             if not chunk:
                 break
             chunks.append(chunk)
             total += len(chunk)
-        if total > limit:  # it grew while being read
-            raise UnreadableFile(27, f"larger than {limit:,} bytes", str(path))
-        return b"".join(chunks)
+    finally:
+        os.close(fd)
+    if total > limit:  # it grew while being read
+        raise UnreadableFile(27, f"larger than {limit:,} bytes", str(path))
+    return b"".join(chunks)

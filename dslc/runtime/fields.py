@@ -82,9 +82,10 @@ def items(v: Any, path: str, lo: int = 0, hi: int = MAX_ITEMS) -> list[Any]:
 
 
 def integer(v: Any, path: str, lo: int = 0, hi: int = MAX_ELEMENTS) -> int:
-    if type(v) is not int or not lo <= v <= hi:
-        fail(path, "a non-negative int" if lo == 0 and hi >= MAX_DIM else
-             f"an int in {lo}..{hi}", v)
+    if type(v) is not int:
+        fail(path, "a non-negative int" if lo == 0 else "an int", v)
+    if not lo <= v <= hi:
+        fail(path, f"an int in {lo}..{hi}", v)
     return v
 
 

@@ -21,7 +21,7 @@ from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.kernels import run_kernel
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
-from dslc.runtime.records import BucketRecord, PlanRecord, bucket_key
+from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key
 from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
 
 LOG = logging.getLogger("dslc.runtime")
@@ -36,18 +36,11 @@ class Executable:
         self.key = bucket_key(dims)
         self.layout: Layout = model.program.layout(dims)
         self.graphs: dict[str, Ready] = {}
-        bucket = model.buckets.get(self.key)
         decision = model.decision()
-        for step in model.program.steps:
-            if step.kind != "graph" or step.signature in self.graphs:
-                continue
+        for step, spec, plan in self._specs():
             where = f"group {step.name} ({step.signature}) at {self.key}"
-            entry = bucket.graphs.get(step.signature) if bucket is not None else None
-            spec = model.spec_at(step, dims) if entry is None else entry.spec
-            model.program.check_bindings(step, spec, self.layout.storage, dims, where)
-            if entry is not None:
-                ready = self._saved(model.spec_from(spec.to_data()), entry.plan, decision.action,
-                                    where)
+            if plan is not None:
+                ready = self._saved(model.spec_from(spec.to_data()), plan, decision.action, where)
             else:
                 ready = self._between_buckets(spec, step, where)
             model.startup.append({"bucket": self.key, "signature": step.signature,
@@ -65,6 +58,24 @@ class Executable:
                 names = list(step.inputs) + list(step.nodes)
                 self.bindings[step.name] = [(t.uid, names[t.uid - 1]) for t in spec.tensors
                                             if t.role in ("input", "output")]
+
+    def _specs(self) -> list[tuple[StepRecord, Any, PlanRecord | None]]:
+        """Per group signature: its first step, its spec at these dims (the bucket's, with its
+        plan, or made from the graph), each checked against every step that binds it to memory
+        (`Program.check_bindings`: BundleError if a tensor would reach past its value)."""
+        m = self.model
+        bucket = m.buckets.get(self.key)
+        out: dict[str, tuple[StepRecord, Any, PlanRecord | None]] = {}
+        for step in m.program.steps:
+            if step.kind != "graph":
+                continue
+            if step.signature not in out:
+                entry = bucket.graphs.get(step.signature) if bucket is not None else None
+                out[step.signature] = ((step, entry.spec, entry.plan) if entry is not None else
+                                       (step, m.spec_at(step, self.dims), None))
+            m.program.check_bindings(step, out[step.signature][1], self.layout.storage,
+                                     self.dims, f"group {step.name} at {self.key}")
+        return list(out.values())
 
     def _saved(self, spec: Any, plan: PlanRecord, action: str, where: str) -> Ready:
         """A bucket's graph, as the start-up decision says (see `dslc.runtime.startup`)."""

@@ -294,9 +294,11 @@ class StepRecord:
                           f.names(d["outputs"], f"{path}.outputs", members, "a node of the step"),
                           f.text(d["signature"], f"{path}.signature"),
                           f.text(d.get("reason", ""), f"{path}.reason"))
-        reads = {i for m in members for i in nodes[m].inputs if i not in members}
-        if set(step.inputs) != reads:
-            f.wrong(f"{path}.inputs", "not what the step's nodes read")
+        reads: list[str] = []  # in first-use order, as the fusion plan lists them (the uids
+        for m in members:  # of the step's cuDNN tensors follow this order)
+            reads.extend(i for i in nodes[m].inputs if i not in members and i not in reads)
+        if list(step.inputs) != reads:
+            f.wrong(f"{path}.inputs", "not what the step's nodes read, in order")
         return step
 
 

@@ -145,6 +145,8 @@ class Program:
         buffers = [Buffer(v, out.storage[v].nbytes, first[v], last.get(v, first[v]))
                    for v in first if v not in model_outputs]
         out.offsets, out.arena = plan_memory(buffers)
+        if out.arena > MAX_BYTES:  # what no GPU holds never reaches cupy.empty
+            raise BundleError(f"graph: its memory plan at {dict(values)} takes {out.arena:,} bytes")
         return out
 
     def peak_bytes(self, values: Mapping[str, int]) -> int:
@@ -167,6 +169,10 @@ class Program:
                                   f"of node `{name[:60]}` at {dict(dims)}")
         names = list(step.inputs) + list(step.nodes)
         for t in spec.tensors:
+            if t.role == "scalar" and not any(
+                    self.nodes[n].op == "scalar" and float(self.nodes[n].attrs["value"]) == t.value
+                    for n in step.inputs):
+                raise BundleError(f"{where}: scalar `{t.name[:60]}` is no constant the step reads")
             if t.role not in ("input", "output"):
                 continue
             value = names[t.uid - 1] if 1 <= t.uid <= len(names) else None

@@ -133,7 +133,7 @@ class TuningDB:
         if found is None:
             return None
         try:
-            PlanRecord.from_data(found, "entry", tuning=True)
+            PlanRecord.from_data(found, f"entries.{key}", tuning=True)
         except BundleError as err:
             self._warn(f"entry {key}", f"tuning database `{self.path}`: ignoring a damaged "
                        f"entry ({err})")
