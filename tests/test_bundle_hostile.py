@@ -325,6 +325,8 @@ def test_records_round_trip_and_the_plain_reader_gives_what_was_written(tmp_path
     (lambda b: b"\x91" * 100_000 + b"\xc0", "its payload is not msgpack"),  # nested too deep
     (lambda b: b"\xc1", "its payload is not msgpack"),
     (lambda b: b"\xc6\xff\xff\xff\xff", "its payload is not msgpack"),  # 4 GiB of bin, claimed
+    (lambda b: b"\xdd" + (5_000_000).to_bytes(4, "big") + b"\x90" * 5_000_000,
+     "holds more than 4,000,000 maps and lists"),  # 5 MB making 320 MB of lists
     (lambda b: msgpack.packb([1, 2]), "malformed payload (not a map)"),
     (lambda b: msgpack.packb({1: 2}), "payload: a key 1 is not a string"),
 ])

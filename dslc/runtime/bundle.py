@@ -4,8 +4,9 @@ three and says what is wrong in one sentence.
 
 The checksum catches damage, not edits: a payload changed and re-hashed reads as well as one the
 compiler wrote. So the reader trusts nothing in it. Only a regular file of at most `MAX_BYTES`
-is read (never a FIFO, a device or a folder); msgpack's own errors (truncated, extra data,
-nesting too deep, ...) are reported; and the payload is validated whole against its schema
+is read (never a FIFO, a device or a folder), into at most `MAX_CONTAINERS` maps and lists;
+msgpack's own errors (truncated, extra data, nesting too deep, ...) are reported; and the
+payload is validated whole against its schema
 through the typed records of `dslc.runtime.records` (types, required fields, ranges,
 cross-references, every cuDNN tensor within the memory it is bound to: `BundleError` naming
 the field) before anything reads it. (The runtime's `Model` checks the last point per bucket
@@ -36,7 +37,11 @@ __all__ = ["MAGIC", "MAX_BYTES", "SCHEMA_VERSION", "Bundle", "BundleError", "loa
 
 MAGIC = "dslc-bundle"
 SCHEMA_VERSION = 1
-MAX_BYTES = 256 << 20  # bundles hold no weights: ResNet-50's, tuned, is a few MiB
+# What a file may make in memory: bundles hold no weights (ResNet-50's is under 1 MiB deviceless,
+# a few MiB tuned, with 14,000 maps and lists). Python objects take up to ~20x the msgpack bytes
+# (64x for empty lists, hence the count), so these bound a hostile file to about a GiB.
+MAX_BYTES = 64 << 20
+MAX_CONTAINERS = 4_000_000
 
 
 def pack(payload: Bundle | Mapping[str, Any]) -> bytes:
@@ -48,8 +53,21 @@ def pack(payload: Bundle | Mapping[str, Any]) -> bytes:
 
 
 def _msgpack(data: bytes, source: str, what: str) -> Any:
+    made = 0
+
+    def counted(container: Any) -> Any:
+        nonlocal made
+        made += 1
+        if made > MAX_CONTAINERS:
+            raise BundleError(f"{source} is not a dslc bundle ({what} holds more than "
+                              f"{MAX_CONTAINERS:,} maps and lists)")
+        return container
+
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, list_hook=counted,
+                               object_hook=counted)
+    except BundleError:
+        raise
     except Exception as err:  # ExtraData, FormatError, StackError, ValueError, TypeError, ...
         reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
         raise BundleError(f"{source} is not a dslc bundle ({what} is not msgpack: "

@@ -24,7 +24,7 @@ import msgpack
 from dslc.runtime.records import BundleError, PlanRecord
 
 LOG = logging.getLogger("dslc.runtime")
-MAX_BYTES = 64 << 20  # one plan: a serialized cuDNN plan is kilobytes
+MAX_BYTES = 16 << 20  # one plan: a serialized cuDNN plan is kilobytes
 ENV_FIELDS = ("device_name", "compute_capability", "sm_count", "cudnn_backend", "cudnn_frontend",
               "driver")
 
