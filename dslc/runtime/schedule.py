@@ -27,7 +27,6 @@ from dslc.runtime.memory import Buffer, plan_memory
 from dslc.runtime.records import BucketRecord, Bundle, SpecRecord, StepRecord
 
 ITEMSIZE = {name: int(np.dtype(dt).itemsize) for name, dt in NUMPY_DTYPES.items()}
-StepInfo = StepRecord  # the name this had before the records
 
 
 @dataclass(frozen=True)

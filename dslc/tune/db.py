@@ -5,10 +5,11 @@ Writes are read-modify-write under a file lock (`PATH.lock`) and atomic (`fsutil
 concurrent compiles sharing the file keep every entry, and a writer killed mid-write leaves the
 previous file. Reads take no lock (a reader sees the old file or the new one, never a mix), so a
 read-only shared database is readable. A file that cannot be read as a database of this version
-(damaged, another version, the wrong shape) is never overwritten: the next write keeps it aside
-as `PATH.unreadable-<time>` (or `PATH.v<N>-<time>`), says so once with both paths, and starts a
-new file. A database that cannot be written costs reuse, not the build: a warning, once. An entry
-that does not hold a valid plan record reads as a miss.
+(damaged, another version, the wrong shape) is never overwritten: the first reader or writer
+that can write the folder keeps it aside as `PATH.unreadable-<time>` (or `PATH.v<N>-<time>`),
+says so once with both paths, and a new file starts. A database that cannot be written costs
+reuse, not the build: a warning, once. An entry that does not hold a valid plan record reads as
+a miss.
 
 Key: the group's concrete cuDNN form without names (so the same block in two models, or two
 builds, is one entry) under the environment (device, compute capability, SM count, cuDNN).
@@ -117,16 +118,38 @@ class TuningDB:
             raise Unreadable("not UTF-8 text") from err
 
     def _entries(self) -> Entries:
-        """For reading: no lock; a file that cannot be read is empty (said once)."""
+        """For reading: no lock. A file that cannot be read is kept aside now if the folder is
+        writable (under the lock), and reads as empty; either way it is said once."""
         try:
             return self._load()
         except Unreadable as err:
-            self._warn("read", f"tuning database `{self.path}` is unreadable ({err}); tuning "
-                       "without it (the next write keeps it aside under a new name)")
+            reason = str(err)
         except OSError as err:
             self._warn("read", f"cannot read tuning database `{self.path}` "
                        f"({err.strerror or err}); tuning without it")
-        return {}
+            return {}
+        try:
+            self._require_writable()
+            with self.lock:
+                return self._load_or_set_aside()
+        except OSError as err:
+            self._warn("read", f"tuning database `{self.path}` is unreadable ({reason}) and "
+                       f"cannot be kept aside ({err.strerror or err}); tuning without it")
+            return {}
+
+    def _require_writable(self) -> None:
+        if not os.access(self.path.parent, os.W_OK):
+            raise PermissionError(13, "the folder is read-only")
+
+    def _load_or_set_aside(self) -> Entries:
+        """Under the lock: the entries, or {} once an unreadable file is kept aside."""
+        try:
+            return self._load()
+        except Unreadable as err:
+            aside = self._keep_aside(err.tag)
+            self._warn("aside", f"tuning database `{self.path}` was unreadable ({err}); kept it "
+                       f"as `{aside}` and started a new one")
+            return {}
 
     def get(self, env: str, key: str) -> dict[str, Any] | None:
         found = self._entries().get(env, {}).get(key)
@@ -146,16 +169,9 @@ class TuningDB:
         that cannot be read is kept aside, never overwritten."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if not os.access(self.path.parent, os.W_OK):
-                raise PermissionError(13, "the folder is read-only")
+            self._require_writable()
             with self.lock:
-                try:
-                    entries = self._load()
-                except Unreadable as err:
-                    aside = self._keep_aside(err.tag)
-                    self._warn("aside", f"tuning database `{self.path}` was unreadable ({err}); "
-                               f"kept it as `{aside}` and started a new one")
-                    entries = {}
+                entries = self._load_or_set_aside()
                 entries.setdefault(env, {})[key] = record
                 text = json.dumps({"version": VERSION, "entries": entries}, indent=1,
                                   sort_keys=True)
