@@ -11,6 +11,7 @@ import pytest
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime import bundle
 from dslc.runtime.memory import Buffer, plan_memory
+from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Program
 from tests.test_compile_deviceless import compiled
 
@@ -21,7 +22,8 @@ def test_bundle_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "m.bundle"
     emit_bundle.write(path, data)
     assert bundle.read(path) == data
-    program = Program(bundle.read(path))
+    assert bundle.load(path) == Bundle.from_data(data)
+    program = Program(bundle.load(path))
     assert [s.name for s in program.steps] == [s.group.name for s in c.steps]
     assert program.graph == c.graph  # the IR survives the trip, dims and all
 

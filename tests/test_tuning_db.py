@@ -40,7 +40,7 @@ def test_keys_differ_by_size_and_environment() -> None:
 def _writer(path: str, worker: int) -> None:
     db = TuningDB(Path(path))
     for i in range(25):
-        db.put("env", f"w{worker}-{i}", {"engine_id": i, "ms": 1.0})
+        db.put("env", f"w{worker}-{i}", {"engine_id": i, "knobs": {}, "ms": 1.0})
 
 
 def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
@@ -54,4 +54,4 @@ def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
         assert p.exitcode == 0
     db = TuningDB(path)
     assert db.size() == 100
-    assert db.get("env", "w3-24") == {"engine_id": 24, "ms": 1.0}
+    assert db.get("env", "w3-24") == {"engine_id": 24, "knobs": {}, "ms": 1.0}

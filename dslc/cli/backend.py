@@ -208,24 +208,22 @@ def _target_file(spec: str | None) -> Path | None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from dslc.runtime.bundle import read
+    from dslc.runtime.bundle import load
     from dslc.runtime.schedule import Program
 
-    payload = read(args.bundle)
+    bundle = load(args.bundle)  # validated records
     if args.env:
-        return _inspect_env(payload, args.on_mismatch)
-    program = Program(payload)
-    env = payload["environment"]
-    print(f"model {payload['model']}  (from {payload['source']}, dslc {payload['dslc_version']}, "
-          f"{payload['created']})")
-    print(f"compiled for {payload['target']}: {env.get('device_name')} (sm "
-          f"{env.get('compute_capability')}), cuDNN {env.get('cudnn_backend')}, frontend "
-          f"{env.get('cudnn_frontend')}")
-    buckets = payload["buckets"]
-    for b in buckets:
-        built = sum(1 for g in b["graphs"].values() if g["plan"]["serialized"])
-        print(f"bucket {b['key']}: arena {b['memory']['arena_bytes'] / 2**20:.1f} MiB, "
-              f"{len(b['graphs'])} graphs, {built} with a saved plan")
+        return _inspect_env(bundle.environment.to_data(), args.on_mismatch)
+    program = Program(bundle)
+    env = bundle.environment
+    print(f"model {bundle.model}  (from {bundle.source}, dslc {bundle.dslc_version}, "
+          f"{bundle.created})")
+    print(f"compiled for {bundle.target}: {env.device_name} (sm {env.compute_capability}), "
+          f"cuDNN {env.cudnn_backend}, frontend {env.cudnn_frontend}")
+    for b in bundle.buckets:
+        built = sum(1 for g in b.graphs.values() if g.plan.serialized)
+        print(f"bucket {b.key}: arena {b.arena_bytes / 2**20:.1f} MiB, "
+              f"{len(b.graphs)} graphs, {built} with a saved plan")
     nodes = program.nodes
     print(f"\n{len(program.steps)} steps:")
     for i, step in enumerate(program.steps, start=1):
@@ -233,26 +231,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         where = "cuDNN" if step.kind == "graph" else "OUTSIDE cuDNN (fallback kernel)"
         print(f"{i:4d}. {step.name}  [{ops}]  {where}")
         if step.kind == "graph":
-            for b in buckets:
-                g = b["graphs"].get(step.signature)
+            for b in bundle.buckets:
+                g = b.graphs.get(step.signature)
                 if g is None:
                     continue
-                plan = g["plan"]
-                state = (f"engine {plan['engine_id']} knobs {plan['knobs']}, workspace "
-                         f"{plan['workspace']} B" if plan["engine_id"] is not None
-                         else f"no plan yet ({plan['note'][:80]})")
-                print(f"        {b['key']}: {state}")
+                plan = g.plan
+                state = (f"engine {plan.engine_id} knobs {dict(plan.knobs)}, workspace "
+                         f"{plan.workspace} B" if plan.engine_id is not None
+                         else f"no plan yet ({(plan.note or '')[:80]})")
+                print(f"        {b.key}: {state}")
         if step.reason:
             print(f"        why: {step.reason}")
     return EXIT_OK
 
 
-def _inspect_env(payload: dict[str, Any], policy: str) -> int:
+def _inspect_env(recorded: dict[str, Any], policy: str) -> int:
     from dslc.compile.target import live_device_available
     from dslc.runtime import environment, startup
     from dslc.runtime.errors import RunnerError
 
-    recorded = payload["environment"]
     if recorded.get("live"):
         print(f"bundle tuned on: {recorded.get('device_name')}, cuDNN {recorded.get('cudnn_backend')}"
               f" (frontend {recorded.get('cudnn_frontend')}), CUDA {recorded.get('cuda_runtime')}, "

@@ -1,69 +1,90 @@
-"""Compiled model -> bundle payload (schema in `dslc.runtime.bundle`), written atomically, alone
-or together with the files that go with it (its runner, its weights)."""
+"""Compiled model -> bundle records (`dslc.runtime.records`; schema in `dslc.runtime.bundle`),
+written atomically, alone or together with the files that go with it (its runner, its weights).
+What is written is validated as a reader would, so a bundle that `write` accepts is one that
+`dslc.runtime.bundle.load` reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from dslc import fsutil
-from dslc.compile.stage import Compiled, bucket_key
+from dslc.compile.stage import Compiled
 from dslc.emit.manifest import build_manifest
-from dslc.ir.serial import graph_data
 from dslc.runtime import bundle, environment
-from dslc.runtime.schedule import Program, StepInfo
+from dslc.runtime.irdata import GraphRecord
+from dslc.runtime.manifest import Manifest
+from dslc.runtime.records import (
+    BucketRecord,
+    Bundle,
+    Environment,
+    GraphEntry,
+    PlanRecord,
+    SpecRecord,
+    StepRecord,
+    bucket_key,
+)
+from dslc.runtime.schedule import Program, check_buckets
 
 VERSION = "0.1.0"
 
 
-def _plan_data(compiled: Compiled, key: tuple[str, str]) -> dict[str, Any]:
+def _plan(compiled: Compiled, key: tuple[str, str]) -> PlanRecord:
     b = compiled.builds[key]
-    return {"engine_id": b.engine_id, "knobs": dict(b.knobs), "workspace": b.workspace,
-            "serialized": b.serialized, "candidates": b.candidates, "note": b.note,
-            "built_on_device": compiled.target.live and b.has_plan, "tuned": False,
-            "build_s": round(b.build_s, 4)}
+    return PlanRecord(b.engine_id, dict(b.knobs), b.workspace, b.serialized, note=b.note,
+                      candidates=b.candidates, tuned=False,
+                      built_on_device=compiled.target.live and b.has_plan,
+                      build_s=round(b.build_s, 4))
 
 
-def payload(compiled: Compiled) -> dict[str, Any]:
+def records(compiled: Compiled) -> Bundle:
+    """The bundle of a compiled model (plans as built; `dslc.tune` measures them)."""
     model = compiled.model
-    steps = [StepInfo(s.kind, s.group.name, s.group.pattern, s.group.nodes, s.group.inputs,
-                      s.group.outputs, s.group.signature, s.reason).data()
-             for s in compiled.steps]
-    out: dict[str, Any] = {
-        "model": model.name,
-        "source": model.file,
-        "dslc_version": VERSION,
-        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "manifest": build_manifest(model),
-        "graph": graph_data(compiled.graph, model.env),
-        "load_time": list(compiled.plan.load_time),
-        "steps": steps,
-        "target": compiled.target.name,
-        "environment": (environment.live(properties=True) if compiled.target.live
-                        else environment.from_profile(compiled.target.properties_json)),
-    }
+    graph = GraphRecord.of(compiled.graph, model.env)
+    steps = tuple(StepRecord(s.kind, s.group.name, s.group.pattern, s.group.nodes,
+                             s.group.inputs, s.group.outputs, s.group.signature, s.reason)
+                  for s in compiled.steps)
+    env = (environment.live(properties=True) if compiled.target.live
+           else environment.from_profile(compiled.target.properties_json))
+    out = Bundle(model.name, model.file, VERSION,
+                 datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                 Manifest.from_data(build_manifest(model), graph), graph,
+                 tuple(compiled.plan.load_time), steps, compiled.target.name,
+                 Environment.from_data(env), ())
     program = Program(out)
+    nodes = program.nodes
     buckets = []
     for b in compiled.buckets:
         key = bucket_key(b)
-        graphs = {sig: {"spec": compiled.specs[(k, sig)].data(), "plan": _plan_data(compiled, (k, sig))}
+        graphs = {sig: GraphEntry(SpecRecord.from_data(compiled.specs[(k, sig)].data(),
+                                                       f"buckets.{key}.{sig}", nodes),
+                                  _plan(compiled, (k, sig)))
                   for (k, sig) in compiled.specs if k == key}
         layout = program.layout(b)
-        buckets.append({"key": key, "dims": dict(b), "graphs": graphs,
-                        "memory": {"offsets": layout.offsets, "arena_bytes": layout.arena}})
-    out["buckets"] = buckets
-    return out
+        buckets.append(BucketRecord(key, dict(b), graphs, layout.offsets, layout.arena))
+    return dataclasses.replace(out, buckets=tuple(buckets))
 
 
-def write(path: Path, data: dict[str, Any]) -> None:
-    fsutil.write_bytes(path, bundle.pack(data))
+def payload(compiled: Compiled) -> dict[str, Any]:
+    """The bundle's plain data (what `dslc.tune.tune_payload` edits before `write`)."""
+    return records(compiled).to_data()
 
 
-def write_with(path: Path, data: dict[str, Any],
+def write(path: Path, data: Bundle | Mapping[str, Any]) -> None:
+    """Validate (BundleError: a bug in whoever made `data`), then write atomically."""
+    record = data if isinstance(data, Bundle) else Bundle.from_data(data)
+    check_buckets(Program(record))
+    fsutil.write_bytes(path, bundle.pack(record))
+
+
+def write_with(path: Path, data: Bundle | Mapping[str, Any],
                beside: list[tuple[Path, Callable[[str], object]]]) -> None:
     """The bundle and the files made with it, replaced together (`fsutil.replace_together`): a
     failed write leaves the previous set, and the bundle is replaced last."""
-    packed = bundle.pack(data)
+    record = data if isinstance(data, Bundle) else Bundle.from_data(data)
+    check_buckets(Program(record))
+    packed = bundle.pack(record)
     fsutil.replace_together([(path, lambda tmp: Path(tmp).write_bytes(packed)), *beside])

@@ -21,6 +21,7 @@ from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.kernels import run_kernel
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
+from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key
 from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
 
 LOG = logging.getLogger("dslc.runtime")
@@ -32,21 +33,16 @@ class Executable:
     def __init__(self, model: Model, dims: dict[str, int]) -> None:
         self.model = model
         self.dims = dims
-        self.key = ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
+        self.key = bucket_key(dims)
         self.layout: Layout = model.program.layout(dims)
         self.graphs: dict[str, Ready] = {}
-        bucket = model.buckets.get(self.key)
         decision = model.decision()
-        for step in model.program.steps:
-            if step.kind != "graph" or step.signature in self.graphs:
-                continue
+        for step, spec, plan in self._specs():
             where = f"group {step.name} ({step.signature}) at {self.key}"
-            if bucket is not None and step.signature in bucket["graphs"]:
-                entry = bucket["graphs"][step.signature]
-                spec = model.spec_from(entry["spec"])
-                ready = self._saved(spec, entry["plan"], decision.action, where)
+            if plan is not None:
+                ready = self._saved(model.spec_from(spec.to_data()), plan, decision.action, where)
             else:
-                ready = self._between_buckets(model.spec_at(step, dims), step, where)
+                ready = self._between_buckets(spec, step, where)
             model.startup.append({"bucket": self.key, "signature": step.signature,
                                   "how": ready.how, "seconds": ready.seconds,
                                   "kernel_cache": ready.kernel_cache})
@@ -63,7 +59,25 @@ class Executable:
                 self.bindings[step.name] = [(t.uid, names[t.uid - 1]) for t in spec.tensors
                                             if t.role in ("input", "output")]
 
-    def _saved(self, spec: Any, plan: dict[str, Any], action: str, where: str) -> Ready:
+    def _specs(self) -> list[tuple[StepRecord, Any, PlanRecord | None]]:
+        """Per group signature: its first step, its spec at these dims (the bucket's, with its
+        plan, or made from the graph), each checked against every step that binds it to memory
+        (`Program.check_bindings`: BundleError if a tensor would reach past its value)."""
+        m = self.model
+        bucket = m.buckets.get(self.key)
+        out: dict[str, tuple[StepRecord, Any, PlanRecord | None]] = {}
+        for step in m.program.steps:
+            if step.kind != "graph":
+                continue
+            if step.signature not in out:
+                entry = bucket.graphs.get(step.signature) if bucket is not None else None
+                out[step.signature] = ((step, entry.spec, entry.plan) if entry is not None else
+                                       (step, m.spec_at(step, self.dims), None))
+            m.program.check_bindings(step, out[step.signature][1], self.layout.storage,
+                                     self.dims, f"group {step.name} at {self.key}")
+        return list(out.values())
+
+    def _saved(self, spec: Any, plan: PlanRecord, action: str, where: str) -> Ready:
         """A bucket's graph, as the start-up decision says (see `dslc.runtime.startup`)."""
         m = self.model
         if action == "retime":
@@ -121,10 +135,11 @@ class Model:
         self._kernel_caches: dict[str, Any] = {}  # cuDNN kernel caches by group signature
         self._decision: startup.Decision | None = None
         self.path = Path(bundle)
-        self.payload = bundlefile.read(self.path)
-        self.program = Program(self.payload)
-        self.manifest: dict[str, Any] = self.payload["manifest"]
-        self.buckets = {b["key"]: b for b in self.payload["buckets"]}
+        # Validated records; each bucket's cuDNN tensor bounds are checked by `Executable`.
+        self.bundle = bundlefile.load(self.path, bindings=False)
+        self.program = Program(self.bundle)
+        self.manifest: dict[str, Any] = self.bundle.manifest.to_data()  # what input checks read
+        self.buckets: dict[str, BucketRecord] = {b.key: b for b in self.bundle.buckets}
         self.log = log or LOG
         self.startup: list[dict[str, Any]] = []
         self._executables: dict[str, Executable] = {}
@@ -135,6 +150,11 @@ class Model:
         self._handle: Any = None
         if weights is not None:
             self.load_weights(weights)
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The bundle as plain data (its records are `bundle`)."""
+        return self.bundle.to_data()
 
     # -- the device, loaded when first needed ---------------------------------------------------
     @property
@@ -157,9 +177,9 @@ class Model:
 
             self.cupy  # noqa: B018 - R0801 without a GPU
             self._live = environment.live()
-            self._decision = startup.decide(self.payload["environment"], self._live,
+            self._decision = startup.decide(self.bundle.environment.to_data(), self._live,
                                             self.on_mismatch)
-            self.log.info("start-up of %s: %s", self.payload["model"], self._decision.explain())
+            self.log.info("start-up of %s: %s", self.bundle.model, self._decision.explain())
         return self._decision
 
     def spec_from(self, data: Mapping[str, Any]) -> Any:
@@ -191,12 +211,12 @@ class Model:
     def nearest_engine(self, signature: str, dims: dict[str, int]) -> tuple[int, dict[str, int]] | None:
         best = None
         for b in self.buckets.values():
-            plan = b["graphs"].get(signature, {}).get("plan")
-            if plan is None or plan.get("engine_id") is None:
+            entry = b.graphs.get(signature)
+            if entry is None or entry.plan.engine_id is None:
                 continue
-            distance = sum(abs(b["dims"].get(k, v) - v) for k, v in dims.items())
+            distance = sum(abs(b.dims.get(k, v) - v) for k, v in dims.items())
             if best is None or distance < best[0]:
-                best = (distance, (int(plan["engine_id"]), dict(plan["knobs"])))
+                best = (distance, (entry.plan.engine_id, dict(entry.plan.knobs)))
         return best[1] if best else None
 
     # -- weights -------------------------------------------------------------------------------
@@ -231,7 +251,7 @@ class Model:
 
     # -- running -------------------------------------------------------------------------------
     def executable(self, dims: dict[str, int]) -> Executable:
-        key = ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
+        key = bucket_key(dims)
         if key not in self._executables:
             self._executables[key] = Executable(self, dims)
             if self.write_back and self.decision().action != "restore":
@@ -246,15 +266,16 @@ class Model:
         from dslc import fsutil
         from dslc.runtime import environment
 
-        for bucket in self.payload["buckets"]:
-            exe = self.executable({k: int(v) for k, v in bucket["dims"].items()})
+        data = self.bundle.to_data()
+        for bucket in data["buckets"]:
+            exe = self.executable(dict(bucket["dims"]))
             for signature, entry in bucket["graphs"].items():
                 ready = exe.graphs[signature]
                 entry["plan"] = {**entry["plan"], **plan_record(ready), "made_at_startup": ready.how}
-        self.payload["environment"] = environment.live(properties=True)
+        data["environment"] = environment.live(properties=True)
         target = Path(path) if path is not None else self.path
-        fsutil.write_bytes(target, bundlefile.pack(self.payload))
-        self.log.info("saved the plans of %s for this machine to %s", self.payload["model"], target)
+        fsutil.write_bytes(target, bundlefile.pack(bundlefile.Bundle.from_data(data)))
+        self.log.info("saved the plans of %s for this machine to %s", self.bundle.model, target)
         return target
 
     def prepare(self, **dims: int) -> Executable:

@@ -3,8 +3,10 @@ under the user cache folder, one small file per (group graph, environment), so t
 on this machine restores them in milliseconds instead of building them again.
 
 The layers, nearest first: the process's executables (memory), the bundle's buckets, this cache,
-then a build seeded by the nearest bucket's engine. A file that is unreadable, or a plan that no
-longer deserializes, falls through to the next layer (`plans.prepare` replays or rebuilds).
+then a build seeded by the nearest bucket's engine. A file that is unreadable (not a regular
+file, larger than `MAX_BYTES`, not msgpack, not a valid plan record: every number bounded as a
+bundle's are), or a plan that no longer deserializes, falls through to the next layer
+(`plans.prepare` replays or rebuilds), and the next store overwrites it.
 Writes are atomic (write and rename), so concurrent processes never see a partial file; two
 writers of one key write equivalent plans.
 """
@@ -19,7 +21,10 @@ from typing import Any
 
 import msgpack
 
+from dslc.runtime.records import BundleError, PlanRecord
+
 LOG = logging.getLogger("dslc.runtime")
+MAX_BYTES = 16 << 20  # one plan: a serialized cuDNN plan is kilobytes
 ENV_FIELDS = ("device_name", "compute_capability", "sm_count", "cudnn_backend", "cudnn_frontend",
               "driver")
 
@@ -37,15 +42,19 @@ def path_for(root: Path, spec_data: dict[str, Any], env: dict[str, Any]) -> Path
     return root / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.plan"
 
 
-def load(path: Path) -> dict[str, Any] | None:
+def load(path: Path) -> PlanRecord | None:
+    from dslc import fsutil
+
     try:
-        plan = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+        plan = PlanRecord.from_data(msgpack.unpackb(fsutil.read_limited(path, MAX_BYTES),
+                                                    raw=False, strict_map_key=False), "plan")
     except FileNotFoundError:
         return None
-    except Exception as err:  # a damaged file: rebuild, and overwrite it
+    except (OSError, BundleError, RecursionError, ValueError, TypeError, msgpack.UnpackException,
+            ) as err:  # a damaged file: rebuild, and overwrite it
         LOG.debug("plan cache %s unreadable (%s)", path, err)
         return None
-    return plan if isinstance(plan, dict) and plan.get("serialized") else None
+    return plan if plan.serialized else None
 
 
 def store(path: Path, plan: dict[str, Any]) -> None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dslc.runtime.errors import RunnerError
+from dslc.runtime.fields import MAX_BYTES
+from dslc.runtime.records import PlanRecord
 
 if TYPE_CHECKING:  # importing the compiler costs a cold start ~20 ms
     from dslc.compile.spec import GroupSpec
@@ -42,7 +44,7 @@ def plan_record(ready: Ready) -> dict[str, Any]:
             "workspace": ready.workspace, "serialized": blob}
 
 
-def prepare(spec: GroupSpec, plan: Mapping[str, Any] | None, handle: Any, where: str,
+def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
             log: logging.Logger, seed: tuple[int, dict[str, int]] | None = None,
             kernel_cache: Any = None) -> Ready:
     """The graph for `spec`: from its recorded plan if there is one, else built (seeded with
@@ -52,16 +54,16 @@ def prepare(spec: GroupSpec, plan: Mapping[str, Any] | None, handle: Any, where:
 
     start = time.perf_counter()
     reasons = []
-    if plan is not None and plan.get("serialized"):
+    if plan is not None and plan.serialized:
         try:
-            g = cbuild.restore(plan["serialized"], handle)
-            return Ready(g, spec, int(plan["workspace"]), "restored", time.perf_counter() - start,
-                         plan.get("engine_id"), plan.get("knobs"))
+            g = cbuild.restore(plan.serialized, handle)
+            return Ready(g, spec, _workspace(g, plan.workspace), "restored",
+                         time.perf_counter() - start, plan.engine_id, dict(plan.knobs))
         except Exception as err:
             reasons.append(f"the serialized plan did not load ({_short(err)})")
     engine = None
-    if plan is not None and plan.get("engine_id") is not None:
-        engine = (int(plan["engine_id"]), dict(plan["knobs"]))
+    if plan is not None and plan.engine_id is not None:
+        engine = (plan.engine_id, dict(plan.knobs))
     elif seed is not None:
         engine = seed
     if engine is not None:
@@ -87,7 +89,19 @@ def prepare(spec: GroupSpec, plan: Mapping[str, Any] | None, handle: Any, where:
                  built.engine_id, built.knobs)
 
 
-def retime(spec: GroupSpec, plan: Mapping[str, Any], handle: Any, storage: Mapping[str, Any],
+def _workspace(graph: Any, recorded: int) -> int:
+    """The workspace a restored plan needs: what cuDNN says it needs (a recorded size may be
+    smaller than the plan writes), never less than recorded, and never past `MAX_BYTES`."""
+    try:
+        needed = int(graph.get_workspace_size())
+    except Exception:  # a frontend that does not say for a deserialized graph
+        needed = recorded
+    if not 0 <= needed <= MAX_BYTES:
+        raise RunnerError("R0802", f"a restored plan asks for a workspace of {needed:,} bytes")
+    return max(needed, recorded)
+
+
+def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str, Any],
            nodes: Mapping[str, Any], where: str, log: logging.Logger) -> Ready:
     """The driver changed: rebuild the saved top candidates, check each against the reference,
     time them here, keep the fastest."""
@@ -99,14 +113,14 @@ def retime(spec: GroupSpec, plan: Mapping[str, Any], handle: Any, storage: Mappi
     start = time.perf_counter()
     bench = Bench(spec, nodes, storage, cupy)
     want = bench.reference()
-    tops = list(plan.get("top") or [])
-    if not tops and plan.get("engine_id") is not None:
-        tops = [{"engine_id": plan["engine_id"], "knobs": plan["knobs"]}]
+    tops = [(c.engine_id, dict(c.knobs)) for c in plan.top or ()]
+    if not tops and plan.engine_id is not None:
+        tops = [(plan.engine_id, dict(plan.knobs))]
     best: tuple[float, Any] | None = None
     workspace = cupy.empty(256, dtype=cupy.uint8)
     for top in tops:
         try:
-            built = cbuild.build(spec, handle, engine=(int(top["engine_id"]), dict(top["knobs"])))
+            built = cbuild.build(spec, handle, engine=top)
             if not built.has_plan:
                 continue
             ms, _, workspace = check_and_time(built.graph, bench, want, handle,

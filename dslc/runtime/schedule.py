@@ -2,13 +2,18 @@
 and writes, where every stored value lives (the arena offsets of the memory plan, a model input,
 a weight, a view of another value), and how many bytes each takes.
 
-The compiler uses it to record each bucket's memory plan; the runtime, to run any size.
+The compiler uses it to record each bucket's memory plan; the runtime, to run any size. Every
+number that reaches CuPy or cuDNN from here is bounded: a value's sizes and bytes, a view within
+the memory of its base (`BundleError` otherwise, at whatever sizes the runtime meets), and, per
+bucket of a bundle (`check_buckets`), each tensor a saved cuDNN graph reads or writes within the
+memory of the value it is bound to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -16,33 +21,12 @@ import numpy as np
 from dslc.check.dims import DimEnv
 from dslc.ir.graph import Graph, Node
 from dslc.ir.interp import NUMPY_DTYPES, concrete
-from dslc.ir.serial import graph_from
 from dslc.ir.views import layout_strides
+from dslc.runtime.fields import MAX_BYTES, MAX_DIM, MAX_ELEMENTS, BundleError
 from dslc.runtime.memory import Buffer, plan_memory
+from dslc.runtime.records import BucketRecord, Bundle, SpecRecord, StepRecord
 
 ITEMSIZE = {name: int(np.dtype(dt).itemsize) for name, dt in NUMPY_DTYPES.items()}
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    kind: str  # graph | kernel
-    name: str
-    pattern: str
-    nodes: tuple[str, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    signature: str
-    reason: str
-
-    @staticmethod
-    def from_data(d: Mapping[str, Any]) -> StepInfo:
-        return StepInfo(d["kind"], d["name"], d["pattern"], tuple(d["nodes"]), tuple(d["inputs"]),
-                        tuple(d["outputs"]), d["signature"], d.get("reason", ""))
-
-    def data(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "pattern": self.pattern,
-                "nodes": list(self.nodes), "inputs": list(self.inputs),
-                "outputs": list(self.outputs), "signature": self.signature, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -57,10 +41,14 @@ class Storage:
 
     @property
     def nbytes(self) -> int:
+        return self.span * ITEMSIZE[self.dtype]
+
+    @property
+    def span(self) -> int:
+        """Elements from the first to one past the last that it reaches."""
         if not self.shape or 0 in self.shape:
-            return ITEMSIZE[self.dtype] * (0 if 0 in self.shape else 1)
-        span = 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True))
-        return span * ITEMSIZE[self.dtype]
+            return 0 if 0 in self.shape else 1
+        return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True))
 
 
 @dataclass
@@ -74,30 +62,56 @@ class Layout:
 
 
 class Program:
-    """The dims-independent part of a bundle: graph, steps, load-time values, inputs, outputs."""
+    """The dims-independent part of a bundle: graph, steps, load-time values, inputs, outputs.
+    Takes the records (`dslc.runtime.bundle.load`), or a payload's plain data (validated)."""
 
-    def __init__(self, payload: Mapping[str, Any]) -> None:
-        self.payload = payload
-        graph, env = graph_from(payload["graph"])
-        self.graph: Graph = graph
-        self.env: DimEnv = env
-        self.nodes: dict[str, Node] = graph.by_name()
-        self.steps = [StepInfo.from_data(s) for s in payload["steps"]]
-        self.load_time: set[str] = set(payload["load_time"])
-        self.inputs = {n.attrs["name"]: n.name for n in graph.nodes if n.op == "input"}
-        self.outputs = dict(graph.outputs)
+    def __init__(self, bundle: Bundle | Mapping[str, Any]) -> None:
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.from_data(bundle)
+        self.graph: Graph = self.bundle.graph.graph
+        self.env: DimEnv = self.bundle.graph.env()
+        self.nodes: dict[str, Node] = self.graph.by_name()
+        self.steps = list(self.bundle.steps)
+        self.load_time: set[str] = set(self.bundle.load_time)
+        self.inputs = {n.attrs["name"]: n.name for n in self.graph.nodes if n.op == "input"}
+        self.outputs = dict(self.graph.outputs)
+
+    @cached_property
+    def payload(self) -> dict[str, Any]:
+        """The plain data of the bundle, for code that reads it as dicts."""
+        return self.bundle.to_data()
 
     def storage(self, name: str, values: Mapping[str, int]) -> Storage:
         node = self.nodes[name]
-        shape = tuple(int(concrete(d, values, self.env)) for d in node.type.shape)
+        shape = tuple(self._concrete(d, values, name) for d in node.type.shape)
+        if any(not 0 <= d <= MAX_DIM for d in shape):
+            raise BundleError(f"graph: `{name}` has shape {list(shape)} at {dict(values)}")
         if node.op == "view":
             base = self.storage(node.inputs[0], values)
-            strides = tuple(int(concrete(s, values, self.env)) for s in node.attrs["strides"])
-            offset = int(concrete(node.attrs["offset"], values, self.env))
-            return Storage(shape, strides, node.type.dtype, base.base, base.offset + offset)
-        assert node.type.layout is not None, name
+            strides = tuple(self._concrete(s, values, name) for s in node.attrs["strides"])
+            offset = base.offset + self._concrete(node.attrs["offset"], values, name)
+            out = Storage(shape, strides, node.type.dtype, base.base, offset)
+            root = self.storage(base.base, values)
+            if len(strides) != len(shape) or min(strides, default=0) < 0 or offset < 0 or \
+                    out.dtype != root.dtype or (out.span and offset + out.span > root.span):
+                raise BundleError(f"graph: view `{name}` reaches outside `{base.base}` at "
+                                  f"{dict(values)}")
+            return out
+        assert node.type.layout is not None, name  # every stored value has one (irdata)
         strides = tuple(int(s) for s in layout_strides(shape, node.type.layout))  # type: ignore[arg-type]
-        return Storage(shape, strides, node.type.dtype, name, 0)
+        out = Storage(shape, strides, node.type.dtype, name, 0)
+        if out.nbytes > MAX_BYTES:
+            raise BundleError(f"graph: `{name}` takes {out.nbytes:,} bytes at {dict(values)}")
+        return out
+
+    def _concrete(self, d: Any, values: Mapping[str, int], name: str) -> int:
+        try:
+            v = int(concrete(d, values, self.env))
+        except (KeyError, ValueError, ZeroDivisionError) as err:
+            raise BundleError(f"graph: a dim of `{name}` has no value at {dict(values)} "
+                              f"({err})") from err
+        if abs(v) > MAX_ELEMENTS:
+            raise BundleError(f"graph: a dim of `{name}` is {v} at {dict(values)}")
+        return v
 
     def weights_used(self) -> list[str]:
         """Load-time values the steps read (directly, or as the base of a view they read)."""
@@ -130,8 +144,86 @@ class Program:
         buffers = [Buffer(v, out.storage[v].nbytes, first[v], last.get(v, first[v]))
                    for v in first if v not in model_outputs]
         out.offsets, out.arena = plan_memory(buffers)
+        if out.arena > MAX_BYTES:  # what no GPU holds never reaches cupy.empty
+            raise BundleError(f"graph: its memory plan at {dict(values)} takes {out.arena:,} bytes")
         return out
 
     def peak_bytes(self, values: Mapping[str, int]) -> int:
         return self.layout(values).arena
 
+    def check_bindings(self, step: StepRecord, spec: SpecRecord | Any,
+                       storage: Mapping[str, Storage], dims: Mapping[str, int],
+                       where: str) -> None:
+        """`spec` is the step's graph at `dims`: its ops are the step's nodes with their
+        attributes at these dims, and each tensor the step binds to memory (by uid, in the order
+        of the step's inputs then nodes) is a value the step reads or writes, of its dtype,
+        reaching no further than that value's memory."""
+        if [o.op for o in spec.ops] != [self.nodes[n].op for n in step.nodes]:
+            raise BundleError(f"{where}: its ops are not those of step `{step.name[:60]}`")
+        for o, name in zip(spec.ops, step.nodes, strict=True):
+            node = self.nodes[name]
+            want = {k: _plain(concrete(v, dims, self.env)) for k, v in node.attrs.items()}
+            if _plain(dict(o.attrs)) != want:
+                raise BundleError(f"{where}: the attributes of `{o.node[:60]}` are not those "
+                                  f"of node `{name[:60]}` at {dict(dims)}")
+        names = list(step.inputs) + list(step.nodes)
+        for t in spec.tensors:
+            if t.role == "scalar" and not any(
+                    self.nodes[n].op == "scalar" and float(self.nodes[n].attrs["value"]) == t.value
+                    for n in step.inputs):
+                raise BundleError(f"{where}: scalar `{t.name[:60]}` is no constant the step reads")
+            if t.role not in ("input", "output"):
+                continue
+            value = names[t.uid - 1] if 1 <= t.uid <= len(names) else None
+            allowed = step.inputs if t.role == "input" else step.outputs
+            if value is None or value not in allowed:
+                raise BundleError(f"{where}: tensor `{t.name[:60]}` (uid {t.uid}) is bound to "
+                                  f"no {t.role} of step `{step.name[:60]}`")
+            s = storage[value]
+            span = 1 + sum((d - 1) * st for d, st in zip(t.dims, t.strides, strict=True))
+            if t.dtype != s.dtype or span * ITEMSIZE[t.dtype] > s.nbytes:
+                raise BundleError(f"{where}: tensor `{t.name[:60]}` reaches past the memory of "
+                                  f"`{value[:60]}` ({span} {t.dtype} elements, it holds "
+                                  f"{s.nbytes:,} bytes of {s.dtype})")
+
+
+def check_buckets(program: Program) -> None:
+    """Every bucket's saved graphs fit the memory of what each step binds them to, and its
+    memory plan stays within its arena (BundleError naming the bucket and graph)."""
+    for i, bucket in enumerate(program.bundle.buckets):
+        check_bucket(program, bucket, f"buckets[{i}]")
+
+
+class _Lazy(dict[str, Storage]):
+    """Storage of the values asked for, at one set of dims."""
+
+    def __init__(self, program: Program, dims: Mapping[str, int]) -> None:
+        super().__init__()
+        self.program = program
+        self.dims = dims
+
+    def __missing__(self, name: str) -> Storage:
+        self[name] = self.program.storage(name, self.dims)
+        return self[name]
+
+
+def check_bucket(program: Program, bucket: BucketRecord, path: str) -> None:
+    storage = _Lazy(program, bucket.dims)
+    for step in program.steps:
+        entry = bucket.graphs.get(step.signature) if step.kind == "graph" else None
+        if entry is not None:
+            program.check_bindings(step, entry.spec, storage, bucket.dims,
+                                   f"{path}.graphs.{step.signature[:40]}.spec")
+    for name, offset in bucket.offsets.items():
+        if offset + storage[name].nbytes > bucket.arena_bytes:
+            raise BundleError(f"{path}.memory.offsets.{name[:60]}: {offset} + "
+                              f"{storage[name].nbytes} bytes is past the arena")
+
+
+def _plain(v: Any) -> Any:
+    """Attribute values as plain data compares them (tuples and lists alike)."""
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return v

@@ -1,0 +1,159 @@
+"""The manifest a bundle carries (what a caller gives the model and what its weights are) as typed
+records, read as untrusted data and checked against the IR it describes: each input, output and
+param is a node of the graph with the same dtype, shape and layout, and each dynamic dim is a
+symbol of the graph with the same range. `to_data()` gives the plain form the input checks
+(`dslc.runtime.inputs`) and the weight reader (`dslc.runtime.params`) take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dslc.check.dims import Dim
+from dslc.check.types import DTYPES
+from dslc.ir.serial import dim_data
+from dslc.runtime import fields as f
+from dslc.runtime.fields import MAX_DIM, MAX_RANK
+from dslc.runtime.irdata import GraphRecord, dim
+
+
+@dataclass(frozen=True)
+class Where:
+    """A `.cgraph` location, as run-time errors quote it."""
+
+    file: str
+    line: int
+    col: int
+
+    def to_data(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "col": self.col}
+
+    @staticmethod
+    def from_data(d: Any, path: str) -> Where:
+        d = f.mapping(d, path, ("file", "line", "col"), ())
+        return Where(f.text(d["file"], f"{path}.file"), f.integer(d["line"], f"{path}.line"),
+                     f.integer(d["col"], f"{path}.col"))
+
+
+@dataclass(frozen=True)
+class Declared:
+    """An input, output (`name`) or param (`name` is its path) of the model."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+    layout: tuple[int, ...] | None
+    span: Where
+
+    def to_data(self, key: str = "name") -> dict[str, Any]:
+        return {key: self.name, "dtype": self.dtype, "shape": [dim_data(d) for d in self.shape],
+                "layout": list(self.layout) if self.layout is not None else None,
+                "span": self.span.to_data()}
+
+    @staticmethod
+    def from_data(d: Any, path: str, symbols: Mapping[str, Any], key: str = "name") -> Declared:
+        d = f.mapping(d, path, (key, "dtype", "shape", "layout", "span"), ())
+        shape = tuple(dim(x, f"{path}.shape[{i}]", symbols, lo=0)
+                      for i, x in enumerate(f.items(d["shape"], f"{path}.shape", 0, MAX_RANK)))
+        layout = None if d["layout"] is None else \
+            f.ints(d["layout"], f"{path}.layout", 0, MAX_RANK, len(shape), len(shape))
+        return Declared(f.text(d[key], f"{path}.{key}"), f.text(d["dtype"], f"{path}.dtype", DTYPES),
+                        shape, layout, Where.from_data(d["span"], f"{path}.span"))
+
+
+@dataclass(frozen=True)
+class DimDecl:
+    name: str
+    dynamic: bool
+    lo: int
+    hi: int
+    align: int
+    tune: tuple[int, ...] | None
+    span: Where
+
+    def to_data(self) -> dict[str, Any]:
+        return {"name": self.name, "dynamic": self.dynamic, "lo": self.lo, "hi": self.hi,
+                "align": self.align, "tune": list(self.tune) if self.tune is not None else None,
+                "span": self.span.to_data()}
+
+    @staticmethod
+    def from_data(d: Any, path: str) -> DimDecl:
+        d = f.mapping(d, path, ("name", "dynamic", "lo", "hi", "align", "tune", "span"), ())
+        lo = f.integer(d["lo"], f"{path}.lo", 0, MAX_DIM)
+        tune = None if d["tune"] is None else f.ints(d["tune"], f"{path}.tune", 0, MAX_DIM, 0, 4096)
+        return DimDecl(f.text(d["name"], f"{path}.name"), f.flag(d["dynamic"], f"{path}.dynamic"),
+                       lo, f.integer(d["hi"], f"{path}.hi", lo, MAX_DIM),
+                       f.integer(d["align"], f"{path}.align", 1, MAX_DIM), tune,
+                       Where.from_data(d["span"], f"{path}.span"))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model: str
+    file: str
+    metadata: Mapping[str, Any]
+    inputs: tuple[Declared, ...]
+    outputs: tuple[Declared, ...]
+    params: tuple[Declared, ...]
+    dims: tuple[DimDecl, ...]
+    buckets: tuple[Mapping[str, int], ...]
+
+    def to_data(self) -> dict[str, Any]:
+        return {"model": self.model, "file": self.file, "metadata": dict(self.metadata),
+                "inputs": [i.to_data() for i in self.inputs],
+                "outputs": [o.to_data() for o in self.outputs],
+                "params": [p.to_data("path") for p in self.params],
+                "dims": [d.to_data() for d in self.dims],
+                "buckets": [dict(b) for b in self.buckets]}
+
+    @staticmethod
+    def from_data(d: Any, graph: GraphRecord, path: str = "manifest") -> Manifest:
+        d = f.mapping(d, path, ("model", "file", "metadata", "inputs", "outputs", "params",
+                                "dims", "buckets"), ())
+        symbols = {s.name: s for s in graph.syms} | {n: None for n, _, _ in graph.floors}
+        metadata = f.mapping(d["metadata"], f"{path}.metadata")
+        for k, v in metadata.items():
+            f.plain(v, f"{path}.metadata.{k}", depth=0)
+        declared = {part: tuple(Declared.from_data(x, f"{path}.{part}[{i}]", symbols,
+                                                   "path" if part == "params" else "name")
+                                for i, x in enumerate(f.items(d[part], f"{path}.{part}")))
+                    for part in ("inputs", "outputs", "params")}
+        out = Manifest(
+            f.text(d["model"], f"{path}.model"), f.text(d["file"], f"{path}.file"), metadata,
+            declared["inputs"], declared["outputs"], declared["params"],
+            tuple(DimDecl.from_data(x, f"{path}.dims[{i}]")
+                  for i, x in enumerate(f.items(d["dims"], f"{path}.dims"))),
+            tuple(f.int_map(b, f"{path}.buckets[{i}]", 0, MAX_DIM)
+                  for i, b in enumerate(f.items(d["buckets"], f"{path}.buckets"))))
+        out.check(graph, path)
+        return out
+
+    def check(self, graph: GraphRecord, path: str) -> None:
+        """The manifest describes this graph: what callers are checked against is what the
+        schedule reads and writes."""
+        nodes = graph.graph.by_name()
+        inputs = {n.attrs["name"]: n for n in graph.graph.nodes if n.op == "input"}
+        params = {n.attrs["path"]: n for n in graph.graph.nodes if n.op == "param"}
+        outputs = {name: nodes[value] for name, value in graph.graph.outputs}
+        for part, declared, found in (("inputs", self.inputs, inputs),
+                                      ("outputs", self.outputs, outputs),
+                                      ("params", self.params, params)):
+            if sorted(x.name for x in declared) != sorted(found):
+                f.wrong(f"{path}.{part}", f"the names differ from the graph's {part}")
+            for i, x in enumerate(declared):
+                _same_type(x, found[x.name], f"{path}.{part}[{i}]")
+        syms = {s.name: s for s in graph.syms}
+        for i, dd in enumerate(self.dims):
+            s = syms.get(dd.name)
+            if not dd.dynamic or s is None or (s.lo, s.hi, s.align) != (dd.lo, dd.hi, dd.align):
+                f.wrong(f"{path}.dims[{i}]", f"dim `{dd.name[:40]}` differs from the graph's")
+
+
+def _same_type(x: Declared, node: Any, path: str) -> None:
+    t = node.type
+    layout = t.layout.order if t.layout is not None else None
+    # A view (an output that is a transpose of a stored value) has its base's memory order.
+    if x.dtype != t.dtype or x.shape != t.shape or (layout is not None and x.layout != layout):
+        f.wrong(path, f"`{x.name[:40]}` differs from its node `{node.name[:40]}` in the graph")
