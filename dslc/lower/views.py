@@ -58,10 +58,16 @@ def _chosen_layout(rw: Rewriter, node: Node) -> Layout:
 def assign_layouts(rw: Rewriter, node: Node) -> str | None:
     if node.op == "view":
         return _place_view(rw, node, node.inputs[0], tuple(node.attrs["steps"]))
-    if node.type.layout is None:
+    fixed = node.type.layout is not None  # an output's contract, an ascription
+    if not fixed:
         layout = _chosen_layout(rw, node)
         node = replace(node, type=TensorType(node.type.dtype, node.type.shape, layout))
-    return rw.emit(copy_for_layout_rules(rw, node))
+    new = copy_for_layout_rules(rw, node)
+    if not fixed or new.type.layout == node.type.layout:
+        return rw.emit(new)
+    # The op writes row-major; the value keeps the layout it was given, through a copy.
+    inner = rw.emit(replace(new, name=f"{node.name}.row_major_out"))
+    return rw.new("contiguous", (inner,), {}, node.type, node, node.name)
 
 
 def copy_for_layout_rules(rw: Rewriter, node: Node) -> Node:

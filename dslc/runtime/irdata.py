@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any
 
 from dslc.check.dims import Dim, DimEnv, Poly, SymInfo
-from dslc.check.types import DTYPES
+from dslc.check.types import DTYPES, FAMILIES
 from dslc.ir.graph import Graph
 from dslc.ir.serial import dim_from, graph_data, graph_from
 from dslc.runtime import fields as f
@@ -164,7 +164,9 @@ def _node(n: Any, path: str, ranks: dict[str, int], symbols: Mapping[str, Any]) 
         f.wrong(f"{path}.name", f"`{name[:60]}` is defined twice")
     op = f.text(n["op"], f"{path}.op", known_ops())
     inputs = f.names(n["inputs"], f"{path}.inputs", ranks, "a value defined before it")
-    t = f.mapping(n["type"], f"{path}.type", ("dtype", "shape", "layout"), ())
+    t = f.mapping(n["type"], f"{path}.type", ("dtype", "shape", "layout"), ("tag",))
+    if "tag" in t:  # how the layout prints (`@BSHD`)
+        f.text(t["tag"], f"{path}.type.tag", tuple(FAMILIES))
     f.text(t["dtype"], f"{path}.type.dtype", DTYPES)
     shape = f.items(t["shape"], f"{path}.type.shape", 0, MAX_RANK)
     for i, d in enumerate(shape):
