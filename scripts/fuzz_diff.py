@@ -70,7 +70,7 @@ def main() -> int:
 
     indices = args.only or list(range(args.count))
     work = [(args.seed, i, args.backend, not args.no_compile) for i in indices]
-    stats, statuses = Stats(), Counter[str]()
+    stats, statuses, skipped = Stats(), Counter[str](), Counter[str]()
     failures: list[tuple[int, Outcome]] = []
     worst: dict[str, float] = {}
     start = time.monotonic()
@@ -86,10 +86,13 @@ def main() -> int:
             worst[name] = max(worst.get(name, 0.0), err)
         if args.show:
             print(generate(Choices(program_seed(args.seed, index))).source())
+        if outcome.skipped:
+            skipped[outcome.skipped] += 1
         if outcome.failed:
             failures.append((index, outcome))
-            print(f"FAIL program {index}: {outcome.status} at {outcome.stage}: "
-                  f"{outcome.detail.splitlines()[0] if outcome.detail else ''}\n"
+            lines = outcome.detail.splitlines() or [""]
+            more = "".join(f"\n    {line}" for line in lines[1:14])
+            print(f"FAIL program {index}: {outcome.status} at {outcome.stage}: {lines[0]}{more}\n"
                   f"  rerun: scripts/fuzz_diff.py --seed {args.seed} --only {index} "
                   f"--backend {args.backend} --show", flush=True)
         if done % 50 == 0 or done == len(work):
@@ -102,6 +105,8 @@ def main() -> int:
             _minimize(args, index, outcome)
     if args.coverage:
         print(stats.table())
+    for why, count in skipped.items():
+        print(f"oracle not applied to {count} programs: {why}")
     print(f"{len(work)} programs (seed {args.seed}, backend {args.backend}): "
           f"{statuses['ok']} passed, {len(failures)} failed "
           f"({', '.join(f'{k} {v}' for k, v in statuses.items() if k != 'ok') or 'none'}) "

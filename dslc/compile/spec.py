@@ -17,11 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from dslc.check.dims import DimEnv
 from dslc.check.types import Layout
 from dslc.fuse.plan import Group
 from dslc.ir.graph import Graph, Node, stored_dtype
-from dslc.ir.interp import concrete
+from dslc.ir.interp import NUMPY_DTYPES, concrete
 from dslc.ir.views import layout_strides
 
 SOURCES = ("input", "param", "scalar")
@@ -41,11 +43,17 @@ class TensorSpec:
     dtype: str
     role: str  # input | output | virtual | scalar
     value: float = 0.0  # for scalars (pass-by-value)
+    # Bytes its first element's address is a multiple of: a view starting inside its base (a
+    # slice) may be less aligned than the 16 bytes cuDNN's kernels otherwise assume.
+    alignment: int = 16
 
     def data(self) -> dict[str, Any]:
-        return {"name": self.name, "uid": self.uid, "dims": list(self.dims),
-                "strides": list(self.strides), "dtype": self.dtype, "role": self.role,
-                "value": self.value}
+        out = {"name": self.name, "uid": self.uid, "dims": list(self.dims),
+               "strides": list(self.strides), "dtype": self.dtype, "role": self.role,
+               "value": self.value}
+        if self.alignment != 16:
+            out["alignment"] = self.alignment
+        return out
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,8 @@ class GroupSpec:
         return GroupSpec(
             d["signature"],
             tuple(TensorSpec(t["name"], t["uid"], tuple(t["dims"]), tuple(t["strides"]),
-                             t["dtype"], t["role"], t.get("value", 0.0)) for t in d["tensors"]),
+                             t["dtype"], t["role"], t.get("value", 0.0), t.get("alignment", 16))
+                  for t in d["tensors"]),
             tuple(OpSpec(o["node"], o["op"], tuple(o["inputs"]), dict(o["attrs"]), o["compute"])
                   for o in d["ops"]),
             d["io"], d["intermediate"], d["compute"])
@@ -110,6 +119,14 @@ def storage(graph_nodes: Mapping[str, Node], name: str, values: Mapping[str, int
         return shape, strides, int(concrete(node.attrs["offset"], values, env))
     assert node.type.layout is not None, name
     return shape, tuple(_strides(list(shape), node.type.layout)), 0
+
+
+def alignment(byte_offset: int) -> int:
+    """The largest power of two up to 16 dividing `byte_offset` (bases are 256-byte aligned)."""
+    align = 16
+    while byte_offset % align:
+        align //= 2
+    return align
 
 
 def _strides(shape: list[int], layout: Layout) -> list[int]:
@@ -239,8 +256,10 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
         dims_, strides = shaper.shape(name, users.get(name))
         role = "scalar" if node.op == "scalar" else "input"
         value = float(node.attrs["value"]) if node.op == "scalar" else 0.0
+        offset = storage(nodes, name, values, env)[2] if node.op == "view" else 0
         tensors.append(TensorSpec(name, len(tensors) + 1, tuple(dims_), tuple(strides),
-                                  node.type.dtype, role, value))
+                                  node.type.dtype, role, value,
+                                  alignment(offset * np.dtype(NUMPY_DTYPES[node.type.dtype]).itemsize)))
     anchor = nodes[group.anchor]
     for name in group.nodes:
         node = nodes[name]

@@ -77,6 +77,7 @@ R0601 a dynamic dim outside its declared range
 R0602 a dynamic dim not a multiple of its alignment
 R0801 no usable GPU or cuDNN
 R0802 a saved plan could not be used
+R0803 a model that cannot be captured as a CUDA graph
 """
 
 # Codes dslc no longer reports; they stay registered so `dslc explain` still answers for them.

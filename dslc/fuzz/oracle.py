@@ -46,6 +46,7 @@ class Outcome:
     stage: str = ""
     detail: str = ""
     errors: dict[str, float] = field(default_factory=dict)
+    skipped: str = ""  # an oracle that could not apply, and why (counted, not a failure)
 
     @property
     def failed(self) -> bool:

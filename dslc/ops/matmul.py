@@ -4,12 +4,29 @@ input folds into its strides."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from dslc.check import dims
 from dslc.check.types import FP8, TensorType
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+
+
+def _batch_outermost(types: Mapping[str, TensorType]) -> str | None:
+    """cuDNN multiplies [batch, M, K] by [batch, K, N]: the batch axes (those not of size 1)
+    must be outermost in memory, in order, to merge into one (a conv's NHWC output read as
+    [N, C, H, W] batches is not)."""
+    for name in ("a", "b"):
+        t = types[name]
+        if t.layout is None:
+            continue
+        batch = [a for a in range(t.rank - 2) if t.shape[a] != 1]
+        order = [a for a in t.layout.order if t.shape[a] != 1]
+        if order[:len(batch)] != batch:
+            return f"the batch axes of `{name}` must be outermost in memory"
+    return None
 
 
 def _swap_last(rank: int) -> list[int]:
@@ -56,5 +73,5 @@ OPS = [
     OpDef("matmul", "matmul", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)), _matmul,
           "[*B, M, N]", "matrix product, batched over leading axes", fusion="anchor",
           reference=lambda xs, a: np.matmul(xs[0], xs[1]),
-          lower=lambda ctx, xs, a: ctx.g.matmul(A=xs[0], B=xs[1])),
+          lower=lambda ctx, xs, a: ctx.g.matmul(A=xs[0], B=xs[1]), needs=_batch_outermost),
 ]

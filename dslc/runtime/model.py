@@ -19,7 +19,7 @@ from dslc.runtime import bundle as bundlefile
 from dslc.runtime import device, plancache, startup
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
-from dslc.runtime.kernels import run_kernel
+from dslc.runtime.kernels import KERNELS, run_kernel
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key
 from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
@@ -170,6 +170,16 @@ class Model:
             self._handle = cudnn.create_handle()
         return self._handle
 
+    def close(self) -> None:
+        """Give back the cuDNN handle and the device memory now (a service that loads and drops
+        models keeps no handles alive; the model cannot run after this)."""
+        if self._handle is not None:
+            cudnn = (self._gpu or device.require())[1]
+            cudnn.destroy_handle(self._handle)
+            self._handle = None
+        self._executables.clear()
+        self._weights = None
+
     def decision(self) -> startup.Decision:
         """What start-up does with the saved plans here (decided once, logged)."""
         if self._decision is None:
@@ -291,11 +301,17 @@ class Model:
         dims = bind_inputs(self.manifest, {k: (r.shape, r.dtype) for k, r in refs.items()})
         for name, ref in refs.items():
             want = self.program.storage(self.program.inputs[name], dims)
-            if ref.shape and tuple(ref.strides) != want.strides and _elements(ref.shape) > 1:
+            # A size-1 axis may have any stride (PyTorch gives it one of its own choosing).
+            if any(n > 1 and a != b for n, a, b in zip(ref.shape, ref.strides, want.strides,
+                                                      strict=True)):
                 order = self.program.nodes[self.program.inputs[name]].type.layout
                 raise RunnerError("R0501", f"input `{name}` has strides {list(ref.strides)}, "
                                   f"expected {list(want.strides)} (layout {order}); make it "
                                   "contiguous in that layout", specs[name]["span"])
+            if ref.ptr % 16:  # cuDNN's kernels read 16-byte vectors
+                raise RunnerError("R0501", f"input `{name}` starts at an address that is not "
+                                  "16-byte aligned (a view into another tensor?); pass a copy "
+                                  "(`x.clone()`)", specs[name]["span"])
         return refs, dims
 
     def _bind(self, inputs: Mapping[str, Any]) -> tuple[dict[str, device.ArrayRef], Executable,
@@ -313,7 +329,7 @@ class Model:
         outputs = self._allocate_outputs(exe, kind)
         stream = _stream_of(kind, self.cupy)
         self._launch(exe, refs, outputs, stream)
-        return {name: self._output_view(exe, name, outputs, kind)
+        return {name: self._output_view(exe, name, outputs, kind, refs)
                 for name in self.program.outputs}
 
     def _allocate_outputs(self, exe: Executable, kind: str) -> dict[str, device.ArrayRef]:
@@ -328,14 +344,20 @@ class Model:
         return out
 
     def _output_view(self, exe: Executable, name: str, outputs: dict[str, device.ArrayRef],
-                     kind: str) -> Any:
+                     kind: str, refs: Mapping[str, device.ArrayRef]) -> Any:
+        """An output: its buffer, or a view of it. An output that is an input (or a view of
+        one) is that input, as a PyTorch module returning its argument returns the same tensor;
+        one computed from params alone is a view of the weights."""
         s = exe.storage(self.program.outputs[name])
         base = outputs.get(s.base)
+        node = self.program.nodes[s.base]
+        if base is None and node.op == "input":
+            base = refs[node.attrs["name"]]
         if base is not None and s.offset == 0 and s.shape == base.shape and \
                 s.strides == base.strides:
             return base.obj
-        ptr = self._pointer(exe, self.program.outputs[name], {}, outputs)
-        if kind == "torch" and base is not None:
+        ptr = self._pointer(exe, self.program.outputs[name], refs, outputs)
+        if kind == "torch" and base is not None and base.kind == "torch":
             import torch
 
             return torch.as_strided(base.obj, s.shape, s.strides, s.offset)
@@ -437,12 +459,22 @@ class Captured:
         self._copy_in(inputs, self.stream)
         model._launch(self.exe, self.inputs, self.outputs, self.stream)  # warm, outside capture
         self.stream.begin_capture()
+        refused: NotImplementedError | None = None
         try:
             model._launch(self.exe, self.inputs, self.outputs, self.stream)
+        except NotImplementedError as err:  # CuPy refuses cuBLAS calls while capturing
+            refused = err
         finally:
             self.graph = self.stream.end_capture()
+        if refused is not None:
+            fallbacks = sorted({model.program.nodes[s.nodes[0]].op for s in model.program.steps
+                                if s.kind == "kernel"} - set(KERNELS))
+            raise RunnerError("R0803", "this model cannot be captured as a CUDA graph: its "
+                              f"fallback kernels ({', '.join(f'`{op}`' for op in fallbacks)}) "
+                              f"compute on CuPy, which refuses ({refused}); call the model "
+                              "directly instead") from refused
         self.stream.synchronize()
-        self._results = {name: model._output_view(self.exe, name, self.outputs, kind)
+        self._results = {name: model._output_view(self.exe, name, self.outputs, kind, self.inputs)
                          for name in model.program.outputs}
         self._streams: dict[int, Any] = {}  # CuPy handles of the caller's torch streams
 
@@ -488,10 +520,4 @@ def _stream_of(kind: str, cupy: Any) -> Any:
         return cupy.cuda.ExternalStream(current.cuda_stream)
     return cupy.cuda.get_current_stream()
 
-
-def _elements(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 

@@ -1,0 +1,105 @@
+"""Runtime behaviours generated programs found on the H200: inputs whose size-1 axes carry any
+stride, inputs that start off a 16-byte boundary, views that start inside their base, outputs that
+are inputs, and CUDA-graph capture of a model with a CuPy fallback step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dslc.runtime.errors import RunnerError
+from tests.gpu.common import (
+    TOLERANCE,
+    compile_source,
+    random_inputs,
+    reference,
+    rel_error,
+    to_device,
+    to_host,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+def _model(text: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    from dslc.runtime import Model
+
+    bundle = compile_source(text, tmp_path)
+    return bundle, Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=None)
+
+
+def test_size_one_axes_may_have_any_stride(tmp_path: Path) -> None:
+    import torch
+
+    bundle, model = _model("""model m {
+  precision io=f16
+  layout NHWC
+  input x: [1, 1, 6, 4]
+  output y = relu(x) * 2.0
+}""", tmp_path)
+    inputs = random_inputs(bundle, seed=5)
+    x = to_device(inputs, bundle)["x"]
+    odd = torch.as_strided(x, x.shape, (999, 7, 4, 1))  # N and C strides are free: size 1
+    out = to_host(model.run({"x": odd}))["y"]
+    assert rel_error(out, reference(bundle, inputs)["y"]) <= TOLERANCE["f16"]
+
+
+def test_an_input_off_a_16_byte_boundary_is_r0501(tmp_path: Path) -> None:
+    import torch
+
+    _, model = _model("""model m {
+  input x: f32[4, 8]
+  output y = relu(x)
+}""", tmp_path)
+    base = torch.randn(4 * 8 + 1, device="cuda")
+    with pytest.raises(RunnerError, match="16-byte aligned") as err:
+        model.run({"x": base[1:].view(4, 8)})
+    assert err.value.code == "R0501"
+
+
+def test_a_view_starting_inside_its_base_runs_on_cudnn(tmp_path: Path) -> None:
+    bundle, model = _model("""model m {
+  precision io=f16
+  input x: f32[6, 4]
+  output a = cast(x[:, 1:3], f16)
+  output b = transpose(cast(x[:, 1:3], f16), [1, 0])
+}""", tmp_path)
+    inputs = random_inputs(bundle, seed=6)
+    ours = to_host(model.run(to_device(inputs, bundle)))
+    for name, want in reference(bundle, inputs).items():
+        assert rel_error(ours[name], want) <= TOLERANCE["f16"], name
+
+
+def test_an_output_that_is_an_input_is_that_input(tmp_path: Path) -> None:
+    bundle, model = _model("""model m {
+  input x: f32[2, 4, 16]
+  let r = relu(x)
+  output same = x
+  output y = exp(r)
+}""", tmp_path)
+    inputs = random_inputs(bundle, seed=7)
+    device_inputs = to_device(inputs, bundle)
+    out = model.run(device_inputs)
+    assert out["same"].data_ptr() == device_inputs["x"].data_ptr()
+    np.testing.assert_array_equal(to_host(out)["same"], inputs["x"])
+
+
+def test_capture_runs_or_says_which_fallback_it_cannot_record(tmp_path: Path) -> None:
+    """A 1-D transposed convolution with output padding, which cuDNN may reject: its reference
+    then runs on CuPy (cuBLAS), which CuPy will not capture. Either way, never a raw error."""
+    bundle, model = _model("""model m {
+  precision io=bf16
+  input x: [10, 1, 1]
+  param w: [1, 12, 3]
+  output y = conv_transpose(x, w, stride=2, output_pad=1)
+}""", tmp_path)
+    inputs = to_device(random_inputs(bundle, seed=8), bundle)
+    plain = to_host(model.run(inputs))["y"]
+    try:
+        replayed = to_host(model.capture(inputs)(inputs))["y"]
+    except RunnerError as err:
+        assert err.code == "R0803" and "`conv_transpose`" in str(err)
+        return
+    np.testing.assert_array_equal(replayed, plain)
