@@ -88,8 +88,6 @@ def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None,
         elif t.role == "input":
             tensors[t.name] = g.tensor(name=t.name, dim=list(t.dims), stride=list(t.strides),
                                        data_type=DATA_TYPES[t.dtype], uid=t.uid)
-            if t.alignment < 16:  # a view starting inside its base: no 16-byte vector loads
-                tensors[t.name].set_alignment_value(t.alignment)
     ctx = _Lowering(g, spec)
     try:
         for op in spec.ops:

@@ -17,13 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from dslc.check.dims import DimEnv
 from dslc.check.types import Layout
 from dslc.fuse.plan import Group
 from dslc.ir.graph import Graph, Node, stored_dtype
-from dslc.ir.interp import NUMPY_DTYPES, concrete
+from dslc.ir.interp import concrete
 from dslc.ir.views import layout_strides
 
 SOURCES = ("input", "param", "scalar")
@@ -43,17 +41,11 @@ class TensorSpec:
     dtype: str
     role: str  # input | output | virtual | scalar
     value: float = 0.0  # for scalars (pass-by-value)
-    # Bytes its first element's address is a multiple of: a view starting inside its base (a
-    # slice) may be less aligned than the 16 bytes cuDNN's kernels otherwise assume.
-    alignment: int = 16
 
     def data(self) -> dict[str, Any]:
-        out = {"name": self.name, "uid": self.uid, "dims": list(self.dims),
-               "strides": list(self.strides), "dtype": self.dtype, "role": self.role,
-               "value": self.value}
-        if self.alignment != 16:
-            out["alignment"] = self.alignment
-        return out
+        return {"name": self.name, "uid": self.uid, "dims": list(self.dims),
+                "strides": list(self.strides), "dtype": self.dtype, "role": self.role,
+                "value": self.value}
 
 
 @dataclass(frozen=True)
@@ -94,8 +86,7 @@ class GroupSpec:
         return GroupSpec(
             d["signature"],
             tuple(TensorSpec(t["name"], t["uid"], tuple(t["dims"]), tuple(t["strides"]),
-                             t["dtype"], t["role"], t.get("value", 0.0), t.get("alignment", 16))
-                  for t in d["tensors"]),
+                             t["dtype"], t["role"], t.get("value", 0.0)) for t in d["tensors"]),
             tuple(OpSpec(o["node"], o["op"], tuple(o["inputs"]), dict(o["attrs"]), o["compute"])
                   for o in d["ops"]),
             d["io"], d["intermediate"], d["compute"])
@@ -119,14 +110,6 @@ def storage(graph_nodes: Mapping[str, Node], name: str, values: Mapping[str, int
         return shape, strides, int(concrete(node.attrs["offset"], values, env))
     assert node.type.layout is not None, name
     return shape, tuple(_strides(list(shape), node.type.layout)), 0
-
-
-def alignment(byte_offset: int) -> int:
-    """The largest power of two up to 16 dividing `byte_offset` (bases are 256-byte aligned)."""
-    align = 16
-    while byte_offset % align:
-        align //= 2
-    return align
 
 
 def _strides(shape: list[int], layout: Layout) -> list[int]:
@@ -236,8 +219,11 @@ class _Shaper:
             rows, rstride = _merge(shape, strides, 0, lead)
             cols, cstride = _merge(shape, strides, lead, len(shape))
             return [rows, cols, 1, 1], [rstride, cstride, cstride, cstride]
-        if len(shape) < 3:  # cuDNN pointwise and reduction graphs take rank 3 and up
-            return _pad(shape, strides, 3)
+        # cuDNN pointwise and reduction graphs take rank 3 and up, and on the H200 a rank-3
+        # pointwise graph read a broadcast operand (a [1, 1, C] vector) wrongly where the same
+        # graph at rank 4 is right: pad to 4 (generated programs found it).
+        if len(shape) < 4:
+            return _pad(shape, strides, 4)
         return shape, strides
 
 
@@ -256,10 +242,8 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
         dims_, strides = shaper.shape(name, users.get(name))
         role = "scalar" if node.op == "scalar" else "input"
         value = float(node.attrs["value"]) if node.op == "scalar" else 0.0
-        offset = storage(nodes, name, values, env)[2] if node.op == "view" else 0
         tensors.append(TensorSpec(name, len(tensors) + 1, tuple(dims_), tuple(strides),
-                                  node.type.dtype, role, value,
-                                  alignment(offset * np.dtype(NUMPY_DTYPES[node.type.dtype]).itemsize)))
+                                  node.type.dtype, role, value))
     anchor = nodes[group.anchor]
     for name in group.nodes:
         node = nodes[name]

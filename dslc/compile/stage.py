@@ -17,7 +17,9 @@ from dslc.compile.graphs import Built, GraphError, build
 from dslc.compile.spec import GroupSpec, SpecError, group_spec
 from dslc.compile.target import Target
 from dslc.fuse.plan import FusionPlan, Group, make_group
-from dslc.ir.graph import Graph
+from dslc.ir.graph import Graph, Node
+from dslc.ir.interp import ITEMSIZE
+from dslc.ir.views import aligned
 from dslc.ops import OPS
 from dslc.runtime.kernels import DTYPES as KERNEL_DTYPES
 
@@ -91,6 +93,9 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
     if len(group.nodes) == 1 and OPS[nodes[group.nodes[0]].op].lower is None:
         op = nodes[group.nodes[0]].op
         return [_kernel(out, group, group.reason or f"`{op}` runs as a fallback kernel")]
+    if len(group.nodes) == 1 and _reads_unaligned(nodes, nodes[group.nodes[0]]):
+        return [_kernel(out, group, "a copy of a view that starts off a 16-byte boundary, which "
+                                    "cuDNN's kernels cannot read: a fallback kernel copies it")]
     try:
         for bucket in out.buckets:
             key = (bucket_key(bucket), group.signature)
@@ -126,3 +131,12 @@ def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str
                               f"split from the fused group {group.name}: cuDNN rejected it "
                               f"({error})"))
     return steps
+
+
+def _reads_unaligned(nodes: dict[str, Node], node: Node) -> bool:
+    """A copy lowering inserted for a view that may start off a 16-byte boundary."""
+    if node.op != "contiguous":
+        return False
+    x = nodes[node.inputs[0]]
+    return x.op == "view" and not aligned(x.attrs["offset"], ITEMSIZE[x.type.dtype])
+

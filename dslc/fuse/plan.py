@@ -73,8 +73,7 @@ def signature(graph_nodes: dict[str, Node], nodes: tuple[str, ...], inputs: tupl
     parts = [pattern]
     for name in inputs:
         n = graph_nodes[name]
-        # A view's offset too: where it starts decides the alignment its plan may assume.
-        strides = (n.attrs.get("strides"), n.attrs.get("offset")) if n.op == "view" else None
+        strides = n.attrs.get("strides") if n.op == "view" else None
         value = n.attrs["value"] if n.op == "scalar" else None
         parts.append(f"{format_type(n.type)} {format_value(strides)} {value}")
     for name in nodes:

@@ -24,6 +24,7 @@ NUMPY_DTYPES: dict[str, Any] = {
     "f8e4m3": ml_dtypes.float8_e4m3fn, "f8e5m2": ml_dtypes.float8_e5m2,
     "i8": np.int8, "u8": np.uint8, "i32": np.int32, "i64": np.int64, "bool": np.bool_,
 }
+ITEMSIZE = {name: int(np.dtype(dt).itemsize) for name, dt in NUMPY_DTYPES.items()}
 # Math in bf16 or fp8 is emulated in f32 (numpy has no native arithmetic for them).
 _MATH = {"f32": np.float32, "f16": np.float16, "bf16": np.float32, "i32": np.int32}
 

@@ -103,3 +103,11 @@ def view_layout(layout: Layout, shape: tuple[Dim, ...], steps: tuple[Step, ...])
         shape = step_shape(shape, step)
     return layout
 
+
+def aligned(offset: Dim, itemsize: int, to: int = 16) -> bool:
+    """Whether an element offset is a multiple of `to` bytes for every value of its dims (cuDNN's
+    kernels read 16-byte vectors: a view starting off such a boundary must not reach them)."""
+    if isinstance(offset, int):
+        return offset * itemsize % to == 0
+    return all((c * itemsize) % to == 0 for _, c in offset.terms)
+

@@ -10,6 +10,7 @@ from dataclasses import replace
 from dslc.check.types import Layout, TensorType
 from dslc.ir import views
 from dslc.ir.graph import Attrs, Graph, Node
+from dslc.ir.interp import ITEMSIZE
 from dslc.ir.verify import effective_type
 from dslc.lower.canonical import load_time
 from dslc.lower.rewrite import Rewriter
@@ -138,7 +139,16 @@ def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, 
             st, offset = found
             # `steps` are what remains after any copy below: the copy already holds the rest.
             attrs = {**dict(node.attrs), "steps": steps, "strides": st, "offset": offset}
-            return rw.emit(replace(node, inputs=(base,), attrs=Attrs(attrs)))
+            if views.aligned(offset, ITEMSIZE[b.type.dtype]):
+                return rw.emit(replace(node, inputs=(base,), attrs=Attrs(attrs)))
+            # A view starting off a 16-byte boundary: its readers get a copy (made by a CuPy
+            # kernel, see `compile.stage`), since cuDNN's kernels load 16-byte vectors.
+            view = rw.emit(replace(node, name=f"{node.name}.unaligned", inputs=(base,),
+                                   attrs=Attrs(attrs)))
+            shape = node.type.shape
+            return rw.new("contiguous", (view,), {},
+                          TensorType(node.type.dtype, shape, Layout.row_major(len(shape))),
+                          node, node.name)
         head = base
         shape = views.view_shape(b.type.shape, steps[:cut])
         if cut:

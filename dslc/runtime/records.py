@@ -132,28 +132,22 @@ class TensorRecord:
     dtype: str
     role: str  # input | output | virtual | scalar
     value: float = 0.0  # a scalar's, passed by value
-    alignment: int = 16  # bytes its first element's address is a multiple of (see compile.spec)
 
     def to_data(self) -> dict[str, Any]:
-        out = {"name": self.name, "uid": self.uid, "dims": list(self.dims),
-               "strides": list(self.strides), "dtype": self.dtype, "role": self.role,
-               "value": self.value}
-        if self.alignment != 16:
-            out["alignment"] = self.alignment
-        return out
+        return {"name": self.name, "uid": self.uid, "dims": list(self.dims),
+                "strides": list(self.strides), "dtype": self.dtype, "role": self.role,
+                "value": self.value}
 
     @staticmethod
     def from_data(d: Any, path: str) -> TensorRecord:
-        d = f.mapping(d, path, ("name", "uid", "dims", "strides", "dtype", "role"),
-                      ("value", "alignment"))
+        d = f.mapping(d, path, ("name", "uid", "dims", "strides", "dtype", "role"), ("value",))
         dims = f.ints(d["dims"], f"{path}.dims", 1, MAX_DIM, 1, MAX_SPEC_RANK)
         strides = f.ints(d["strides"], f"{path}.strides", 0, MAX_ELEMENTS, len(dims), len(dims))
         return TensorRecord(f.text(d["name"], f"{path}.name"),
                             f.integer(d["uid"], f"{path}.uid", 1, 2**31 - 1), dims, strides,
                             f.text(d["dtype"], f"{path}.dtype", DTYPES),
                             f.text(d["role"], f"{path}.role", ROLES),
-                            f.number(d.get("value", 0.0), f"{path}.value"),
-                            f.integer(d.get("alignment", 16), f"{path}.alignment", 1, 16))
+                            f.number(d.get("value", 0.0), f"{path}.value"))
 
 
 @dataclass(frozen=True)

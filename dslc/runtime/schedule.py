@@ -16,17 +16,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import numpy as np
-
 from dslc.check.dims import DimEnv
 from dslc.ir.graph import Graph, Node
-from dslc.ir.interp import NUMPY_DTYPES, concrete
+from dslc.ir.interp import ITEMSIZE, concrete
 from dslc.ir.views import layout_strides
 from dslc.runtime.fields import MAX_BYTES, MAX_DIM, MAX_ELEMENTS, BundleError
 from dslc.runtime.memory import Buffer, plan_memory
 from dslc.runtime.records import BucketRecord, Bundle, SpecRecord, StepRecord
-
-ITEMSIZE = {name: int(np.dtype(dt).itemsize) for name, dt in NUMPY_DTYPES.items()}
 
 
 @dataclass(frozen=True)

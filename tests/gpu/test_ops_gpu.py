@@ -241,6 +241,14 @@ model m {
   let b = batchnorm2d(c)
   output y = maxpool(relu(b), window=3, stride=2, pad=1)
 }""",
+    "pointwise_broadcast_rank3_f16": """model m {
+  precision io=f16
+  input x: [3, 8, 8]
+  param p: [8]
+  param q: [8]
+  output y = relu(x) * p
+  output z = scale_mul(x, q, axis=1) - p
+}""",
     "cast_inside_a_fused_group_rounds_f32": """model m {
   input x: f32[8, 64]
   let r = relu(x)
