@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cudnn
+import numpy as np
 
 from dslc.compile.spec import GroupSpec
 from dslc.ops import OPS
@@ -61,13 +62,20 @@ class _Lowering:
         return getattr(getattr(cudnn, kind), member)
 
     def scalar(self, value: float) -> Any:
-        return self.g.tensor_scalar(float(value), cudnn.scalar_type.RUNTIME_PARAM)
+        return scalar(self.g, value)
 
     def result_dims(self) -> list[int]:
         return list(self.spec.tensor(self.current).dims)
 
     def result_strides(self) -> list[int]:
         return list(self.spec.tensor(self.current).strides)
+
+
+def scalar(g: Any, value: float) -> Any:
+    """A pass-by-value f32 scalar. From a Python float the frontend makes a double, which a
+    fused f32 epilogue misreads (on the H200 `matmul(a, b) * 0.1` gave zeros; 0.5 and 3.0, whose
+    doubles end in zero bits, looked right): give it a float32."""
+    return g.tensor_scalar(np.float32(value), cudnn.scalar_type.RUNTIME_PARAM)
 
 
 def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None,
@@ -84,7 +92,7 @@ def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None,
     tensors: dict[str, Any] = {}
     for t in spec.tensors:
         if t.role == "scalar":
-            tensors[t.name] = g.tensor_scalar(float(t.value), cudnn.scalar_type.RUNTIME_PARAM)
+            tensors[t.name] = scalar(g, t.value)
         elif t.role == "input":
             tensors[t.name] = g.tensor(name=t.name, dim=list(t.dims), stride=list(t.strides),
                                        data_type=DATA_TYPES[t.dtype], uid=t.uid)

@@ -241,6 +241,13 @@ model m {
   let b = batchnorm2d(c)
   output y = maxpool(relu(b), window=3, stride=2, pad=1)
 }""",
+    "scalars_not_exact_in_binary_f16": """model m {
+  precision io=f16
+  input x: [4, 64]
+  input z: [8, 32]
+  output y = matmul(x, transpose(x, [1, 0])) * 0.0156
+  output w = z * 0.1 + 0.3
+}""",
     "pointwise_broadcast_rank3_f16": """model m {
   precision io=f16
   input x: [3, 8, 8]
