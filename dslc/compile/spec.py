@@ -227,6 +227,24 @@ class _Shaper:
         return shape, strides
 
 
+def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: str) -> None:
+    """Every operand an epilogue reads from outside the group is 1 or the anchor's size on each
+    axis. Merging axes into cuDNN's form (a matmul's batch, a norm's rows) can break that: a
+    bias along one of the merged axes is 8 where the merged batch is N * 8. Such a group is
+    split (SpecError), not run wrong."""
+    by_name = {t.name: t for t in tensors}
+    sizes = by_name[anchor].dims
+    for op in ops:
+        if op.node == anchor:
+            continue
+        for name in op.inputs:
+            t = by_name[name]
+            if t.role == "input" and len(t.dims) == len(sizes) and any(
+                    d not in (1, n) for d, n in zip(t.dims, sizes, strict=True)):
+                raise SpecError(f"`{name}` broadcasts over part of axes cuDNN merges "
+                                f"({list(t.dims)} against {list(sizes)})")
+
+
 def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEnv | None = None,
                ) -> GroupSpec:
     """The cuDNN form of `group` at the dim values `values` (raises SpecError)."""
@@ -256,6 +274,7 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
                        {k: concrete(v, values, env) for k, v in nodes[name].attrs.items()},
                        str(nodes[name].attrs.get("compute", nodes[name].precision.compute)))
                 for name in group.nodes)
+    _broadcastable(tensors, ops, group.anchor)
     return GroupSpec(group.signature, tuple(tensors), ops, anchor.precision.io,
                      anchor.precision.intermediate, anchor.precision.compute)
 
