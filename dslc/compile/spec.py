@@ -229,20 +229,27 @@ class _Shaper:
 
 def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: str) -> None:
     """Every operand an epilogue reads from outside the group is 1 or the anchor's size on each
-    axis. Merging axes into cuDNN's form (a matmul's batch, a norm's rows) can break that: a
-    bias along one of the merged axes is 8 where the merged batch is N * 8. Such a group is
-    split (SpecError), not run wrong."""
+    axis, and a full-size one has the anchor result's strides. Merging axes into cuDNN's form
+    (a matmul's batch, a norm's rows) can break the first: a bias along one of the merged axes
+    is 8 where the merged batch is N * 8. Such a group is split (SpecError), not run wrong."""
     by_name = {t.name: t for t in tensors}
-    sizes = by_name[anchor].dims
+    sizes, strides = by_name[anchor].dims, by_name[anchor].strides
     for op in ops:
         if op.node == anchor:
             continue
         for name in op.inputs:
             t = by_name[name]
-            if t.role == "input" and len(t.dims) == len(sizes) and any(
-                    d not in (1, n) for d, n in zip(t.dims, sizes, strict=True)):
+            if t.role != "input" or len(t.dims) != len(sizes):
+                continue
+            if any(d not in (1, n) for d, n in zip(t.dims, sizes, strict=True)):
                 raise SpecError(f"`{name}` broadcasts over part of axes cuDNN merges "
                                 f"({list(t.dims)} against {list(sizes)})")
+            # A full-size operand in another memory order than the anchor's result (an NCHW
+            # residual added to an NHWC conv output) was read wrongly by a fused f16 epilogue on
+            # the H200: the add runs as its own graph instead.
+            if tuple(t.dims) == tuple(sizes) and any(
+                    n > 1 and a != b for n, a, b in zip(sizes, t.strides, strides, strict=True)):
+                raise SpecError(f"`{name}` is laid out unlike the result it is combined with")
 
 
 def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEnv | None = None,

@@ -241,6 +241,21 @@ model m {
   let b = batchnorm2d(c)
   output y = maxpool(relu(b), window=3, stride=2, pad=1)
 }""",
+    "conv_residual_nchw_input_f16_intermediate": NN + """model m {
+  precision io=f16, intermediate=f16
+  input x: [2, 4, 10, 5]
+  let c = conv2d(x, out=4, k=3, pad=1)
+  let b = batchnorm2d(c)
+  output y = silu(b + x)
+}""",
+    "sdpa_gqa_with_bias_bf16": """model m {
+  precision io=bf16
+  input q: [2, 4, 16, 8]
+  input k: [2, 2, 16, 8]
+  input v: [2, 2, 16, 8]
+  param b: [16, 16]
+  output o = sdpa(q, k, v, bias=b)
+}""",
     "scalars_not_exact_in_binary_f16": """model m {
   precision io=f16
   input x: [4, 64]
