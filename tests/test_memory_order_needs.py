@@ -53,7 +53,7 @@ def test_a_view_starting_off_a_16_byte_boundary_is_copied_by_a_kernel_first(tmp_
 """, tmp_path)
     nodes = c.graph.by_name()
     kernels = [s.group.nodes for s in c.steps if s.kind == "kernel"]
-    assert kernels == [("a.slice",), ("b.slice",)]
+    assert kernels == [("a.slice.aligned",), ("b.slice.aligned",)]
     assert all(nodes[n].op == "contiguous" and nodes[nodes[n].inputs[0]].op == "view"
                for (n,) in kernels)
     graphs = [s.group.nodes for s in c.steps if s.kind == "graph"]

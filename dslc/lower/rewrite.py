@@ -18,6 +18,7 @@ class Rewriter:
         self.nodes: list[Node] = []
         self.by_name: dict[str, Node] = {}
         self.renamed: dict[str, str] = {}
+        self.memo: dict[str, str] = {}  # values a rule made once for several readers
 
     def node(self, name: str) -> Node:
         """A node of the graph being built (operand names are already the new ones)."""

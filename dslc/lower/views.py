@@ -59,6 +59,7 @@ def _chosen_layout(rw: Rewriter, node: Node) -> Layout:
 def assign_layouts(rw: Rewriter, node: Node) -> str | None:
     if node.op == "view":
         return _place_view(rw, node, node.inputs[0], tuple(node.attrs["steps"]))
+    node = replace(node, inputs=tuple(_aligned(rw, i) for i in node.inputs))
     fixed = node.type.layout is not None  # an output's contract, an ascription
     if not fixed:
         layout = _chosen_layout(rw, node)
@@ -69,6 +70,21 @@ def assign_layouts(rw: Rewriter, node: Node) -> str | None:
     # The op writes row-major; the value keeps the layout it was given, through a copy.
     inner = rw.emit(replace(new, name=f"{node.name}.row_major_out"))
     return rw.new("contiguous", (inner,), {}, node.type, node, node.name)
+
+
+def _aligned(rw: Rewriter, name: str) -> str:
+    """What an op reads for `name`: a view starting off a 16-byte boundary is read through a
+    row-major copy (made once, by a CuPy kernel: see `compile.stage`), since cuDNN's kernels load
+    16-byte vectors. An output that is such a view stays a view: nothing of cuDNN reads it."""
+    x = rw.node(name)
+    if x.op != "view" or views.aligned(x.attrs["offset"], ITEMSIZE[x.type.dtype]):
+        return name
+    if name not in rw.memo:
+        shape = x.type.shape
+        rw.memo[name] = rw.new("contiguous", (name,), {},
+                               TensorType(x.type.dtype, shape, Layout.row_major(len(shape))), x,
+                               f"{name}.aligned")
+    return rw.memo[name]
 
 
 def copy_for_layout_rules(rw: Rewriter, node: Node) -> Node:
@@ -139,16 +155,7 @@ def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, 
             st, offset = found
             # `steps` are what remains after any copy below: the copy already holds the rest.
             attrs = {**dict(node.attrs), "steps": steps, "strides": st, "offset": offset}
-            if views.aligned(offset, ITEMSIZE[b.type.dtype]):
-                return rw.emit(replace(node, inputs=(base,), attrs=Attrs(attrs)))
-            # A view starting off a 16-byte boundary: its readers get a copy (made by a CuPy
-            # kernel, see `compile.stage`), since cuDNN's kernels load 16-byte vectors.
-            view = rw.emit(replace(node, name=f"{node.name}.unaligned", inputs=(base,),
-                                   attrs=Attrs(attrs)))
-            shape = node.type.shape
-            return rw.new("contiguous", (view,), {},
-                          TensorType(node.type.dtype, shape, Layout.row_major(len(shape))),
-                          node, node.name)
+            return rw.emit(replace(node, inputs=(base,), attrs=Attrs(attrs)))
         head = base
         shape = views.view_shape(b.type.shape, steps[:cut])
         if cut:
