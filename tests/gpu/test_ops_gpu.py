@@ -283,7 +283,19 @@ model m {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
+# Defects generated programs found on the H200 that are not fixed yet: each fails today (strict,
+# so the case turns into an error the day it passes, and the mark must go).
+KNOWN_WRONG = {
+    "conv_residual_nchw_input_f16_intermediate":
+        "a conv + bias reading NCHW and writing NHWC with f16 intermediates gives wrong numbers "
+        "on the H200 (right with f32 intermediates or NHWC input); splitting the residual "
+        "add did not fix it, so the conv group itself is suspect",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[name]))
+    if name in KNOWN_WRONG else name for name in CASES])
 def test_op_on_gpu_matches_reference(name: str, tmp_path: Path) -> None:
     from dslc.runtime import Model
 
