@@ -27,6 +27,7 @@ E0102 a declaration is written with `=` where a type is expected
 E0103 a statement is not allowed in this kind of block
 E0104 arguments in the wrong order, or a keyword given twice
 E0105 unsupported language version
+E0106 a literal or name beyond the language's limits
 E0201 cannot find a value in this scope
 E0202 a name is defined twice
 E0203 unknown operation

@@ -6,6 +6,7 @@ Built by `parse.parser` and judged by `check`; nothing here validates anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dslc.diag.span import Span
 
@@ -310,38 +311,38 @@ class Module:
     models: tuple[Model, ...]
 
 
+_CHILDREN: dict[type, Any] = {
+    ListExpr: lambda e: e.items,
+    Binary: lambda e: (e.left, e.right),
+    Logic: lambda e: (e.left, e.right),
+    Not: lambda e: (e.operand,),
+    Neg: lambda e: (e.operand,),
+    Cond: lambda e: (e.then, e.test, e.orelse),
+    Kwarg: lambda e: (e.value,),
+    Call: lambda e: (e.func, *e.args),
+    Range: lambda e: tuple(x for x in (e.lo, e.hi) if x is not None),
+    Index: lambda e: (e.target, *e.items),
+    Member: lambda e: (e.target,),
+}
+
+
 def children(expr: Expr | Range | Kwarg) -> tuple[Expr | Range | Kwarg, ...]:
     """The direct sub-expressions of `expr`, in source order."""
-    match expr:
-        case ListExpr(items=items):
-            return items
-        case Binary(left=a, right=b) | Logic(left=a, right=b):
-            return (a, b)
-        case Not(operand=a) | Neg(operand=a):
-            return (a,)
-        case Cond(then=a, test=b, orelse=c):
-            return (a, b, c)
-        case Kwarg(value=v):
-            return (v,)
-        case Call(func=f, args=args):
-            return (f, *args)
-        case Range(lo=lo, hi=hi):
-            return tuple(x for x in (lo, hi) if x is not None)
-        case Index(target=t, items=items):
-            return (t, *items)
-        case Member(target=t):
-            return (t,)
-    return ()
+    get = _CHILDREN.get(type(expr))
+    return get(expr) if get is not None else ()
 
 
 def walk(expr: Expr | Range | Kwarg) -> list[Expr | Range | Kwarg]:
     """`expr` and all its sub-expressions, pre-order."""
     out: list[Expr | Range | Kwarg] = []
     stack = [expr]
+    table = _CHILDREN
     while stack:
         e = stack.pop()
         out.append(e)
-        stack.extend(reversed(children(e)))
+        get = table.get(type(e))
+        if get is not None:
+            stack.extend(reversed(get(e)))
     return out
 
 
