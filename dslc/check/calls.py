@@ -150,6 +150,9 @@ class CallEval(ExprEval):
         result = op.infer(ctx, Args(values))
         if result is None:
             return ERROR
+        if not all(self.fits(t, call_span, scope.frame, f"the result of `{name}`")
+                   for t in (result if isinstance(result, tuple) else (result,))):
+            return ERROR
         attrs = {p.name: values[p.name] for p in op.params if not p.is_tensor}
         attrs.update(ctx.attrs)
         if any(p.kind in (Kind.OPT_TENSOR, Kind.TENSORS) for p in op.params):

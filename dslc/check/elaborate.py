@@ -13,7 +13,8 @@ from dslc.check.calls import CallEval
 from dslc.check.context import ParamSpec, is_dim, is_int
 from dslc.check.defs import conform, layout_of
 from dslc.check.dims import SymInfo
-from dslc.check.resolve import suggest
+from dslc.check.expansion import estimate
+from dslc.check.resolve import DefRef, suggest
 from dslc.check.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
 from dslc.check.values import (
     ERROR,
@@ -252,6 +253,9 @@ class Elaborator(CallEval):
         for d, expr in zip(shape, t.dims or (), strict=False):
             if not self.at_least_one(d, expr.span, scope):
                 return None
+        if not self.fits(TensorType(t.dtype or scope.precision.io, shape), t.span, scope.frame,
+                         "this tensor"):
+            return None
         layout: Layout | None = Layout.row_major(len(shape))
         if t.layout is not None:
             layout = layout_of(self, t.layout, len(shape), scope)
@@ -414,12 +418,21 @@ class Elaborator(CallEval):
         paths = self.repeat_paths(template, count, rhs, scope)
         if paths is None:
             return ERROR
+        callee = self.resolved.namespaces[scope.module.path].lookup(call.func)
+        if isinstance(callee, DefRef):
+            est = estimate(self.resolved, callee, self.resolved.estimates)
+            self.expansion_limit(count * est.ops, rhs.span, scope.frame, "this `repeat`",
+                                 callee)
         current = self.eval(call.args[0], scope, hint)
         first_type = current.type if isinstance(current, TensorVal) else None
         rest = ast.Call(call.span, call.func, call.args[1:])
+        start = len(self.nodes)
         for i in range(count):
             if current is ERROR:
                 return ERROR
+            if i == 1:  # instances are alike: the first one tells what the others will cost
+                self.expansion_limit((count - 1) * (len(self.nodes) - start), rhs.span,
+                                     scope.frame, "this `repeat`", None)
             self.pending_instance = (paths[i], rhs.span)
             carried = (current, call.args[0].span)
             try:

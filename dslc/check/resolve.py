@@ -12,6 +12,7 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
@@ -58,6 +59,7 @@ class Namespace:
 class Resolved:
     namespaces: dict[str, Namespace] = field(default_factory=dict)  # by module path
     has_params: dict[tuple[str, str], bool] = field(default_factory=dict)
+    estimates: dict[tuple[str, str], Any] = field(default_factory=dict)  # `check.expansion`
     _instances: dict[int, list[ast.Call]] = field(default_factory=dict)
 
     def creates_instance(self, ref: Callable_ | None) -> bool:
@@ -110,7 +112,7 @@ def resolve(program: Program, sink: Sink) -> Resolved:
     _report_cycles(calls, order, sink)
     for module in program.modules.values():
         for d in module.defs:
-            _has_params(DefRef(module, d), calls, out.has_params, set())
+            _has_params(DefRef(module, d), calls, out.has_params)
     return out
 
 
@@ -485,16 +487,35 @@ def _shortest_cycle(first: tuple[str, str], members: set[tuple[str, str]],
 
 
 def _has_params(ref: DefRef, calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
-                memo: dict[tuple[str, str], bool], active: set[tuple[str, str]]) -> bool:
-    """Whether a def declares params, directly or through the defs it calls."""
-    key = ref.key
-    if key in memo:
-        return memo[key]
-    if key in active:
-        return False
-    active.add(key)
-    result = any(isinstance(s, ast.ParamStmt) for s in ref.node.body) or any(
-        _has_params(callee, calls, memo, active) for callee, _ in calls.get(key, []))
-    active.discard(key)
-    memo[key] = result
-    return result
+                memo: dict[tuple[str, str], bool]) -> bool:
+    """Whether a def declares params, directly or through the defs it calls. A depth-first walk
+    with its own stack (a long chain of defs must not exhaust Python's); a call cycle (E0701)
+    counts as no params."""
+    if ref.key in memo:
+        return memo[ref.key]
+    active = {ref.key}
+    stack: list[list[Any]] = [[ref, iter(calls.get(ref.key, [])), _declares_params(ref)]]
+    while stack:
+        frame = stack[-1]
+        node, callees, found = frame
+        if not found:
+            edge = next(callees, None)
+            if edge is not None:
+                callee = edge[0]
+                if callee.key in memo:
+                    frame[2] = memo[callee.key]
+                elif callee.key not in active:
+                    active.add(callee.key)
+                    stack.append([callee, iter(calls.get(callee.key, [])),
+                                  _declares_params(callee)])
+                continue
+        stack.pop()
+        active.discard(node.key)
+        memo[node.key] = found
+        if stack:
+            stack[-1][2] = stack[-1][2] or found
+    return memo[ref.key]
+
+
+def _declares_params(ref: DefRef) -> bool:
+    return any(isinstance(s, ast.ParamStmt) for s in ref.node.body)
