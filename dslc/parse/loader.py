@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dslc.diag.diagnostic import Diagnostic, Sink
-from dslc.diag.span import SourceMap, display_name
+from dslc.diag.span import SourceMap, display_name, printable
 from dslc.parse import ast
 from dslc.parse.parser import parse_text
 from dslc.parse.structure import check_structure
@@ -52,10 +52,10 @@ def load(entry: Path, include_dirs: list[Path], sink: Sink, program: Program | N
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         what = "a compiled bundle" if path.suffix == ".bundle" else "not UTF-8 text"
-        raise ReadError(f"cannot read `{entry}`: it is {what}; this command takes a .cgraph "
-                        "source file") from err
+        raise ReadError(f"cannot read `{printable(entry)}`: it is {what}; this command takes a "
+                        ".cgraph source file") from err
     except OSError as err:
-        raise ReadError(f"cannot read `{entry}`: {err.strerror or err}") from err
+        raise ReadError(f"cannot read `{printable(entry)}`: {err.strerror or err}") from err
     module = _parse(program, path, text, sink)
     if module is not None:
         _load_imports(program, module, include_dirs, sink, stack=[str(path)])
