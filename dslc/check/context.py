@@ -79,6 +79,7 @@ class Context:
         self.duplicate_instances: set[str] = set()
         self._upper: dict[Poly, int] = {}
         self.instances = 0  # def instances expanded so far (with the nodes: the work done)
+        self._suffix: dict[str, int] = {}  # see `unique`
 
     # -- diagnostics ---------------------------------------------------------------------------
     def report(self, code: str, message: str, span: Span, label: str = "",
@@ -154,12 +155,15 @@ class Context:
 
     # -- nodes ---------------------------------------------------------------------------------
     def unique(self, base: str) -> str:
-        name = base
-        k = 1
-        while name in self.producers:
-            name = f"{base}_{k}"
+        """`base`, or `base_1`, `base_2`...: the first one not taken. The next suffix to try is
+        kept per base, so a statement that makes thousands of nodes of one kind stays linear."""
+        if base not in self.producers:
+            return base
+        k = self._suffix.get(base, 1)
+        while f"{base}_{k}" in self.producers:
             k += 1
-        return name
+        self._suffix[base] = k + 1
+        return f"{base}_{k}"
 
     def add_node(self, op: str, inputs: tuple[str, ...], attrs: dict[str, Any], type_: TensorType,
                  span: Span, frame: Frame, precision: PrecisionSpec, name: str) -> TensorVal:
