@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dslc.diag.records import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Span:
     file: str  # the file as shown to the user (relative to the cwd, or `std/...`)

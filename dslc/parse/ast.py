@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dslc.diag.records import quick_init
 from dslc.diag.span import Span
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Ident:
     span: Span
@@ -20,48 +22,56 @@ class Ident:
 # ---- expressions ---------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Name:
     span: Span
     name: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Int:
     span: Span
     value: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Float:
     span: Span
     value: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Str:
     span: Span
     value: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Bool:
     span: Span
     value: bool
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DtypeLit:
     span: Span
     name: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ListExpr:
     span: Span
     items: tuple[Expr, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Binary:
     """`+ - * /` and the comparisons; `op` is the operator's spelling."""
@@ -73,6 +83,7 @@ class Binary:
     op_span: Span
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Logic:
     """`and` / `or` on compile-time booleans."""
@@ -83,18 +94,21 @@ class Logic:
     right: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Not:
     span: Span
     operand: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Neg:
     span: Span
     operand: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Cond:
     span: Span
@@ -103,6 +117,7 @@ class Cond:
     orelse: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Kwarg:
     span: Span
@@ -110,6 +125,7 @@ class Kwarg:
     value: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Call:
     span: Span
@@ -117,6 +133,7 @@ class Call:
     args: tuple[Expr | Kwarg, ...]  # in source order; checked for order after parsing
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Range:
     """`a:b` inside an index; either bound may be absent."""
@@ -126,6 +143,7 @@ class Range:
     hi: Expr | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Index:
     span: Span
@@ -133,6 +151,7 @@ class Index:
     items: tuple[Expr | Range, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Member:
     span: Span
@@ -147,6 +166,7 @@ Expr = (Name | Int | Float | Str | Bool | DtypeLit | ListExpr | Binary | Logic |
 # ---- types ---------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Variadic:
     """`*L` in a shape pattern."""
@@ -155,6 +175,7 @@ class Variadic:
     name: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TensorTypeExpr:
     """`f16[N, 64] @NHWC`. `dims` is None for a dtype-only ascription (`let h: bf16 = ...`)."""
@@ -165,6 +186,7 @@ class TensorTypeExpr:
     layout: Ident | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ScalarTypeExpr:
     span: Span
@@ -174,6 +196,7 @@ class ScalarTypeExpr:
 # ---- statements ----------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DimFixed:
     span: Span
@@ -181,6 +204,7 @@ class DimFixed:
     value: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DimRange:
     span: Span
@@ -192,6 +216,7 @@ class DimRange:
     tune: tuple[Int, ...] | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Buckets:
     span: Span
@@ -199,18 +224,21 @@ class Buckets:
     rows: tuple[tuple[Span, tuple[Int, ...]], ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Precision:
     span: Span
     settings: tuple[Kwarg, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LayoutStmt:
     span: Span
     tag: Ident
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Input:
     span: Span
@@ -218,6 +246,7 @@ class Input:
     type: TensorTypeExpr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ParamStmt:
     span: Span
@@ -226,6 +255,7 @@ class ParamStmt:
     guard: Expr | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Rhs:
     span: Span
@@ -234,6 +264,7 @@ class Rhs:
     instance: Str | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Let:
     span: Span
@@ -244,6 +275,7 @@ class Let:
     guard: Expr | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Output:
     span: Span
@@ -252,6 +284,7 @@ class Output:
     rhs: Rhs | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Return:
     span: Span
@@ -264,6 +297,7 @@ Stmt = DimFixed | DimRange | Buckets | Precision | LayoutStmt | Input | ParamStm
 # ---- declarations --------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Import:
     span: Span
@@ -271,6 +305,7 @@ class Import:
     alias: Ident | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DefParam:
     span: Span
@@ -279,6 +314,7 @@ class DefParam:
     default: Expr | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Def:
     span: Span
@@ -290,6 +326,7 @@ class Def:
     header_span: Span  # `def name(...) -> type`, for labels that point at the signature
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Model:
     span: Span
@@ -299,6 +336,7 @@ class Model:
     doc: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Module:
     """One parsed file. `file` is its display name; `path` the resolved path on disk."""

@@ -20,7 +20,7 @@ parser would accept, found by trying each), for `parse.syntax` to report.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from lark.parsers.lalr_analysis import Shift
 
 Tok = tuple[str, str, int, int]  # (terminal, text, line, column)
 _WORD_END = r"(?!\w)"  # a keyword is a whole word
+_BLANKS = re.compile(r"[ \t\f\r]*")
 
 PASS, SPLICE, BUILD = 0, 1, 2  # what reducing a rule does with its children
 
@@ -127,9 +128,10 @@ def _keywords(terminals: dict[str, TerminalDef]) -> dict[str, dict[str, str]]:
 
 
 def _lexer(terminals: list[TerminalDef], embed: bool) -> re.Pattern[str]:
-    """One regex of named alternatives, tried in Lark's order. A keyword is left to the
-    identifier pattern when that is present (the token is retyped after matching); otherwise it
-    must end at a word boundary."""
+    """One regex of named alternatives, tried in Lark's order, after any blanks (spaces and tabs:
+    a newline stays a token of its own, for the line count). A keyword is left to the identifier
+    pattern when that is present (the token is retyped after matching); otherwise it must end at
+    a word boundary."""
     regexes = [re.compile(t.pattern.to_regexp()) for t in terminals
                if not isinstance(t.pattern, PatternStr)]
     parts = []
@@ -143,7 +145,7 @@ def _lexer(terminals: list[TerminalDef], embed: bool) -> re.Pattern[str]:
             parts.append(f"(?P<{t.name}>{re.escape(text)}{boundary})")
         else:
             parts.append(f"(?P<{t.name}>{t.pattern.to_regexp()})")
-    return re.compile("|".join(parts))
+    return re.compile(f"{_BLANKS.pattern}(?:{'|'.join(parts)})")
 
 
 class _Accepts:
@@ -164,40 +166,15 @@ def parse(tables: Tables, text: str, builder: Any) -> Any:
     has_splice = tables.has_splice
     calls: list[Callable[[list[Any]], Any] | None] = [
         getattr(builder, name) if kind == BUILD else None for _, _, kind, name in rules]
-    keywords = tables.keywords
-    ignore = tables.ignore
     chains = tables.chains
-    match = tables.master.match
+    simple = [kind == BUILD and size > 0 and not spliced
+              for (size, _, kind, _), spliced in zip(rules, has_splice, strict=True)]
     states = [tables.start]
     values: list[Any] = []
-    pos, line, line_start, n = 0, 1, 0, len(text)
     last: Tok | None = None
-    while pos < n:
-        m = match(text, pos)
-        kind = m.lastgroup if m is not None else None
-        if kind is None or m is None:
-            raise _unexpected_characters(tables, text, pos, line, pos - line_start + 1, states)
-        value = m.group()
-        if kind in ignore:
-            newlines = value.count("\n")
-            if newlines:
-                line += newlines
-                line_start = pos + value.rfind("\n") + 1
-            pos = m.end()
-            continue
-        row = actions[states[-1]]
-        words = keywords.get(kind)
-        if words is not None and value in words:
-            if words[value] in row:
-                kind = words[value]
-            elif kind not in row:
-                kind = words[value]  # as the root lexer types it, for the error
-        col = pos - line_start + 1
-        if kind not in row:
-            kind, value = _in_context(tables, text, pos, line, col, states, kind, value)
-        tok: Tok = (kind, value, line, col)
-        pos += len(value)
+    for tok in _tokens(tables, text, states):
         last = tok
+        kind = tok[0]
         # Reduce as long as the state says so, then shift the token.
         while True:
             action = actions[states[-1]].get(kind)
@@ -216,9 +193,51 @@ def parse(tables: Tables, text: str, builder: Any) -> Any:
                 if top is None:
                     top = chains[key] = _pass_chain(actions, rules, states[-2], rule, kind)
                 states[-1] = top
+            elif simple[~action]:  # a node from a fixed number of children: inline too
+                size = rule[0]
+                children = values[-size:]
+                del values[-size:]
+                del states[-size:]
+                values.append(calls[~action](children))  # type: ignore[misc]
+                states.append(actions[states[-1]][rule[1]])
             else:
                 _reduce(~action, rules, has_splice, calls, states, values, actions)
     return _finish(tables, rules, has_splice, calls, states, values, last)
+
+
+def _tokens(tables: Tables, text: str, states: list[int]) -> Iterator[Tok]:
+    """The tokens of `text`, each typed in the parser state (`states[-1]`) that reads it."""
+    actions, keywords, ignore = tables.actions, tables.keywords, tables.ignore
+    match = tables.master.match  # blanks before a token are part of its match
+    pos, line, line_start, n = 0, 1, 0, len(text)
+    while pos < n:
+        m = match(text, pos)
+        if m is None or m.lastgroup is None:
+            pos = n - len(text[pos:].lstrip(" \t\f\r"))  # no token here: past the blanks
+            if pos == n:
+                return
+            raise _unexpected_characters(tables, text, pos, line, pos - line_start + 1, states)
+        kind = m.lastgroup
+        start, pos = m.span(kind)
+        value = text[start:pos]
+        if kind in ignore:
+            newlines = value.count("\n")
+            if newlines:
+                line += newlines
+                line_start = start + value.rfind("\n") + 1
+            continue
+        row = actions[states[-1]]
+        words = keywords.get(kind)
+        if words is not None and value in words:
+            if words[value] in row:
+                kind = words[value]
+            elif kind not in row:
+                kind = words[value]  # as the root lexer types it, for the error
+        col = start - line_start + 1
+        if kind not in row:
+            kind, value = _in_context(tables, text, start, line, col, states, kind, value)
+            pos = start + len(value)
+        yield (kind, value, line, col)
 
 
 def _reduce(r: int, rules: list[tuple[int, str, int, str]], has_splice: list[bool],
@@ -298,7 +317,7 @@ def _in_context(tables: Tables, text: str, pos: int, line: int, col: int, states
     accepts = frozenset(k for k in row if k.isupper())
     m = tables.state_lexer(accepts).match(text, pos)
     if m is not None and m.lastgroup is not None:
-        found, text_ = m.lastgroup, m.group()
+        found, text_ = m.lastgroup, m.group(m.lastgroup)
         words = tables.keywords.get(found)
         if words is not None and text_ in words and words[text_] in row:
             found = words[text_]
