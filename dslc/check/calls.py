@@ -24,6 +24,9 @@ Arg = tuple[Any, Span]
 class OpCtx:
     """`InferCtx` for one op call: errors land on the argument that caused them."""
 
+    __slots__ = ("attrs", "call_span", "cudnn", "el", "env", "func_span", "op", "precision",
+                 "producers", "scope", "spans")
+
     def __init__(self, el: CallEval, op: OpDef, call_span: Span, func_span: Span,
                  spans: dict[str, Span], producers: dict[str, str], scope: Scope,
                  precision: PrecisionSpec) -> None:
@@ -82,17 +85,19 @@ class CallEval(ExprEval):
         if callee is None:
             return ERROR  # reported by name resolution
         kinds = [isinstance(a, ast.Kwarg) for a in call.args]
-        names = [a.name.name for a in call.args if isinstance(a, ast.Kwarg)]
-        if any(k and not later for k, later in itertools.pairwise(kinds)) or \
-                len(set(names)) != len(names):
-            return ERROR  # argument order or a repeated keyword: E0104 said so already
+        if any(kinds):
+            names = [a.name.name for a in call.args if isinstance(a, ast.Kwarg)]
+            if any(k and not later for k, later in itertools.pairwise(kinds)) or \
+                    len(set(names)) != len(names):
+                return ERROR  # argument order or a repeated keyword: E0104 said so already
         args = self.eval_args(call, [], scope, hint)
         if args is None:
             return ERROR
         pos, kws = args
         if isinstance(callee, DefRef):
             return self.apply_def(callee, call, pos, kws, scope, hint)
-        return self.apply_op(callee, call.span, call.func.span, pos, kws, scope, hint)
+        return self.apply_op(callee, call.span, call.func.span, pos, kws, scope, hint,
+                             self.final_name(call))
 
     # -- built-in ops ----------------------------------------------------------------------------
     def eval_args(self, call: ast.Call, pos: list[Arg], scope: Scope, hint: str,
@@ -111,7 +116,8 @@ class CallEval(ExprEval):
         return pos, kws
 
     def apply_op(self, name: str, call_span: Span, func_span: Span, pos: list[Arg],
-                 kws: dict[str, Arg], scope: Scope, hint: str) -> Any:
+                 kws: dict[str, Arg], scope: Scope, hint: str, final: str | None = None) -> Any:
+        """The node of op `name` on the evaluated arguments, named `final` if given."""
         op = OPS[name]
         precision = scope.precision
         if "compute" in kws:
@@ -150,9 +156,9 @@ class CallEval(ExprEval):
         result = op.infer(ctx, Args(values))
         if result is None:
             return ERROR
-        if not all(self.fits(t, call_span, scope.frame, f"the result of `{name}`")
-                   for t in (result if isinstance(result, tuple) else (result,))):
-            return ERROR
+        for t in result if isinstance(result, tuple) else (result,):
+            if not self.fits(t, call_span, scope.frame, name):
+                return ERROR
         attrs = {p.name: values[p.name] for p in op.params if not p.is_tensor}
         attrs.update(ctx.attrs)
         if any(p.kind in (Kind.OPT_TENSOR, Kind.TENSORS) for p in op.params):
@@ -160,7 +166,7 @@ class CallEval(ExprEval):
         if precision.compute != scope.precision.compute:
             attrs["compute"] = precision.compute
         # Named `<let>.<op>` for now; the `let` renames the node that ends up as its value.
-        base = self.node_name(scope.frame, f"{hint}.{name}" if hint else name)
+        base = final or self.node_name(scope.frame, f"{hint}.{name}" if hint else name)
         if isinstance(result, tuple):
             return TupleVal(tuple(
                 self.add_node(name, tuple(inputs), {**attrs, "output": i}, t, call_span,

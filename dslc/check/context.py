@@ -110,10 +110,11 @@ class Context:
                                     instance=instance))
 
     # -- limits --------------------------------------------------------------------------------
-    def fits(self, t: TensorType, span: Span, frame: Frame, what: str) -> bool:
-        """E0306 when `t` has more axes than cuDNN takes, or more bytes than int64 can index (for
-        the largest admissible value of its dims)."""
+    def fits(self, t: TensorType, span: Span, frame: Frame, op: str | None) -> bool:
+        """E0306 when `t`, made by `op` (None: declared), has more axes than cuDNN takes, or more
+        bytes than int64 can index (for the largest admissible value of its dims)."""
         if t.rank > MAX_RANK:
+            what = f"the result of `{op}`" if op else "this tensor"
             self.report("E0306", f"{what} has rank {t.rank}; cuDNN takes tensors of rank "
                         f"{MAX_RANK} at most", span, format_type(t), frame=frame,
                         notes=(f"cuDNN describes a tensor by at most {MAX_RANK} dims "
@@ -124,6 +125,7 @@ class Context:
         for d in t.shape:
             size *= d if isinstance(d, int) else self.upper(d)
         if size > MAX_BYTES:
+            what = f"the result of `{op}`" if op else "this tensor"
             self.report("E0306", f"{what} is too large: {float(size):.3g} bytes", span,
                         format_type(t), frame=frame,
                         notes=(f"a tensor spans at most {MAX_BYTES} bytes: cuDNN and CuPy index "

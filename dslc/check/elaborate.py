@@ -79,6 +79,9 @@ class Elaborator(CallEval):
         return result
 
     def stmt(self, stmt: ast.Stmt, scope: Scope) -> Any:
+        if type(stmt) is ast.Let:  # most statements: one type test, not a `match` of ten
+            self.let(stmt, scope)
+            return None
         match stmt:
             case ast.DimFixed():
                 self.dim_fixed(stmt, scope)
@@ -99,8 +102,6 @@ class Elaborator(CallEval):
                 self.input(stmt, scope)
             case ast.ParamStmt():
                 self.param(stmt, scope)
-            case ast.Let():
-                self.let(stmt, scope)
             case ast.Output():
                 self.output(stmt, scope)
             case ast.Return(values=values):
@@ -254,7 +255,7 @@ class Elaborator(CallEval):
             if not self.at_least_one(d, expr.span, scope):
                 return None
         if not self.fits(TensorType(t.dtype or scope.precision.io, shape), t.span, scope.frame,
-                         "this tensor"):
+                         None):
             return None
         layout: Layout | None = Layout.row_major(len(shape))
         if t.layout is not None:
@@ -327,7 +328,12 @@ class Elaborator(CallEval):
         hint = stmt.targets[0].name if not stmt.is_tuple else "_".join(
             t.name for t in stmt.targets)
         before = len(self.nodes)
+        if stmt.type is None and not stmt.is_tuple and stmt.rhs.repeat is None:
+            # The op that computes the value can take the let's name at once (no rename).
+            final = self.node_name(scope.frame, stmt.targets[0].name)
+            self.naming = (stmt.rhs.expr, final) if final not in self.producers else None
         value = self.rhs(stmt.rhs, scope, hint, stmt.targets[0].name)
+        self.naming = None
         fresh = isinstance(value, TensorVal) and self.node_index(value.node) >= before
         if stmt.type is not None and value is not ERROR:
             value = conform(self, value, stmt.type, scope,

@@ -36,6 +36,12 @@ MAX_INT = 2**63 - 1  # compile-time integers are int64, as cuDNN's sizes and att
 class ExprEval(Context):
     depth = 0  # the current nesting level: each `eval` one, each def body two (`defs`)
     too_deep = False  # E0705 for nesting is reported once
+    naming: tuple[ast.Expr, str] | None = None  # a `let`'s expression and the name of its value
+
+    def final_name(self, expr: ast.Expr) -> str | None:
+        """The name for the node `expr` makes, when it is a `let`'s whole expression."""
+        naming = self.naming
+        return naming[1] if naming is not None and naming[0] is expr else None
 
     def lookup(self, name: ast.Name, scope: Scope) -> Any:
         binding = scope.values.get(name.name)
@@ -75,9 +81,13 @@ class ExprEval(Context):
         return ERROR
 
     def eval_at(self, expr: ast.Expr, scope: Scope, hint: str) -> Any:
-        match expr:
+        match expr:  # the common cases first: each case is an isinstance test
             case ast.Name():
                 return self.lookup(expr, scope)
+            case ast.Call():
+                return self.call(expr, scope, hint)
+            case ast.Binary():
+                return self.binary(expr, scope, hint)
             case ast.Int(value=v):
                 return v
             case ast.Float(value=v):
@@ -93,8 +103,6 @@ class ExprEval(Context):
                 for item in items:  # a loop, not tuple(<generator>): no C frame per level
                     values.append(self.eval(item, scope, hint))
                 return ERROR if any(v is ERROR for v in values) else ListVal(tuple(values))
-            case ast.Binary():
-                return self.binary(expr, scope, hint)
             case ast.Logic():
                 return self.logic(expr, scope)
             case ast.Not():
@@ -103,8 +111,6 @@ class ExprEval(Context):
                 return self.negate(expr, scope, hint)
             case ast.Cond():
                 return self.cond(expr, scope, hint)
-            case ast.Call():
-                return self.call(expr, scope, hint)
             case ast.Index():
                 return self.index(expr, scope, hint)
             case ast.Member():
@@ -120,7 +126,7 @@ class ExprEval(Context):
 
     def apply_op(self, name: str, call_span: Span, func_span: Span,
                  pos: list[tuple[Any, Span]], kws: dict[str, tuple[Any, Span]], scope: Scope,
-                 hint: str) -> Any:
+                 hint: str, final: str | None = None) -> Any:
         raise NotImplementedError
 
     # -- compile-time checks of kind -------------------------------------------------------------
@@ -218,7 +224,8 @@ class ExprEval(Context):
         if isinstance(a, TensorVal) or isinstance(b, TensorVal):
             op = OPERATOR_OPS[expr.op]
             return self.apply_op(op, expr.span, expr.op_span,
-                                 [(a, expr.left.span), (b, expr.right.span)], {}, scope, hint)
+                                 [(a, expr.left.span), (b, expr.right.span)], {}, scope, hint,
+                                 self.final_name(expr))
         if expr.op in _PY_COMPARE:
             return self.compare_scalars(expr, a, b, scope)
         return self.arith(expr, a, b, scope)

@@ -60,6 +60,8 @@ class Resolved:
     namespaces: dict[str, Namespace] = field(default_factory=dict)  # by module path
     has_params: dict[tuple[str, str], bool] = field(default_factory=dict)
     estimates: dict[tuple[str, str], Any] = field(default_factory=dict)  # `check.expansion`
+    # The def calls in each right-hand side, by id(): found while resolving it.
+    def_calls: dict[int, list[tuple[ast.Call, DefRef]]] = field(default_factory=dict)
     _instances: dict[int, list[ast.Call]] = field(default_factory=dict)
 
     def creates_instance(self, ref: Callable_ | None) -> bool:
@@ -69,9 +71,13 @@ class Resolved:
         """The calls in `expr` that create def instances (cached: each bucket re-check asks)."""
         found = self._instances.get(id(expr))
         if found is None:
-            ns = self.namespaces[module.path]
-            found = [e for e in ast.walk(expr) if isinstance(e, ast.Call)
-                     and self.creates_instance(ns.lookup(e.func))]
+            calls = self.def_calls.get(id(expr))
+            if calls is not None:
+                found = [call for call, ref in calls if self.creates_instance(ref)]
+            else:
+                ns = self.namespaces[module.path]
+                found = [e for e in ast.walk(expr) if isinstance(e, ast.Call)
+                         and self.creates_instance(ns.lookup(e.func))]
             self._instances[id(expr)] = found
         return found
 
@@ -103,10 +109,10 @@ def resolve(program: Program, sink: Sink) -> Resolved:
         model_names = {i.name: m.name.name for m in module.models for s in m.body
                        for i in _bound_names(s)}
         for d in module.defs:
-            body = _Body(ns, sink, f"def `{d.name.name}`", model_names)
+            body = _Body(ns, sink, f"def `{d.name.name}`", model_names, out.def_calls)
             calls[(module.path, d.name.name)] = body.def_(d)
         for m in module.models:
-            _Body(ns, sink, f"model `{m.name.name}`").model(m)
+            _Body(ns, sink, f"model `{m.name.name}`", def_calls=out.def_calls).model(m)
     order = {(m.path, d.name.name): (i, d.span.line) for i, m in enumerate(program.modules.values())
              for d in m.defs}
     _report_cycles(calls, order, sink)
@@ -165,7 +171,10 @@ class _Body:
     """Resolves the value names of one def or model body, in statement order."""
 
     def __init__(self, ns: Namespace, sink: Sink, owner: str,
-                 model_names: dict[str, str] | None = None) -> None:
+                 model_names: dict[str, str] | None = None,
+                 def_calls: dict[int, list[tuple[ast.Call, DefRef]]] | None = None) -> None:
+        self.def_calls = def_calls if def_calls is not None else {}
+        self._rhs_calls: list[tuple[ast.Call, DefRef]] | None = None
         self.model_names = model_names or {}  # names a model of this file binds (for hints)
         self.ns = ns
         self.sink = sink
@@ -276,7 +285,10 @@ class _Body:
     def rhs(self, rhs: ast.Rhs) -> None:
         if rhs.repeat is not None:
             self.expr(rhs.repeat)
+        self._rhs_calls = []
         self.expr(rhs.expr)
+        self.def_calls[id(rhs.expr)] = self._rhs_calls  # for `Resolved.instance_calls`
+        self._rhs_calls = None
 
     def expr(self, expr: ast.Expr) -> None:
         for e in ast.walk(expr):
@@ -313,6 +325,7 @@ class _Body:
                                         f"not defined in `{module.file}`")
             elif isinstance(ref, DefRef):
                 self.calls.append((ref, call.func.span))
+                self._note_def_call(call, ref)
             return
         if not isinstance(func, ast.Name):
             self.sink.report(Diagnostic("E0209", "only operations and defs can be called",
@@ -330,6 +343,11 @@ class _Body:
             self._report_unknown_op(func.span, func.name, list(self.ns.defs) + list(OPS))
         elif isinstance(ref, DefRef):
             self.calls.append((ref, func.span))
+            self._note_def_call(call, ref)
+
+    def _note_def_call(self, call: ast.Call, ref: DefRef) -> None:
+        if self._rhs_calls is not None:
+            self._rhs_calls.append((call, ref))
 
     def _report_unknown_op(self, span: Span, name: str, candidates: list[str],
                            message: str | None = None, label: str | None = None) -> None:
