@@ -5,9 +5,6 @@ Each stage is one function named after it; this module chains them and owns noth
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,25 +37,10 @@ class FrontEnd:
 def front_end(path: Path, options: Options, sink: Sink) -> FrontEnd:
     """`.cgraph` file -> parsed program and checked model (None for a library, or on errors)."""
     program = Program()
-    with _collector_paused():
-        try:
-            return _front_end(path, options, sink, program)
-        except Failed:  # --max-errors reached: report what was collected
-            return FrontEnd(program, None, None)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The front end makes millions of small objects that all live until it returns; Python's
-    cycle collector, run every 700 allocations, would scan them again and again (a third of the
-    time of a 10^5-operation check). Reference counting still frees whatever is dropped."""
-    enabled = gc.isenabled()
-    gc.disable()
     try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+        return _front_end(path, options, sink, program)
+    except Failed:  # --max-errors reached: report what was collected
+        return FrontEnd(program, None, None)
 
 
 def _front_end(path: Path, options: Options, sink: Sink, program: Program) -> FrontEnd:

@@ -20,6 +20,7 @@ from dslc.check.exprs import MAX_NESTING
 from dslc.check.resolve import Resolved, resolve
 from dslc.check.types import PrecisionSpec
 from dslc.diag.diagnostic import Diagnostic, Sink
+from dslc.diag.records import collector_paused
 from dslc.diag.span import Span
 from dslc.ir.graph import Graph
 from dslc.parse import ast
@@ -65,7 +66,8 @@ def check(program: Program, module: ast.Module, sink: Sink,
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, STACK_FRAMES))
     try:
-        return _check(program, module, sink, precision, backend)
+        with collector_paused():
+            return _check(program, module, sink, precision, backend)
     finally:
         sys.setrecursionlimit(limit)
 

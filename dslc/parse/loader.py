@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dslc.diag.diagnostic import Diagnostic, Sink
+from dslc.diag.records import collector_paused
 from dslc.diag.span import SourceMap, display_name, printable
 from dslc.parse import ast
 from dslc.parse.parser import parse_text
@@ -46,7 +47,12 @@ class ReadError(Exception):
 def load(entry: Path, include_dirs: list[Path], sink: Sink, program: Program | None = None,
          ) -> tuple[Program, ast.Module | None]:
     """Parse `entry` and its imports into `program` (a new one if None)."""
-    program = program or Program()
+    with collector_paused():
+        return _load(entry, include_dirs, sink, program or Program())
+
+
+def _load(entry: Path, include_dirs: list[Path], sink: Sink, program: Program,
+          ) -> tuple[Program, ast.Module | None]:
     path = entry.resolve()
     try:
         text = path.read_text(encoding="utf-8")

@@ -161,9 +161,16 @@ class _Builder:
         return s.end_line, s.end_col
 
     def sp(self, c: list[Any]) -> Span:
-        """From the start of the first child to the end of the last."""
-        line, col = self._start(c[0])
-        end_line, end_col = self._end(c[-1])
+        """From the start of the first child to the end of the last (a token's, or a node's)."""
+        first, last = c[0], c[-1]
+        if type(first) is tuple:  # the usual case, inline: this runs once per node
+            line, col = first[2], first[3]
+        else:
+            line, col = self._start(first)
+        if type(last) is tuple:
+            end_line, end_col = last[2], last[3] + len(last[1])
+        else:
+            end_line, end_col = self._end(last)
         return Span(self.file, line, col, end_line, end_col)
 
     def ident(self, tok: Tok) -> ast.Ident:
