@@ -159,9 +159,10 @@ class CallEval(ExprEval):
         for t in result if isinstance(result, tuple) else (result,):
             if not self.fits(t, call_span, scope.frame, name):
                 return ERROR
-        attrs = {p.name: values[p.name] for p in op.params if not p.is_tensor}
+        attr_names, listed = _shape_of(op)
+        attrs = {n: values[n] for n in attr_names}
         attrs.update(ctx.attrs)
-        if any(p.kind in (Kind.OPT_TENSOR, Kind.TENSORS) for p in op.params):
+        if listed:
             attrs["operands"] = tuple(operands)
         if precision.compute != scope.precision.compute:
             attrs["compute"] = precision.compute
@@ -316,6 +317,20 @@ class CallEval(ExprEval):
                         (Label(first, "first instance"),), frame=scope.frame,
                         help=('give each instance its own name with `as "..."`',))
         return Frame(scope.frame, name, call.span, path, path, args_text, True)
+
+
+_SHAPES: dict[str, tuple[tuple[str, ...], bool]] = {}
+
+
+def _shape_of(op: OpDef) -> tuple[tuple[str, ...], bool]:
+    """An op's attribute names, and whether its node lists its operands (optional or variadic
+    tensors): the same for every call, so found once."""
+    shape = _SHAPES.get(op.name)
+    if shape is None:
+        shape = _SHAPES[op.name] = (
+            tuple(p.name for p in op.params if not p.is_tensor),
+            any(p.kind in (Kind.OPT_TENSOR, Kind.TENSORS) for p in op.params))
+    return shape
 
 
 def _article(kind: Kind) -> str:

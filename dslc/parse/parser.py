@@ -290,6 +290,8 @@ class _Builder:
         return [self.ident(t) for t in c if _is_tok(t, "NAME")]
 
     def rhs(self, c: list[Any]) -> ast.Rhs:
+        if len(c) == 1 and id(c[0]) not in self.outer:  # just the expression: its own span
+            return ast.Rhs(c[0].span, None, c[0], None)
         repeat = c[0].value if isinstance(c[0], _Marked) else None
         instance = c[-1].value if isinstance(c[-1], _Marked) else None
         expr = c[1] if repeat is not None else c[0]
