@@ -241,7 +241,14 @@ class _Body:
                     self._unknown(ast.Name(d.span, d.name))
 
     def stmt(self, stmt: ast.Stmt) -> None:
-        match stmt:
+        match stmt:  # `let` first: most statements are
+            case ast.Let(targets=targets, type=t, rhs=rhs, guard=g):
+                if g is not None:
+                    self.expr(g)
+                self.rhs(rhs)
+                self.type_(t)
+                for ident in targets:
+                    self.bind(ident)
             case ast.DimFixed(name=name, value=value):
                 self.expr(value)
                 self.bind(name)
@@ -255,13 +262,6 @@ class _Body:
                 if g is not None:
                     self.expr(g)
                 self.bind(name)
-            case ast.Let(targets=targets, type=t, rhs=rhs, guard=g):
-                if g is not None:
-                    self.expr(g)
-                self.rhs(rhs)
-                self.type_(t)
-                for ident in targets:
-                    self.bind(ident)
             case ast.Output(name=name, type=t, rhs=rhs):
                 if rhs is not None:
                     self.rhs(rhs)

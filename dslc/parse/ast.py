@@ -387,16 +387,16 @@ def walk(expr: Expr | Range | Kwarg) -> list[Expr | Range | Kwarg]:
 def stmt_exprs(stmt: Stmt) -> list[Expr]:
     """The expressions written in a statement (types included), for walks over a body."""
     out: list[Expr] = []
-    match stmt:
+    match stmt:  # `let` first: most statements are
+        case Let(type=t, rhs=rhs):
+            out.extend(type_exprs(t))
+            out.extend(rhs_exprs(rhs))
         case DimFixed(value=v):
             out.append(v)
         case Precision(settings=kws):
             out.extend(k.value for k in kws)
         case Input(type=t) | ParamStmt(type=t):
             out.extend(type_exprs(t))
-        case Let(type=t, rhs=rhs):
-            out.extend(type_exprs(t))
-            out.extend(rhs_exprs(rhs))
         case Output(type=t, rhs=rhs):
             out.extend(type_exprs(t))
             if rhs is not None:
