@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -106,8 +107,8 @@ def resolve(program: Program, sink: Sink) -> Resolved:
     calls: dict[tuple[str, str], list[tuple[DefRef, Span]]] = {}
     for module in program.modules.values():
         ns = out.namespaces[module.path]
-        model_names = {i.name: m.name.name for m in module.models for s in m.body
-                       for i in _bound_names(s)}
+        model_names = cache(lambda module=module: {
+            i.name: m.name.name for m in module.models for s in m.body for i in _bound_names(s)})
         for d in module.defs:
             body = _Body(ns, sink, f"def `{d.name.name}`", model_names, out.def_calls)
             calls[(module.path, d.name.name)] = body.def_(d)
@@ -171,16 +172,19 @@ class _Body:
     """Resolves the value names of one def or model body, in statement order."""
 
     def __init__(self, ns: Namespace, sink: Sink, owner: str,
-                 model_names: dict[str, str] | None = None,
+                 model_names: Callable[[], dict[str, str]] | None = None,
                  def_calls: dict[int, list[tuple[ast.Call, DefRef]]] | None = None) -> None:
         self.def_calls = def_calls if def_calls is not None else {}
         self._rhs_calls: list[tuple[ast.Call, DefRef]] | None = None
-        self.model_names = model_names or {}  # names a model of this file binds (for hints)
+        # What only the message of an unknown name needs is found when one is reported: the
+        # names a model of this file binds, and those the body binds further down.
+        self._model_names = model_names or dict
+        self._body: tuple[ast.Stmt, ...] = ()
+        self._later: dict[str, Span] | None = None
         self.ns = ns
         self.sink = sink
         self.owner = owner
         self.scope: dict[str, Span] = {}
-        self.later: dict[str, Span] = {}  # names bound further down, for "used before defined"
         self.calls: list[tuple[DefRef, Span]] = []
         self._heads: set[int] = set()  # ids of the Name nodes that are call heads
 
@@ -196,7 +200,7 @@ class _Body:
         self.scope[ident.name] = ident.span
 
     def def_(self, d: ast.Def) -> list[tuple[DefRef, Span]]:
-        self._collect_later(d.body)
+        self._body = d.body
         for p in d.params:
             if isinstance(p.type, ast.ScalarTypeExpr):
                 if p.default is not None:
@@ -213,16 +217,21 @@ class _Body:
         return self.calls
 
     def model(self, m: ast.Model) -> None:
-        self._collect_later(m.body)
+        self._body = m.body
         for a in m.args:
             self.expr(a.value if isinstance(a, ast.Kwarg) else a)
         for stmt in m.body:
             self.stmt(stmt)
 
-    def _collect_later(self, body: tuple[ast.Stmt, ...]) -> None:
-        for stmt in body:
-            for ident in _bound_names(stmt):
-                self.later.setdefault(ident.name, ident.span)
+    @property
+    def later(self) -> dict[str, Span]:
+        """Each name the body binds, where first bound (for "used before it is defined")."""
+        if self._later is None:
+            self._later = {}
+            for stmt in self._body:
+                for ident in _bound_names(stmt):
+                    self._later.setdefault(ident.name, ident.span)
+        return self._later
 
     def pattern(self, t: ast.TensorTypeExpr) -> None:
         """Shape-pattern names not yet bound are bound here; everything else is resolved."""
@@ -376,8 +385,9 @@ class _Body:
             helps.append(f"booleans are written `{e.name.lower()}`")
         if e.name in OPS or e.name in self.ns.defs:
             helps.append(f"`{e.name}` is an operation; call it: `{e.name}(...)`")
-        if e.name in self.model_names:
-            notes = (*notes, f"`{e.name}` belongs to model `{self.model_names[e.name]}`; a def "
+        model_names = self._model_names()
+        if e.name in model_names:
+            notes = (*notes, f"`{e.name}` belongs to model `{model_names[e.name]}`; a def "
                      "sees only its own parameters and bindings")
             helps.append(f"add a parameter, e.g. `{e.name.lower()}: int`, and pass the value "
                          "at the call")
