@@ -84,8 +84,8 @@ class CallEval(ExprEval):
         callee = ns.lookup(call.func)
         if callee is None:
             return ERROR  # reported by name resolution
-        kinds = [isinstance(a, ast.Kwarg) for a in call.args]
-        if any(kinds):
+        kinds = [type(a) is ast.Kwarg for a in call.args]
+        if True in kinds:
             names = [a.name.name for a in call.args if isinstance(a, ast.Kwarg)]
             if any(k and not later for k, later in itertools.pairwise(kinds)) or \
                     len(set(names)) != len(names):
@@ -104,16 +104,18 @@ class CallEval(ExprEval):
                   ) -> tuple[list[Arg], dict[str, Arg]] | None:
         """The call's arguments evaluated, after `pos` (already evaluated ones); None when one
         of them failed (its error is reported)."""
+        failed = any(v is ERROR for v, _ in pos)
         pos = list(pos)
         kws: dict[str, Arg] = {}
         for a in call.args:
             if isinstance(a, ast.Kwarg):
-                kws[a.name.name] = (self.eval(a.value, scope, hint), a.span)
+                value = self.eval(a.value, scope, hint)
+                kws[a.name.name] = (value, a.span)
             else:
-                pos.append((self.eval(a, scope, hint), a.span))
-        if any(v is ERROR for v, _ in pos) or any(v is ERROR for v, _ in kws.values()):
-            return None
-        return pos, kws
+                value = self.eval(a, scope, hint)
+                pos.append((value, a.span))
+            failed = failed or value is ERROR
+        return None if failed else (pos, kws)
 
     def apply_op(self, name: str, call_span: Span, func_span: Span, pos: list[Arg],
                  kws: dict[str, Arg], scope: Scope, hint: str, final: str | None = None) -> Any:

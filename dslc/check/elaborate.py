@@ -328,13 +328,15 @@ class Elaborator(CallEval):
         hint = stmt.targets[0].name if not stmt.is_tuple else "_".join(
             t.name for t in stmt.targets)
         before = len(self.nodes)
+        final = None  # the name the value's node gets at once, when it is new and free
         if stmt.type is None and not stmt.is_tuple and stmt.rhs.repeat is None:
-            # The op that computes the value can take the let's name at once (no rename).
             final = self.node_name(scope.frame, stmt.targets[0].name)
-            self.naming = (stmt.rhs.expr, final) if final not in self.producers else None
+            final = final if final not in self.producers else None
+            self.naming = (stmt.rhs.expr, final) if final is not None else None
         value = self.rhs(stmt.rhs, scope, hint, stmt.targets[0].name)
         self.naming = None
-        fresh = isinstance(value, TensorVal) and self.node_index(value.node) >= before
+        fresh = isinstance(value, TensorVal) and (
+            value.node == final or self.node_index(value.node) >= before)
         if stmt.type is not None and value is not ERROR:
             value = conform(self, value, stmt.type, scope,
                             f"`{stmt.targets[0].name}`", fresh=fresh)
