@@ -48,7 +48,6 @@ class Tables:
     has_splice: list[bool]  # whether a rule's children may hold a Splice
     start: int
     end: int
-    lark_ids: list[Any]  # state index -> Lark's state (for nothing but debugging)
     terminals: dict[str, TerminalDef]
     ignore: frozenset[str]
     master: re.Pattern[str]  # every terminal, in Lark's order: what the root lexer would match
@@ -86,15 +85,15 @@ class Tables:
         terminals = {t.name: t for t in lark.terminals}
         ignore = frozenset(lark.lexer_conf.ignore)
         return Tables(actions, rules, has_splice, index[table.start_states["start"]],
-                      index[table.end_states["start"]], list(table.states), terminals, ignore,
-                      _lexer(list(terminals.values()), embed=True), _keywords(terminals))
+                      index[table.end_states["start"]], terminals, ignore,
+                      _lexer(list(terminals.values())), _keywords(terminals))
 
     def state_lexer(self, accepts: frozenset[str]) -> re.Pattern[str]:
         """What Lark's contextual lexer tries in a state accepting `accepts` (keywords whole)."""
         lexer = self._state_lexers.get(accepts)
         if lexer is None:
             names = accepts | self.ignore
-            lexer = _lexer([t for n, t in self.terminals.items() if n in names], embed=True)
+            lexer = _lexer([t for n, t in self.terminals.items() if n in names])
             self._state_lexers[accepts] = lexer
         return lexer
 
@@ -127,7 +126,7 @@ def _keywords(terminals: dict[str, TerminalDef]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _lexer(terminals: list[TerminalDef], embed: bool) -> re.Pattern[str]:
+def _lexer(terminals: list[TerminalDef]) -> re.Pattern[str]:
     """One regex of named alternatives, tried in Lark's order, after any blanks (spaces and tabs:
     a newline stays a token of its own, for the line count). A keyword is left to the identifier
     pattern when that is present (the token is retyped after matching); otherwise it must end at
@@ -139,7 +138,7 @@ def _lexer(terminals: list[TerminalDef], embed: bool) -> re.Pattern[str]:
         if isinstance(t.pattern, PatternStr):
             text = t.pattern.value
             word = re.fullmatch(r"\w+", text) is not None
-            if word and embed and any(r.fullmatch(text) for r in regexes):
+            if word and any(r.fullmatch(text) for r in regexes):
                 continue  # matched as an identifier, then retyped
             boundary = _WORD_END if word else ""
             parts.append(f"(?P<{t.name}>{re.escape(text)}{boundary})")
