@@ -24,6 +24,9 @@ Arg = tuple[Any, Span]
 class OpCtx:
     """`InferCtx` for one op call: errors land on the argument that caused them."""
 
+    __slots__ = ("attrs", "call_span", "cudnn", "el", "env", "func_span", "op", "precision",
+                 "producers", "scope", "spans")
+
     def __init__(self, el: CallEval, op: OpDef, call_span: Span, func_span: Span,
                  spans: dict[str, Span], producers: dict[str, str], scope: Scope,
                  precision: PrecisionSpec) -> None:
@@ -81,37 +84,42 @@ class CallEval(ExprEval):
         callee = ns.lookup(call.func)
         if callee is None:
             return ERROR  # reported by name resolution
-        kinds = [isinstance(a, ast.Kwarg) for a in call.args]
-        names = [a.name.name for a in call.args if isinstance(a, ast.Kwarg)]
-        if any(k and not later for k, later in itertools.pairwise(kinds)) or \
-                len(set(names)) != len(names):
-            return ERROR  # argument order or a repeated keyword: E0104 said so already
+        kinds = [type(a) is ast.Kwarg for a in call.args]
+        if True in kinds:
+            names = [a.name.name for a in call.args if isinstance(a, ast.Kwarg)]
+            if any(k and not later for k, later in itertools.pairwise(kinds)) or \
+                    len(set(names)) != len(names):
+                return ERROR  # argument order or a repeated keyword: E0104 said so already
         args = self.eval_args(call, [], scope, hint)
         if args is None:
             return ERROR
         pos, kws = args
         if isinstance(callee, DefRef):
             return self.apply_def(callee, call, pos, kws, scope, hint)
-        return self.apply_op(callee, call.span, call.func.span, pos, kws, scope, hint)
+        return self.apply_op(callee, call.span, call.func.span, pos, kws, scope, hint,
+                             self.final_name(call))
 
     # -- built-in ops ----------------------------------------------------------------------------
     def eval_args(self, call: ast.Call, pos: list[Arg], scope: Scope, hint: str,
                   ) -> tuple[list[Arg], dict[str, Arg]] | None:
         """The call's arguments evaluated, after `pos` (already evaluated ones); None when one
         of them failed (its error is reported)."""
+        failed = any(v is ERROR for v, _ in pos)
         pos = list(pos)
         kws: dict[str, Arg] = {}
         for a in call.args:
             if isinstance(a, ast.Kwarg):
-                kws[a.name.name] = (self.eval(a.value, scope, hint), a.span)
+                value = self.eval(a.value, scope, hint)
+                kws[a.name.name] = (value, a.span)
             else:
-                pos.append((self.eval(a, scope, hint), a.span))
-        if any(v is ERROR for v, _ in pos) or any(v is ERROR for v, _ in kws.values()):
-            return None
-        return pos, kws
+                value = self.eval(a, scope, hint)
+                pos.append((value, a.span))
+            failed = failed or value is ERROR
+        return None if failed else (pos, kws)
 
     def apply_op(self, name: str, call_span: Span, func_span: Span, pos: list[Arg],
-                 kws: dict[str, Arg], scope: Scope, hint: str) -> Any:
+                 kws: dict[str, Arg], scope: Scope, hint: str, final: str | None = None) -> Any:
+        """The node of op `name` on the evaluated arguments, named `final` if given."""
         op = OPS[name]
         precision = scope.precision
         if "compute" in kws:
@@ -150,14 +158,18 @@ class CallEval(ExprEval):
         result = op.infer(ctx, Args(values))
         if result is None:
             return ERROR
-        attrs = {p.name: values[p.name] for p in op.params if not p.is_tensor}
+        for t in result if isinstance(result, tuple) else (result,):
+            if not self.fits(t, call_span, scope.frame, name):
+                return ERROR
+        attr_names, listed = _shape_of(op)
+        attrs = {n: values[n] for n in attr_names}
         attrs.update(ctx.attrs)
-        if any(p.kind in (Kind.OPT_TENSOR, Kind.TENSORS) for p in op.params):
+        if listed:
             attrs["operands"] = tuple(operands)
         if precision.compute != scope.precision.compute:
             attrs["compute"] = precision.compute
         # Named `<let>.<op>` for now; the `let` renames the node that ends up as its value.
-        base = self.node_name(scope.frame, f"{hint}.{name}" if hint else name)
+        base = final or self.node_name(scope.frame, f"{hint}.{name}" if hint else name)
         if isinstance(result, tuple):
             return TupleVal(tuple(
                 self.add_node(name, tuple(inputs), {**attrs, "output": i}, t, call_span,
@@ -307,6 +319,20 @@ class CallEval(ExprEval):
                         (Label(first, "first instance"),), frame=scope.frame,
                         help=('give each instance its own name with `as "..."`',))
         return Frame(scope.frame, name, call.span, path, path, args_text, True)
+
+
+_SHAPES: dict[str, tuple[tuple[str, ...], bool]] = {}
+
+
+def _shape_of(op: OpDef) -> tuple[tuple[str, ...], bool]:
+    """An op's attribute names, and whether its node lists its operands (optional or variadic
+    tensors): the same for every call, so found once."""
+    shape = _SHAPES.get(op.name)
+    if shape is None:
+        shape = _SHAPES[op.name] = (
+            tuple(p.name for p in op.params if not p.is_tensor),
+            any(p.kind in (Kind.OPT_TENSOR, Kind.TENSORS) for p in op.params))
+    return shape
 
 
 def _article(kind: Kind) -> str:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from dslc.check.context import ParamSpec, TooLarge
 from dslc.check.dims import DimEnv
 from dslc.check.elaborate import DimDecl, Elaborator, IOSpec, model_metadata
+from dslc.check.exprs import MAX_NESTING
 from dslc.check.resolve import Resolved, resolve
 from dslc.check.types import PrecisionSpec
 from dslc.diag.diagnostic import Diagnostic, Sink
+from dslc.diag.records import collector_paused
 from dslc.diag.span import Span
 from dslc.ir.graph import Graph
 from dslc.parse import ast
@@ -47,12 +50,30 @@ class CheckedModel:
         return tuple(d for d in self.dims if d.dynamic)
 
 
+# Elaboration recurses once per nesting level of the source, at most MAX_NESTING levels (deeper
+# is E0705) of at most 5 Python frames each (a def instance: call, apply_def, instantiate, run_body,
+# stmt, let, rhs, eval for 3 levels). Python's default limit of 1000 frames is below that plus
+# the caller's frames; the check runs with this much room (pure-Python frames: no C stack).
+STACK_FRAMES = 5 * MAX_NESTING + 2000
+
+
 def check(program: Program, module: ast.Module, sink: Sink,
           precision: PrecisionSpec | None = None, backend: str = "cudnn") -> CheckedModel | None:
     """Check `module` (and what it imports). Returns None for a library file (no model) or when
     errors were reported. `precision` overrides every `precision` statement (debugging numerics,
     reference runs in f32); dtypes written on values still hold. With backend="reference", the
     limits of cuDNN (e.g. sdpa only in f16/bf16) are not applied."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, STACK_FRAMES))
+    try:
+        with collector_paused():
+            return _check(program, module, sink, precision, backend)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _check(program: Program, module: ast.Module, sink: Sink, precision: PrecisionSpec | None,
+           backend: str) -> CheckedModel | None:
     resolved = resolve(program, sink)
     if not module.models:
         return None
@@ -73,7 +94,8 @@ def check(program: Program, module: ast.Module, sink: Sink,
                                                "`buckets (...) = [...]`",)))
         return None
     for bucket in buckets:
-        recheck(program, resolved, module, model, bucket, sink, precision, backend)
+        if bucket:  # a model without dynamic dims was checked with its only sizes already
+            recheck(program, resolved, module, model, bucket, sink, precision, backend)
     if sink.error_count:
         return None
     return CheckedModel(

@@ -4,20 +4,31 @@ statement layers of the elaborator (`exprs`, `calls`, `elaborate`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.dims import DimEnv, Poly
-from dslc.check.resolve import Resolved
-from dslc.check.types import Layout, PrecisionSpec, TensorType
+from dslc.check.dims import DimEnv, Poly, interval
+from dslc.check.expansion import chain_text
+from dslc.check.resolve import DefRef, Resolved
+from dslc.check.types import BITS, Layout, PrecisionSpec, TensorType, format_type
 from dslc.check.values import Frame, TensorVal
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
 from dslc.ir.graph import Attrs, Node
 from dslc.parse.loader import Program
 
-MAX_NODES = 1_000_000  # a runaway `repeat` stops here with a diagnostic, not an out-of-memory
+# The most operations and def instances a model may expand to. A model past it is refused before
+# it is expanded where the call graph tells (`check.expansion`), else when it gets there (a runaway
+# `repeat`). It bounds the work of a check: each costs 30-100 us and ~300 bytes, so the largest
+# model checks in well under a minute; 2.5 times the 10^5-operation benchmark (docs/benchmarks.md).
+MAX_NODES = 250_000
 MAX_FRAMES_SHOWN = 4
+# cuDNN describes a tensor by at most 8 dims (CUDNN_DIM_MAX). The frontend 1.32 rejects rank 9-11
+# with CUDNN_STATUS_BAD_PARAM and, from rank 12, builds graphs on corrupted memory or crashes
+# (rank 16 and up: a segmentation fault, even deviceless). The limit holds for every backend: the
+# reference executor is the oracle of the cuDNN plans, so both run the same language.
+MAX_RANK = 8
+MAX_BYTES = 2**63 - 1  # cuDNN, CuPy and numpy index a tensor's bytes with signed 64-bit integers
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,7 @@ def _describe(f: Frame) -> str:
 
 
 class TooLarge(Exception):
-    """The model grew past MAX_NODES (reported once, then elaboration stops)."""
+    """The model would grow past MAX_NODES (reported once, then elaboration stops)."""
 
 
 class Context:
@@ -66,6 +77,9 @@ class Context:
         self.active_defs: list[tuple[str, str]] = []
         self.instance_paths: dict[str, Span] = {}  # where each instance was created
         self.duplicate_instances: set[str] = set()
+        self._upper: dict[Poly, int] = {}
+        self.instances = 0  # def instances expanded so far (with the nodes: the work done)
+        self._suffix: dict[str, int] = {}  # see `unique`
 
     # -- diagnostics ---------------------------------------------------------------------------
     def report(self, code: str, message: str, span: Span, label: str = "",
@@ -95,19 +109,69 @@ class Context:
         self.sink.report(Diagnostic(code, message, span, label, (*labels, *trace), notes, help,
                                     instance=instance))
 
+    # -- limits --------------------------------------------------------------------------------
+    def fits(self, t: TensorType, span: Span, frame: Frame, op: str | None) -> bool:
+        """E0306 when `t`, made by `op` (None: declared), has more axes than cuDNN takes, or more
+        bytes than int64 can index (for the largest admissible value of its dims)."""
+        if t.rank > MAX_RANK:
+            what = f"the result of `{op}`" if op else "this tensor"
+            self.report("E0306", f"{what} has rank {t.rank}; cuDNN takes tensors of rank "
+                        f"{MAX_RANK} at most", span, format_type(t), frame=frame,
+                        notes=(f"cuDNN describes a tensor by at most {MAX_RANK} dims "
+                               "(CUDNN_DIM_MAX)",),
+                        help=("merge axes with `reshape`",))
+            return False
+        size = BITS[t.dtype] // 8
+        for d in t.shape:
+            size *= d if isinstance(d, int) else self.upper(d)
+        if size > MAX_BYTES:
+            what = f"the result of `{op}`" if op else "this tensor"
+            self.report("E0306", f"{what} is too large: {float(size):.3g} bytes", span,
+                        format_type(t), frame=frame,
+                        notes=(f"a tensor spans at most {MAX_BYTES} bytes: cuDNN and CuPy index "
+                               "it with signed 64-bit integers",))
+            return False
+        return True
+
+    def expansion_limit(self, ops: int, span: Span, frame: Frame, what: str,
+                        callee: DefRef | None) -> None:
+        """E0705 and stop, before expanding something estimated at `ops` more operations, when
+        the model would grow past MAX_NODES. `callee`: the def whose chain multiplies."""
+        if len(self.nodes) + self.instances + ops <= MAX_NODES:
+            return
+        chain = chain_text(callee, self.resolved.estimates) if callee is not None else ""
+        self.report("E0705", f"{what} would expand to about {_count(ops)} operations and def "
+                    f"instances, more than the {MAX_NODES:,} a model may have", span,
+                    f"about {_count(ops)}",
+                    frame=frame, notes=(chain,) if chain else (),
+                    help=("every call of a def is expanded inline, so defs that call others "
+                          "several times multiply the model; check the counts above",))
+        raise TooLarge()
+
+    def upper(self, d: Poly) -> int:
+        """The largest value of a dim expression over its dims' ranges (cached: shapes repeat)."""
+        hi = self._upper.get(d)
+        if hi is None:
+            hi = self._upper[d] = max(1, int(interval(d, self.env)[1]))
+        return hi
+
     # -- nodes ---------------------------------------------------------------------------------
     def unique(self, base: str) -> str:
-        name = base
-        k = 1
-        while name in self.producers:
-            name = f"{base}_{k}"
+        """`base`, or `base_1`, `base_2`...: the first one not taken. The next suffix to try is
+        kept per base, so a statement that makes thousands of nodes of one kind stays linear."""
+        if base not in self.producers:
+            return base
+        k = self._suffix.get(base, 1)
+        while f"{base}_{k}" in self.producers:
             k += 1
-        return name
+        self._suffix[base] = k + 1
+        return f"{base}_{k}"
 
     def add_node(self, op: str, inputs: tuple[str, ...], attrs: dict[str, Any], type_: TensorType,
                  span: Span, frame: Frame, precision: PrecisionSpec, name: str) -> TensorVal:
-        if len(self.nodes) >= MAX_NODES:
-            self.report("E0305", f"the model grows past {MAX_NODES} operations", span,
+        if len(self.nodes) + self.instances >= MAX_NODES:
+            self.report("E0705", f"the model grows past {MAX_NODES:,} operations and def "
+                        "instances", span,
                         "while expanding this", frame=frame,
                         help=("check `repeat` counts and recursion through `repeat`",))
             raise TooLarge()
@@ -128,7 +192,8 @@ class Context:
     def retype(self, value: TensorVal, type_: TensorType) -> TensorVal:
         """Give a node created for the current statement a new type (an ascription)."""
         node = self.producers[value.node]
-        self._replace(node, replace(node, type=type_))
+        self._replace(node, Node(node.name, node.op, node.inputs, node.attrs, type_, node.span,
+                                 node.path, node.precision))
         return TensorVal(node.name, type_)
 
     def rename(self, value: TensorVal, name: str) -> TensorVal:
@@ -137,9 +202,14 @@ class Context:
         node = self.producers[value.node]
         if node.name == name:
             return value
-        new = replace(node, name=self.unique(name))
+        new = Node(self.unique(name), node.op, node.inputs, node.attrs, node.type, node.span,
+                   node.path, node.precision)  # not dataclasses.replace: a tenth of the cost
         self._replace(node, new)
         return TensorVal(new.name, value.type)
 
     def node_name(self, frame: Frame, hint: str) -> str:
         return f"{frame.prefix}.{hint}" if frame.prefix else hint
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**15 else f"{float(n):.2g}"

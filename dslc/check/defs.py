@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from dslc.check import dims
 from dslc.check.context import is_dim
+from dslc.check.expansion import estimate
+from dslc.check.exprs import MAX_NESTING
 from dslc.check.resolve import DefRef, suggest
 from dslc.check.types import FAMILIES, FP8, Layout, TensorType, format_type
 from dslc.check.values import ERROR, Binding, DType, ListVal, Scope, TensorVal, TupleVal, kind_of, show
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from dslc.check.elaborate import Elaborator
 
 Arg = tuple[Any, Span]
+DEF_LEVELS = 2  # nesting levels a def body adds (its frames: instantiate, run_body, stmt, let...)
 _SCALAR_OK = {
     "int": lambda v: is_dim(v),
     "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
@@ -40,6 +43,9 @@ def instantiate(el: Elaborator, ref: DefRef, call: ast.Call, pos: list[Arg], kws
     name = d.name.name
     if ref.key in el.active_defs:
         return ERROR  # a call cycle: reported as E0701 by name resolution
+    est = estimate(el.resolved, ref, el.resolved.estimates)
+    el.expansion_limit(est.ops, call.span, scope.frame, "this call", ref)
+    el.instances += 1
     tensors = [p for p in d.params if isinstance(p.type, ast.TensorTypeExpr)]
     scalars = [p for p in d.params if isinstance(p.type, ast.ScalarTypeExpr)]
     given = _bind(el, d, call, pos, kws, tensors, scope)
@@ -79,9 +85,14 @@ def instantiate(el: Elaborator, ref: DefRef, call: ast.Call, pos: list[Arg], kws
             return ERROR
         inner.values[p.name.name] = Binding(value, p.span, "arg")
     el.active_defs.append(ref.key)
+    el.depth += DEF_LEVELS
     try:
-        result = el.run_body(d.body, inner)
+        if el.depth > MAX_NESTING:
+            result = el.nested_too_deeply(call, scope)
+        else:
+            result = el.run_body(d.body, inner)
     finally:
+        el.depth -= DEF_LEVELS
         el.active_defs.pop()
     if result is None:
         el.report("E0704", f"def `{name}` has no `return`", d.name.span, "returns nothing",

@@ -13,7 +13,8 @@ from dslc.check.calls import CallEval
 from dslc.check.context import ParamSpec, is_dim, is_int
 from dslc.check.defs import conform, layout_of
 from dslc.check.dims import SymInfo
-from dslc.check.resolve import suggest
+from dslc.check.expansion import estimate
+from dslc.check.resolve import DefRef, suggest
 from dslc.check.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
 from dslc.check.values import (
     ERROR,
@@ -78,6 +79,9 @@ class Elaborator(CallEval):
         return result
 
     def stmt(self, stmt: ast.Stmt, scope: Scope) -> Any:
+        if type(stmt) is ast.Let:  # most statements: one type test, not a `match` of ten
+            self.let(stmt, scope)
+            return None
         match stmt:
             case ast.DimFixed():
                 self.dim_fixed(stmt, scope)
@@ -98,8 +102,6 @@ class Elaborator(CallEval):
                 self.input(stmt, scope)
             case ast.ParamStmt():
                 self.param(stmt, scope)
-            case ast.Let():
-                self.let(stmt, scope)
             case ast.Output():
                 self.output(stmt, scope)
             case ast.Return(values=values):
@@ -252,6 +254,9 @@ class Elaborator(CallEval):
         for d, expr in zip(shape, t.dims or (), strict=False):
             if not self.at_least_one(d, expr.span, scope):
                 return None
+        if not self.fits(TensorType(t.dtype or scope.precision.io, shape), t.span, scope.frame,
+                         None):
+            return None
         layout: Layout | None = Layout.row_major(len(shape))
         if t.layout is not None:
             layout = layout_of(self, t.layout, len(shape), scope)
@@ -323,8 +328,15 @@ class Elaborator(CallEval):
         hint = stmt.targets[0].name if not stmt.is_tuple else "_".join(
             t.name for t in stmt.targets)
         before = len(self.nodes)
+        final = None  # the name the value's node gets at once, when it is new and free
+        if stmt.type is None and not stmt.is_tuple and stmt.rhs.repeat is None:
+            final = self.node_name(scope.frame, stmt.targets[0].name)
+            final = final if final not in self.producers else None
+            self.naming = (stmt.rhs.expr, final) if final is not None else None
         value = self.rhs(stmt.rhs, scope, hint, stmt.targets[0].name)
-        fresh = isinstance(value, TensorVal) and self.node_index(value.node) >= before
+        self.naming = None
+        fresh = isinstance(value, TensorVal) and (
+            value.node == final or self.node_index(value.node) >= before)
         if stmt.type is not None and value is not ERROR:
             value = conform(self, value, stmt.type, scope,
                             f"`{stmt.targets[0].name}`", fresh=fresh)
@@ -414,12 +426,21 @@ class Elaborator(CallEval):
         paths = self.repeat_paths(template, count, rhs, scope)
         if paths is None:
             return ERROR
+        callee = self.resolved.namespaces[scope.module.path].lookup(call.func)
+        if isinstance(callee, DefRef):
+            est = estimate(self.resolved, callee, self.resolved.estimates)
+            self.expansion_limit(count * est.ops, rhs.span, scope.frame, "this `repeat`",
+                                 callee)
         current = self.eval(call.args[0], scope, hint)
         first_type = current.type if isinstance(current, TensorVal) else None
         rest = ast.Call(call.span, call.func, call.args[1:])
+        start = len(self.nodes)
         for i in range(count):
             if current is ERROR:
                 return ERROR
+            if i == 1:  # instances are alike: the first one tells what the others will cost
+                self.expansion_limit((count - 1) * (len(self.nodes) - start), rhs.span,
+                                     scope.frame, "this `repeat`", None)
             self.pending_instance = (paths[i], rhs.span)
             carried = (current, call.args[0].span)
             try:

@@ -29,9 +29,20 @@ from dslc.parse import ast
 
 _PY_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
                "==": operator.eq, "!=": operator.ne}
+MAX_NESTING = 200  # levels of calls, brackets and def bodies (LANGUAGE.md, "Limits")
+MAX_INT = 2**63 - 1  # compile-time integers are int64, as cuDNN's sizes and attributes
 
 
 class ExprEval(Context):
+    depth = 0  # the current nesting level: each `eval` one, each def body two (`defs`)
+    too_deep = False  # E0705 for nesting is reported once
+    naming: tuple[ast.Expr, str] | None = None  # a `let`'s expression and the name of its value
+
+    def final_name(self, expr: ast.Expr) -> str | None:
+        """The name for the node `expr` makes, when it is a `let`'s whole expression."""
+        naming = self.naming
+        return naming[1] if naming is not None and naming[0] is expr else None
+
     def lookup(self, name: ast.Name, scope: Scope) -> Any:
         binding = scope.values.get(name.name)
         if binding is None:
@@ -48,9 +59,35 @@ class ExprEval(Context):
         return value
 
     def eval(self, expr: ast.Expr, scope: Scope, hint: str = "") -> Any:
-        match expr:
+        """The value of `expr`. Nesting is bounded (MAX_NESTING), so the recursion through
+        calls, brackets and defs stays within Python's stack; chains of operators and signs are
+        walked in loops and count one level."""
+        depth = self.depth = self.depth + 1
+        if depth > MAX_NESTING:
+            value = self.nested_too_deeply(expr, scope)
+        else:
+            value = self.eval_at(expr, scope, hint)
+        self.depth = depth - 1  # an exception ends the whole elaboration: no `finally` needed
+        return value
+
+    def nested_too_deeply(self, expr: ast.Expr, scope: Scope) -> Any:
+        if not self.too_deep:
+            self.too_deep = True
+            self.report("E0705", f"nested more than {MAX_NESTING} levels deep", expr.span,
+                        "too deep here", frame=scope.frame,
+                        notes=("each call, bracket, conditional and def instance around a value "
+                               "is a level; a chain like `a + b + c` or `- - x` is one",),
+                        help=("bind inner results with `let` and use their names",))
+        return ERROR
+
+    def eval_at(self, expr: ast.Expr, scope: Scope, hint: str) -> Any:
+        match expr:  # the common cases first: each case is an isinstance test
             case ast.Name():
                 return self.lookup(expr, scope)
+            case ast.Call():
+                return self.call(expr, scope, hint)
+            case ast.Binary():
+                return self.binary(expr, scope, hint)
             case ast.Int(value=v):
                 return v
             case ast.Float(value=v):
@@ -62,24 +99,18 @@ class ExprEval(Context):
             case ast.DtypeLit(name=n):
                 return DType(n)
             case ast.ListExpr(items=items):
-                values = tuple(self.eval(i, scope, hint) for i in items)
-                return ERROR if any(v is ERROR for v in values) else ListVal(values)
-            case ast.Binary():
-                return self.binary(expr, scope, hint)
+                values = []
+                for item in items:  # a loop, not tuple(<generator>): no C frame per level
+                    values.append(self.eval(item, scope, hint))
+                return ERROR if any(v is ERROR for v in values) else ListVal(tuple(values))
             case ast.Logic():
                 return self.logic(expr, scope)
-            case ast.Not(operand=operand):
-                v = self.want_bool(operand, scope)
-                return ERROR if v is ERROR else not v
-            case ast.Neg(operand=operand):
-                return self.negate(expr, operand, scope, hint)
-            case ast.Cond(then=then, test=test, orelse=orelse):
-                t = self.want_bool(test, scope)
-                if t is ERROR:
-                    return ERROR
-                return self.eval(then if t else orelse, scope, hint)
-            case ast.Call():
-                return self.call(expr, scope, hint)
+            case ast.Not():
+                return self.negate_bools(expr, scope)
+            case ast.Neg():
+                return self.negate(expr, scope, hint)
+            case ast.Cond():
+                return self.cond(expr, scope, hint)
             case ast.Index():
                 return self.index(expr, scope, hint)
             case ast.Member():
@@ -95,7 +126,7 @@ class ExprEval(Context):
 
     def apply_op(self, name: str, call_span: Span, func_span: Span,
                  pos: list[tuple[Any, Span]], kws: dict[str, tuple[Any, Span]], scope: Scope,
-                 hint: str) -> Any:
+                 hint: str, final: str | None = None) -> Any:
         raise NotImplementedError
 
     # -- compile-time checks of kind -------------------------------------------------------------
@@ -117,16 +148,54 @@ class ExprEval(Context):
         return ERROR
 
     # -- operators -------------------------------------------------------------------------------
-    def logic(self, expr: ast.Logic, scope: Scope) -> Any:
-        left = self.want_bool(expr.left, scope)
-        if left is ERROR:
-            return ERROR
-        if (expr.op == "and" and not left) or (expr.op == "or" and left):
-            return left
-        return self.want_bool(expr.right, scope)
+    # Operator chains are left-nested (`a + b + c` is `(a + b) + c`) and sign chains right-nested;
+    # both are walked in loops, so a sum of a thousand terms takes no more stack than one.
+    def cond(self, expr: ast.Cond, scope: Scope, hint: str) -> Any:
+        chosen: ast.Expr = expr
+        while isinstance(chosen, ast.Cond):  # `a if c else b if d else e`
+            t = self.want_bool(chosen.test, scope)
+            if t is ERROR:
+                return ERROR
+            chosen = chosen.then if t else chosen.orelse
+        return self.eval(chosen, scope, hint)
 
-    def negate(self, expr: ast.Neg, operand: ast.Expr, scope: Scope, hint: str) -> Any:
-        v = self.eval(operand, scope, hint)
+    def logic(self, expr: ast.Logic, scope: Scope) -> Any:
+        chain: list[ast.Logic] = []
+        first: ast.Expr = expr
+        while isinstance(first, ast.Logic):
+            chain.append(first)
+            first = first.left
+        value = self.want_bool(first, scope)
+        for node in reversed(chain):
+            if value is ERROR:
+                return ERROR
+            if (node.op == "and" and not value) or (node.op == "or" and value):
+                continue  # short-circuit: the right operand is not evaluated
+            value = self.want_bool(node.right, scope)
+        return value
+
+    def negate_bools(self, expr: ast.Not, scope: Scope) -> Any:
+        flips = 0
+        inner: ast.Expr = expr
+        while isinstance(inner, ast.Not):
+            flips += 1
+            inner = inner.operand
+        v = self.want_bool(inner, scope)
+        return ERROR if v is ERROR else bool(v) != (flips % 2 == 1)
+
+    def negate(self, expr: ast.Neg, scope: Scope, hint: str) -> Any:
+        chain: list[ast.Neg] = []
+        inner: ast.Expr = expr
+        while isinstance(inner, ast.Neg):
+            chain.append(inner)
+            inner = inner.operand
+        v = self.eval(inner, scope, hint)
+        for node in reversed(chain):
+            v = self.negate_value(node, v, scope, hint)
+        return v
+
+    def negate_value(self, expr: ast.Neg, v: Any, scope: Scope, hint: str) -> Any:
+        operand = expr.operand
         if v is ERROR:
             return ERROR
         if isinstance(v, TensorVal):
@@ -140,14 +209,23 @@ class ExprEval(Context):
         return ERROR
 
     def binary(self, expr: ast.Binary, scope: Scope, hint: str) -> Any:
-        a = self.eval(expr.left, scope, hint)
-        b = self.eval(expr.right, scope, hint)
-        if a is ERROR or b is ERROR:
-            return ERROR
+        chain: list[ast.Binary] = []
+        first: ast.Expr = expr
+        while isinstance(first, ast.Binary):
+            chain.append(first)
+            first = first.left
+        a = self.eval(first, scope, hint)
+        for node in reversed(chain):
+            b = self.eval(node.right, scope, hint)
+            a = ERROR if a is ERROR or b is ERROR else self.combine(node, a, b, scope, hint)
+        return a
+
+    def combine(self, expr: ast.Binary, a: Any, b: Any, scope: Scope, hint: str) -> Any:
         if isinstance(a, TensorVal) or isinstance(b, TensorVal):
             op = OPERATOR_OPS[expr.op]
             return self.apply_op(op, expr.span, expr.op_span,
-                                 [(a, expr.left.span), (b, expr.right.span)], {}, scope, hint)
+                                 [(a, expr.left.span), (b, expr.right.span)], {}, scope, hint,
+                                 self.final_name(expr))
         if expr.op in _PY_COMPARE:
             return self.compare_scalars(expr, a, b, scope)
         return self.arith(expr, a, b, scope)
@@ -178,11 +256,11 @@ class ExprEval(Context):
     def arith(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
         if is_dim(a) and is_dim(b):
             if expr.op == "+":
-                return dims.add(a, b)
+                return self.int64(dims.add(a, b), expr, scope)
             if expr.op == "-":
-                return dims.sub(a, b)
+                return self.int64(dims.sub(a, b), expr, scope)
             if expr.op == "*":
-                return dims.mul(a, b)
+                return self.int64(dims.mul(a, b), expr, scope)
             return self.divide(expr, a, b, scope)
         numbers = (int, float)
         if (isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool)
@@ -197,6 +275,20 @@ class ExprEval(Context):
                     expr.op_span, labels=(Label(expr.left.span, kind_of(a)),
                                           Label(expr.right.span, kind_of(b))),
                     frame=scope.frame)
+        return ERROR
+
+    def int64(self, value: Any, expr: ast.Binary, scope: Scope) -> Any:
+        """`value` if it fits in int64 for every admissible value of its dims, else E0306."""
+        lo, hi = ((Fraction(value), Fraction(value)) if isinstance(value, int)
+                  else dims.interval(value, self.env))
+        if abs(lo) <= MAX_INT and abs(hi) <= MAX_INT:
+            return value
+        text = self.program.sources.snippet(expr.span) or _text(expr)
+        self.report("E0306", f"`{text}` overflows 64 bits", expr.span,
+                    f"{'is' if lo == hi else 'can reach'} about {float(max(-lo, hi)):.3g}",
+                    frame=scope.frame,
+                    notes=(f"sizes and other compile-time integers are int64, at most {MAX_INT}, "
+                           "as cuDNN takes them",))
         return ERROR
 
     def divide(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
@@ -297,8 +389,10 @@ class ExprEval(Context):
         return tuple(out) if ok else None
 
 
-def _text(expr: ast.Expr) -> str:
-    """An expression back in source syntax (for messages)."""
+def _text(expr: ast.Expr, depth: int = 0) -> str:
+    """An expression back in source syntax (for messages; elided past a few levels)."""
+    if depth > 8:
+        return "..."
     match expr:
         case ast.Name(name=n):
             return n
@@ -307,11 +401,11 @@ def _text(expr: ast.Expr) -> str:
         case ast.Float(value=v):
             return repr(v)
         case ast.Binary(op=op, left=a, right=b):
-            return f"{_text(a)} {op} {_text(b)}"
+            return f"{_text(a, depth + 1)} {op} {_text(b, depth + 1)}"
         case ast.Member(target=t, name=n):
-            return f"{_text(t)}.{n.name}"
+            return f"{_text(t, depth + 1)}.{n.name}"
         case ast.Call(func=f):
-            return f"{_text(f)}(...)"
+            return f"{_text(f, depth + 1)}(...)"
     return "..."
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
@@ -58,6 +60,9 @@ class Namespace:
 class Resolved:
     namespaces: dict[str, Namespace] = field(default_factory=dict)  # by module path
     has_params: dict[tuple[str, str], bool] = field(default_factory=dict)
+    estimates: dict[tuple[str, str], Any] = field(default_factory=dict)  # `check.expansion`
+    # The def calls in each right-hand side, by id(): found while resolving it.
+    def_calls: dict[int, list[tuple[ast.Call, DefRef]]] = field(default_factory=dict)
     _instances: dict[int, list[ast.Call]] = field(default_factory=dict)
 
     def creates_instance(self, ref: Callable_ | None) -> bool:
@@ -67,9 +72,13 @@ class Resolved:
         """The calls in `expr` that create def instances (cached: each bucket re-check asks)."""
         found = self._instances.get(id(expr))
         if found is None:
-            ns = self.namespaces[module.path]
-            found = [e for e in ast.walk(expr) if isinstance(e, ast.Call)
-                     and self.creates_instance(ns.lookup(e.func))]
+            calls = self.def_calls.get(id(expr))
+            if calls is not None:
+                found = [call for call, ref in calls if self.creates_instance(ref)]
+            else:
+                ns = self.namespaces[module.path]
+                found = [e for e in ast.walk(expr) if isinstance(e, ast.Call)
+                         and self.creates_instance(ns.lookup(e.func))]
             self._instances[id(expr)] = found
         return found
 
@@ -98,19 +107,19 @@ def resolve(program: Program, sink: Sink) -> Resolved:
     calls: dict[tuple[str, str], list[tuple[DefRef, Span]]] = {}
     for module in program.modules.values():
         ns = out.namespaces[module.path]
-        model_names = {i.name: m.name.name for m in module.models for s in m.body
-                       for i in _bound_names(s)}
+        model_names = cache(lambda module=module: {
+            i.name: m.name.name for m in module.models for s in m.body for i in _bound_names(s)})
         for d in module.defs:
-            body = _Body(ns, sink, f"def `{d.name.name}`", model_names)
+            body = _Body(ns, sink, f"def `{d.name.name}`", model_names, out.def_calls)
             calls[(module.path, d.name.name)] = body.def_(d)
         for m in module.models:
-            _Body(ns, sink, f"model `{m.name.name}`").model(m)
+            _Body(ns, sink, f"model `{m.name.name}`", def_calls=out.def_calls).model(m)
     order = {(m.path, d.name.name): (i, d.span.line) for i, m in enumerate(program.modules.values())
              for d in m.defs}
     _report_cycles(calls, order, sink)
     for module in program.modules.values():
         for d in module.defs:
-            _has_params(DefRef(module, d), calls, out.has_params, set())
+            _has_params(DefRef(module, d), calls, out.has_params)
     return out
 
 
@@ -163,13 +172,19 @@ class _Body:
     """Resolves the value names of one def or model body, in statement order."""
 
     def __init__(self, ns: Namespace, sink: Sink, owner: str,
-                 model_names: dict[str, str] | None = None) -> None:
-        self.model_names = model_names or {}  # names a model of this file binds (for hints)
+                 model_names: Callable[[], dict[str, str]] | None = None,
+                 def_calls: dict[int, list[tuple[ast.Call, DefRef]]] | None = None) -> None:
+        self.def_calls = def_calls if def_calls is not None else {}
+        self._rhs_calls: list[tuple[ast.Call, DefRef]] | None = None
+        # What only the message of an unknown name needs is found when one is reported: the
+        # names a model of this file binds, and those the body binds further down.
+        self._model_names = model_names or dict
+        self._body: tuple[ast.Stmt, ...] = ()
+        self._later: dict[str, Span] | None = None
         self.ns = ns
         self.sink = sink
         self.owner = owner
         self.scope: dict[str, Span] = {}
-        self.later: dict[str, Span] = {}  # names bound further down, for "used before defined"
         self.calls: list[tuple[DefRef, Span]] = []
         self._heads: set[int] = set()  # ids of the Name nodes that are call heads
 
@@ -185,7 +200,7 @@ class _Body:
         self.scope[ident.name] = ident.span
 
     def def_(self, d: ast.Def) -> list[tuple[DefRef, Span]]:
-        self._collect_later(d.body)
+        self._body = d.body
         for p in d.params:
             if isinstance(p.type, ast.ScalarTypeExpr):
                 if p.default is not None:
@@ -202,16 +217,21 @@ class _Body:
         return self.calls
 
     def model(self, m: ast.Model) -> None:
-        self._collect_later(m.body)
+        self._body = m.body
         for a in m.args:
             self.expr(a.value if isinstance(a, ast.Kwarg) else a)
         for stmt in m.body:
             self.stmt(stmt)
 
-    def _collect_later(self, body: tuple[ast.Stmt, ...]) -> None:
-        for stmt in body:
-            for ident in _bound_names(stmt):
-                self.later.setdefault(ident.name, ident.span)
+    @property
+    def later(self) -> dict[str, Span]:
+        """Each name the body binds, where first bound (for "used before it is defined")."""
+        if self._later is None:
+            self._later = {}
+            for stmt in self._body:
+                for ident in _bound_names(stmt):
+                    self._later.setdefault(ident.name, ident.span)
+        return self._later
 
     def pattern(self, t: ast.TensorTypeExpr) -> None:
         """Shape-pattern names not yet bound are bound here; everything else is resolved."""
@@ -230,7 +250,14 @@ class _Body:
                     self._unknown(ast.Name(d.span, d.name))
 
     def stmt(self, stmt: ast.Stmt) -> None:
-        match stmt:
+        match stmt:  # `let` first: most statements are
+            case ast.Let(targets=targets, type=t, rhs=rhs, guard=g):
+                if g is not None:
+                    self.expr(g)
+                self.rhs(rhs)
+                self.type_(t)
+                for ident in targets:
+                    self.bind(ident)
             case ast.DimFixed(name=name, value=value):
                 self.expr(value)
                 self.bind(name)
@@ -244,13 +271,6 @@ class _Body:
                 if g is not None:
                     self.expr(g)
                 self.bind(name)
-            case ast.Let(targets=targets, type=t, rhs=rhs, guard=g):
-                if g is not None:
-                    self.expr(g)
-                self.rhs(rhs)
-                self.type_(t)
-                for ident in targets:
-                    self.bind(ident)
             case ast.Output(name=name, type=t, rhs=rhs):
                 if rhs is not None:
                     self.rhs(rhs)
@@ -274,7 +294,10 @@ class _Body:
     def rhs(self, rhs: ast.Rhs) -> None:
         if rhs.repeat is not None:
             self.expr(rhs.repeat)
+        self._rhs_calls = []
         self.expr(rhs.expr)
+        self.def_calls[id(rhs.expr)] = self._rhs_calls  # for `Resolved.instance_calls`
+        self._rhs_calls = None
 
     def expr(self, expr: ast.Expr) -> None:
         for e in ast.walk(expr):
@@ -311,6 +334,7 @@ class _Body:
                                         f"not defined in `{module.file}`")
             elif isinstance(ref, DefRef):
                 self.calls.append((ref, call.func.span))
+                self._note_def_call(call, ref)
             return
         if not isinstance(func, ast.Name):
             self.sink.report(Diagnostic("E0209", "only operations and defs can be called",
@@ -328,6 +352,11 @@ class _Body:
             self._report_unknown_op(func.span, func.name, list(self.ns.defs) + list(OPS))
         elif isinstance(ref, DefRef):
             self.calls.append((ref, func.span))
+            self._note_def_call(call, ref)
+
+    def _note_def_call(self, call: ast.Call, ref: DefRef) -> None:
+        if self._rhs_calls is not None:
+            self._rhs_calls.append((call, ref))
 
     def _report_unknown_op(self, span: Span, name: str, candidates: list[str],
                            message: str | None = None, label: str | None = None) -> None:
@@ -356,8 +385,9 @@ class _Body:
             helps.append(f"booleans are written `{e.name.lower()}`")
         if e.name in OPS or e.name in self.ns.defs:
             helps.append(f"`{e.name}` is an operation; call it: `{e.name}(...)`")
-        if e.name in self.model_names:
-            notes = (*notes, f"`{e.name}` belongs to model `{self.model_names[e.name]}`; a def "
+        model_names = self._model_names()
+        if e.name in model_names:
+            notes = (*notes, f"`{e.name}` belongs to model `{model_names[e.name]}`; a def "
                      "sees only its own parameters and bindings")
             helps.append(f"add a parameter, e.g. `{e.name.lower()}: int`, and pass the value "
                          "at the call")
@@ -485,16 +515,35 @@ def _shortest_cycle(first: tuple[str, str], members: set[tuple[str, str]],
 
 
 def _has_params(ref: DefRef, calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
-                memo: dict[tuple[str, str], bool], active: set[tuple[str, str]]) -> bool:
-    """Whether a def declares params, directly or through the defs it calls."""
-    key = ref.key
-    if key in memo:
-        return memo[key]
-    if key in active:
-        return False
-    active.add(key)
-    result = any(isinstance(s, ast.ParamStmt) for s in ref.node.body) or any(
-        _has_params(callee, calls, memo, active) for callee, _ in calls.get(key, []))
-    active.discard(key)
-    memo[key] = result
-    return result
+                memo: dict[tuple[str, str], bool]) -> bool:
+    """Whether a def declares params, directly or through the defs it calls. A depth-first walk
+    with its own stack (a long chain of defs must not exhaust Python's); a call cycle (E0701)
+    counts as no params."""
+    if ref.key in memo:
+        return memo[ref.key]
+    active = {ref.key}
+    stack: list[list[Any]] = [[ref, iter(calls.get(ref.key, [])), _declares_params(ref)]]
+    while stack:
+        frame = stack[-1]
+        node, callees, found = frame
+        if not found:
+            edge = next(callees, None)
+            if edge is not None:
+                callee = edge[0]
+                if callee.key in memo:
+                    frame[2] = memo[callee.key]
+                elif callee.key not in active:
+                    active.add(callee.key)
+                    stack.append([callee, iter(calls.get(callee.key, [])),
+                                  _declares_params(callee)])
+                continue
+        stack.pop()
+        active.discard(node.key)
+        memo[node.key] = found
+        if stack:
+            stack[-1][2] = stack[-1][2] or found
+    return memo[ref.key]
+
+
+def _declares_params(ref: DefRef) -> bool:
+    return any(isinstance(s, ast.ParamStmt) for s in ref.node.body)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dslc.check.dims import Dim, format_dim
+from dslc.diag.records import quick_init
 
 FLOATS = ("f32", "f16", "bf16")
 FP8 = ("f8e4m3", "f8e5m2")
@@ -46,6 +47,7 @@ FAMILIES = {
 }
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Memory order of the logical axes, outermost first. `tag` is only for printing."""
@@ -82,6 +84,7 @@ class Layout:
 _COMMON_TAGS = {(0, 2, 1): "NWC", (0, 2, 3, 1): "NHWC", (0, 2, 3, 4, 1): "NDHWC"}
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TensorType:
     dtype: str
@@ -110,6 +113,7 @@ def format_type(t: TensorType) -> str:
     return text
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PrecisionSpec:
     """cuDNN's precision triple: `io` for materialised tensors, `intermediate` for virtual ones

@@ -13,26 +13,31 @@ from typing import Any
 
 from dslc.check.dims import Poly, format_dim
 from dslc.check.types import PrecisionSpec, TensorType, format_type
+from dslc.diag.records import quick_init
 from dslc.diag.span import Span
 from dslc.parse import ast
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TensorVal:
     node: str
     type: TensorType
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DType:
     name: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ListVal:
     items: tuple[Any, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TupleVal:
     items: tuple[Any, ...]
@@ -53,6 +58,7 @@ class _Error:
 ERROR = _Error()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Absent:
     name: str
@@ -120,7 +126,8 @@ class Frame:
         return out
 
 
-@dataclass(frozen=True)
+@quick_init
+@dataclass(frozen=True, slots=True)
 class Binding:
     value: Any
     span: Span

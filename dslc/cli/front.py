@@ -13,7 +13,7 @@ from typing import TextIO
 from dslc.diag import codes
 from dslc.diag.diagnostic import Sink
 from dslc.diag.render import render
-from dslc.diag.span import SourceMap
+from dslc.diag.span import SourceMap, printable
 from dslc.pipeline import FrontEnd, Options, front_end
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERNAL = 0, 1, 2, 3, 4
@@ -50,8 +50,8 @@ class Output:
 
     def info(self, text: str) -> None:
         """A progress line: stdout for humans; stderr when stdout carries json or github records."""
-        if not self.quiet:
-            print(text, file=sys.stdout if self.fmt == "human" else sys.stderr)
+        if not self.quiet:  # printable: a file name given in bytes that are not UTF-8
+            print(printable(text), file=sys.stdout if self.fmt == "human" else sys.stderr)
 
 
 def add_diag_options(p: argparse.ArgumentParser) -> None:
@@ -88,16 +88,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         result = front(path, args, sink)
         out.diagnostics(sink, result.program.sources)
         if sink.error_count:
-            out.summary(sink, f"check `{path}`")
+            out.summary(sink, f"check `{printable(path)}`")
             status = EXIT_ERRORS
             continue
         if result.model is None:
             n = len(result.module.defs) if result.module else 0
-            out.info(f"ok: {path}: library, {n} def{'s' if n != 1 else ''}")
+            out.info(f"ok: {printable(path)}: library, {n} def{'s' if n != 1 else ''}")
             continue
         m = result.model
         ops = sum(1 for n in m.graph.nodes if n.op not in ("input", "param"))
-        out.info(f"ok: {path}: model `{m.name}`, {ops} ops, {len(m.params)} params, "
+        out.info(f"ok: {printable(path)}: model `{m.name}`, {ops} ops, {len(m.params)} params, "
                  f"{len(m.buckets)} bucket{'s' if len(m.buckets) != 1 else ''}")
     return status
 
@@ -108,10 +108,10 @@ def checked(args: argparse.Namespace, out: Output, action: str = "compile") -> F
     result = front(args.file, args, sink)
     out.diagnostics(sink, result.program.sources)
     if sink.error_count:
-        out.summary(sink, f"{action} `{args.file}`")
+        out.summary(sink, f"{action} `{printable(args.file)}`")
         return None
     if result.model is None:
-        print(f"error: `{args.file}` declares no model (it is a library of defs)", file=sys.stderr)
+        print(f"error: `{printable(args.file)}` declares no model (it is a library of defs)", file=sys.stderr)
         return None
     return result
 

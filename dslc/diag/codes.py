@@ -27,6 +27,7 @@ E0102 a declaration is written with `=` where a type is expected
 E0103 a statement is not allowed in this kind of block
 E0104 arguments in the wrong order, or a keyword given twice
 E0105 unsupported language version
+E0106 a literal or name beyond the language's limits
 E0201 cannot find a value in this scope
 E0202 a name is defined twice
 E0203 unknown operation
@@ -42,6 +43,7 @@ E0302 the inner dimensions of `matmul` differ
 E0303 a `repeat` body changes the type it passes on
 E0304 invalid axis or permutation
 E0305 invalid attribute value
+E0306 a tensor rank or size beyond what cuDNN can index
 E0401 unsupported dtype for this operation
 E0402 implicit mix of integer and float values
 E0403 compute precision narrower than the operation needs
@@ -59,6 +61,7 @@ E0701 a def that calls itself
 E0702 an import cycle
 E0703 import not found
 E0704 a def or model that is incomplete or repeated
+E0705 a model nested or expanded beyond the compiler's limits
 E0801 no cuDNN engine supports a fused group
 E0802 an operation the target device cannot run
 W0201 a value that is never used

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from dslc.diag.diagnostic import Diagnostic
 from dslc.diag.span import SourceMap, Span
 
+MAX_SHOWN = 160  # characters of a source line shown under a diagnostic
+
 
 @dataclass(frozen=True)
 class _Style:
@@ -64,9 +66,9 @@ def render_human(diag: Diagnostic, sources: SourceMap, color: bool = False) -> s
             if previous is not None and ln > previous + 1:
                 out.append(st.gutter("..."))
             previous = ln
-            text = sources.line(fname, ln) or ""
+            text, shown = _window(sources.line(fname, ln) or "", [m for m in marks if m.line == ln])
             out.append(f"{st.gutter(f'{ln:>{width}} |')} {text}".rstrip())
-            out.extend(_underlines([m for m in marks if m.line == ln], pad, st, diag.severity))
+            out.extend(_underlines(shown, pad, st, diag.severity))
     if not by_file:
         out.append(f"{pad}{st.gutter('-->')} {diag.span}")
     if diag.notes or diag.help:
@@ -97,6 +99,24 @@ def _mark(span: Span, text: str, primary: bool, sources: SourceMap) -> _Mark | N
     end = span.end_col - 1 if span.end_line == span.line else len(line)
     end = max(end, start + 1)
     return _Mark(span.line, start, end, text, primary)
+
+
+def _window(text: str, marks: list[_Mark]) -> tuple[str, list[_Mark]]:
+    """A source line too long to read (a generated or hostile file) cut to MAX_SHOWN characters
+    from a little before its first mark, with `...` where text is left out; marks shifted."""
+    if len(text) <= MAX_SHOWN:
+        return text, marks
+    lo = max(0, min(m.start for m in marks) - 20)
+    hi = min(len(text), lo + MAX_SHOWN)
+    head = "..." if lo > 0 else ""
+    shift = lo - len(head)
+    shown = head + text[lo:hi] + ("..." if hi < len(text) else "")
+    clipped = []
+    for m in marks:
+        start = min(m.start, hi - 1) - shift
+        clipped.append(_Mark(m.line, start, max(min(m.end, hi) - shift, start + 1), m.text,
+                             m.primary))
+    return shown, clipped
 
 
 def _underlines(marks: list[_Mark], pad: str, st: _Style, sev: str) -> list[str]:

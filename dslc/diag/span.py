@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dslc.diag.records import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Span:
     file: str  # the file as shown to the user (relative to the cwd, or `std/...`)
@@ -82,13 +85,24 @@ class SourceMap:
 
 def display_name(path: Path, std_root: Path) -> str:
     """How a file is named in diagnostics: `std/...` for the bundled library, else relative to the
-    cwd when below it, else absolute. Never the installed package's path."""
+    cwd when below it, else absolute. Never the installed package's path. Printable (see
+    `printable`): the name goes to the terminal, JSON and the bundle."""
     path = path.resolve()
     try:
         return "std/" + path.relative_to(std_root.resolve()).as_posix()
     except ValueError:
         pass
     try:
-        return path.relative_to(Path.cwd().resolve()).as_posix()
+        return printable(path.relative_to(Path.cwd().resolve()).as_posix())
     except ValueError:
-        return path.as_posix()
+        return printable(path.as_posix())
+
+
+def printable(text: str | Path) -> str:
+    """A file name as it can be printed and stored: the bytes of a name that are not UTF-8 (which
+    Python keeps as lone surrogates) become `\\xff` escapes."""
+    s = str(text)
+    try:
+        return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that is no escaped byte
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -6,10 +6,13 @@ Built by `parse.parser` and judged by `check`; nothing here validates anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from dslc.diag.records import quick_init
 from dslc.diag.span import Span
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Ident:
     span: Span
@@ -19,48 +22,56 @@ class Ident:
 # ---- expressions ---------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Name:
     span: Span
     name: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Int:
     span: Span
     value: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Float:
     span: Span
     value: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Str:
     span: Span
     value: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Bool:
     span: Span
     value: bool
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DtypeLit:
     span: Span
     name: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ListExpr:
     span: Span
     items: tuple[Expr, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Binary:
     """`+ - * /` and the comparisons; `op` is the operator's spelling."""
@@ -72,6 +83,7 @@ class Binary:
     op_span: Span
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Logic:
     """`and` / `or` on compile-time booleans."""
@@ -82,18 +94,21 @@ class Logic:
     right: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Not:
     span: Span
     operand: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Neg:
     span: Span
     operand: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Cond:
     span: Span
@@ -102,6 +117,7 @@ class Cond:
     orelse: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Kwarg:
     span: Span
@@ -109,6 +125,7 @@ class Kwarg:
     value: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Call:
     span: Span
@@ -116,6 +133,7 @@ class Call:
     args: tuple[Expr | Kwarg, ...]  # in source order; checked for order after parsing
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Range:
     """`a:b` inside an index; either bound may be absent."""
@@ -125,6 +143,7 @@ class Range:
     hi: Expr | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Index:
     span: Span
@@ -132,6 +151,7 @@ class Index:
     items: tuple[Expr | Range, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Member:
     span: Span
@@ -146,6 +166,7 @@ Expr = (Name | Int | Float | Str | Bool | DtypeLit | ListExpr | Binary | Logic |
 # ---- types ---------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Variadic:
     """`*L` in a shape pattern."""
@@ -154,6 +175,7 @@ class Variadic:
     name: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TensorTypeExpr:
     """`f16[N, 64] @NHWC`. `dims` is None for a dtype-only ascription (`let h: bf16 = ...`)."""
@@ -164,6 +186,7 @@ class TensorTypeExpr:
     layout: Ident | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ScalarTypeExpr:
     span: Span
@@ -173,6 +196,7 @@ class ScalarTypeExpr:
 # ---- statements ----------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DimFixed:
     span: Span
@@ -180,6 +204,7 @@ class DimFixed:
     value: Expr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DimRange:
     span: Span
@@ -191,6 +216,7 @@ class DimRange:
     tune: tuple[Int, ...] | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Buckets:
     span: Span
@@ -198,18 +224,21 @@ class Buckets:
     rows: tuple[tuple[Span, tuple[Int, ...]], ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Precision:
     span: Span
     settings: tuple[Kwarg, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LayoutStmt:
     span: Span
     tag: Ident
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Input:
     span: Span
@@ -217,6 +246,7 @@ class Input:
     type: TensorTypeExpr
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ParamStmt:
     span: Span
@@ -225,6 +255,7 @@ class ParamStmt:
     guard: Expr | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Rhs:
     span: Span
@@ -233,6 +264,7 @@ class Rhs:
     instance: Str | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Let:
     span: Span
@@ -243,6 +275,7 @@ class Let:
     guard: Expr | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Output:
     span: Span
@@ -251,6 +284,7 @@ class Output:
     rhs: Rhs | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Return:
     span: Span
@@ -263,6 +297,7 @@ Stmt = DimFixed | DimRange | Buckets | Precision | LayoutStmt | Input | ParamStm
 # ---- declarations --------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Import:
     span: Span
@@ -270,6 +305,7 @@ class Import:
     alias: Ident | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DefParam:
     span: Span
@@ -278,6 +314,7 @@ class DefParam:
     default: Expr | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Def:
     span: Span
@@ -289,6 +326,7 @@ class Def:
     header_span: Span  # `def name(...) -> type`, for labels that point at the signature
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Model:
     span: Span
@@ -298,6 +336,7 @@ class Model:
     doc: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Module:
     """One parsed file. `file` is its display name; `path` the resolved path on disk."""
@@ -310,54 +349,54 @@ class Module:
     models: tuple[Model, ...]
 
 
+_CHILDREN: dict[type, Any] = {
+    ListExpr: lambda e: e.items,
+    Binary: lambda e: (e.left, e.right),
+    Logic: lambda e: (e.left, e.right),
+    Not: lambda e: (e.operand,),
+    Neg: lambda e: (e.operand,),
+    Cond: lambda e: (e.then, e.test, e.orelse),
+    Kwarg: lambda e: (e.value,),
+    Call: lambda e: (e.func, *e.args),
+    Range: lambda e: tuple(x for x in (e.lo, e.hi) if x is not None),
+    Index: lambda e: (e.target, *e.items),
+    Member: lambda e: (e.target,),
+}
+
+
 def children(expr: Expr | Range | Kwarg) -> tuple[Expr | Range | Kwarg, ...]:
     """The direct sub-expressions of `expr`, in source order."""
-    match expr:
-        case ListExpr(items=items):
-            return items
-        case Binary(left=a, right=b) | Logic(left=a, right=b):
-            return (a, b)
-        case Not(operand=a) | Neg(operand=a):
-            return (a,)
-        case Cond(then=a, test=b, orelse=c):
-            return (a, b, c)
-        case Kwarg(value=v):
-            return (v,)
-        case Call(func=f, args=args):
-            return (f, *args)
-        case Range(lo=lo, hi=hi):
-            return tuple(x for x in (lo, hi) if x is not None)
-        case Index(target=t, items=items):
-            return (t, *items)
-        case Member(target=t):
-            return (t,)
-    return ()
+    get = _CHILDREN.get(type(expr))
+    return get(expr) if get is not None else ()
 
 
 def walk(expr: Expr | Range | Kwarg) -> list[Expr | Range | Kwarg]:
     """`expr` and all its sub-expressions, pre-order."""
     out: list[Expr | Range | Kwarg] = []
     stack = [expr]
+    table = _CHILDREN
     while stack:
         e = stack.pop()
         out.append(e)
-        stack.extend(reversed(children(e)))
+        get = table.get(type(e))
+        if get is not None:
+            stack.extend(reversed(get(e)))
     return out
 
 
 def stmt_exprs(stmt: Stmt) -> list[Expr]:
     """The expressions written in a statement (types included), for walks over a body."""
     out: list[Expr] = []
-    match stmt:
+    match stmt:  # `let` first: most statements are
+        case Let(type=t, rhs=rhs):
+            out.extend(type_exprs(t))
+            out.extend(rhs_exprs(rhs))
         case DimFixed(value=v):
             out.append(v)
         case Precision(settings=kws):
             out.extend(k.value for k in kws)
         case Input(type=t) | ParamStmt(type=t):
             out.extend(type_exprs(t))
-        case Let(type=t, rhs=rhs):
-            out.extend(type_exprs(t))
-            out.extend(rhs_exprs(rhs))
         case Output(type=t, rhs=rhs):
             out.extend(type_exprs(t))
             if rhs is not None:

@@ -15,37 +15,51 @@ def _is_leaf(v: Any) -> bool:
         dataclasses.is_dataclass(x) or isinstance(x, tuple) for x in v))
 
 
-def _format(node: Any, indent: int, label: str, out: list[str]) -> None:
-    pad = "  " * indent + (f"{label}: " if label else "")
-    if isinstance(node, ast.Ident):
-        out.append(f"{pad}{node.name}")
-        return
-    if isinstance(node, tuple):
-        if not node:
-            return
-        out.append(f"{pad}[")
-        for item in node:
-            _format(item, indent + 1, "", out)
-        out.append("  " * indent + "]")
-        return
-    if not dataclasses.is_dataclass(node):
-        out.append(f"{pad}{node!r}")
-        return
-    fields = [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)
-              if not isinstance(getattr(node, f.name), Span) and f.name not in ("file", "path")]
+def _format(root: Any, out: list[str]) -> None:
+    """Append the lines of `root` to `out`: a walk with its own stack, so that an expression
+    nested ten thousand deep (a chain of signs) prints like any other."""
+    work: list[tuple[Any, int, str] | str] = [(root, 0, "")]
+    while work:
+        item = work.pop()
+        if isinstance(item, str):  # the closing bracket of a tuple
+            out.append(item)
+            continue
+        node, indent, label = item
+        pad = "  " * indent + (f"{label}: " if label else "")
+        if isinstance(node, ast.Ident):
+            out.append(f"{pad}{node.name}")
+        elif isinstance(node, tuple):
+            if node:
+                out.append(f"{pad}[")
+                work.append("  " * indent + "]")
+                work.extend((x, indent + 1, "") for x in reversed(node))
+        elif not dataclasses.is_dataclass(node):
+            out.append(f"{pad}{node!r}")
+        else:
+            out.append(pad + _head(node))
+            fields = _fields(node)
+            work.extend((v, indent + 1, k) for k, v in reversed(fields)
+                        if not _is_leaf(v) and not isinstance(v, ast.Ident))
+
+
+def _fields(node: Any) -> list[tuple[str, Any]]:
+    return [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)
+            if not isinstance(getattr(node, f.name), Span) and f.name not in ("file", "path")]
+
+
+def _head(node: Any) -> str:
+    """`Name @3:5 name='x'`: the type, the position and the inline fields."""
+    fields = _fields(node)
     leaves = [(k, v) for k, v in fields if _is_leaf(v) and not isinstance(v, ast.Ident | Span)]
     idents = [(k, v.name) for k, v in fields if isinstance(v, ast.Ident)]
     span = getattr(node, "span", None)
     where = f" @{span.line}:{span.col}" if isinstance(span, Span) else ""
     inline = ", ".join(f"{k}={v!r}" for k, v in [*idents, *leaves] if v not in (None, (), ""))
-    out.append(f"{pad}{type(node).__name__}{where}" + (f" {inline}" if inline else ""))
-    for k, v in fields:
-        if not _is_leaf(v) and not isinstance(v, ast.Ident):
-            _format(v, indent + 1, k, out)
+    return f"{type(node).__name__}{where}" + (f" {inline}" if inline else "")
 
 
 def format_module(module: ast.Module) -> str:
     out: list[str] = [f"# {module.file}"]
     for item in (*module.imports, *module.defs, *module.models):
-        _format(item, 0, "", out)
+        _format(item, out)
     return "\n".join(out) + "\n"

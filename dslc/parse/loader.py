@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dslc.diag.diagnostic import Diagnostic, Sink
-from dslc.diag.span import SourceMap, display_name
+from dslc.diag.records import collector_paused
+from dslc.diag.span import SourceMap, display_name, printable
 from dslc.parse import ast
 from dslc.parse.parser import parse_text
 from dslc.parse.structure import check_structure
@@ -46,16 +47,21 @@ class ReadError(Exception):
 def load(entry: Path, include_dirs: list[Path], sink: Sink, program: Program | None = None,
          ) -> tuple[Program, ast.Module | None]:
     """Parse `entry` and its imports into `program` (a new one if None)."""
-    program = program or Program()
+    with collector_paused():
+        return _load(entry, include_dirs, sink, program or Program())
+
+
+def _load(entry: Path, include_dirs: list[Path], sink: Sink, program: Program,
+          ) -> tuple[Program, ast.Module | None]:
     path = entry.resolve()
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         what = "a compiled bundle" if path.suffix == ".bundle" else "not UTF-8 text"
-        raise ReadError(f"cannot read `{entry}`: it is {what}; this command takes a .cgraph "
-                        "source file") from err
+        raise ReadError(f"cannot read `{printable(entry)}`: it is {what}; this command takes a "
+                        ".cgraph source file") from err
     except OSError as err:
-        raise ReadError(f"cannot read `{entry}`: {err.strerror or err}") from err
+        raise ReadError(f"cannot read `{printable(entry)}`: {err.strerror or err}") from err
     module = _parse(program, path, text, sink)
     if module is not None:
         _load_imports(program, module, include_dirs, sink, stack=[str(path)])

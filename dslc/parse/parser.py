@@ -1,25 +1,31 @@
-"""Parse one `.cgraph` text: Lark LALR -> frozen AST with spans (source text -> `ast.Module`).
+"""Parse one `.cgraph` text: LALR tables from Lark, run by `parse.lalr` -> frozen AST with spans
+(source text -> `ast.Module`).
 
-The transformer only builds nodes; it judges nothing (Lark would wrap any error it raised).
-Syntax errors become E01xx diagnostics in `parse.syntax`; placement rules in `parse.structure`.
+The builder below only builds nodes, one method per grammar rule or alias, each taking the rule's
+children in source order (tokens included); it judges nothing but the limits of literals
+(E0106). Syntax errors become E01xx diagnostics in `parse.syntax`; placement rules are checked
+in `parse.structure`.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lark import Lark, Token, Transformer, UnexpectedInput
-from lark.tree import Meta
+from lark import Lark, UnexpectedInput
 
-from dslc.diag.diagnostic import Sink
+from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.diag.span import Span
 from dslc.parse import ast
+from dslc.parse.lalr import Tables, Tok, parse
 
 GRAMMAR_NAME = "cgraph.lark"
+MAX_INT = 2**63 - 1  # integer literals are 64-bit, as every size and attribute in cuDNN
 
 
 def grammar_text() -> str:
@@ -33,27 +39,29 @@ def grammar_text() -> str:
 @cache
 def lark_parser() -> Lark:
     # cache=True keeps the LALR tables in the temp folder: building them costs ~0.2 s a process.
-    return Lark(
-        grammar_text(),
-        parser="lalr",
-        lexer="contextual",
-        propagate_positions=True,
-        maybe_placeholders=True,
-        cache=True,
-    )
+    return Lark(grammar_text(), parser="lalr", lexer="contextual", maybe_placeholders=True,
+                cache=True)
+
+
+@cache
+def tables() -> Tables:
+    return Tables.from_lark(lark_parser())
 
 
 def parse_text(text: str, file: str, sink: Sink, path: str = "") -> ast.Module | None:
     """Parse `text` (displayed as `file`); report a syntax error and return None on failure."""
     from dslc.parse.syntax import report_syntax_error
 
+    builder = _Builder(file, text)
     try:
-        tree = lark_parser().parse(text)
+        version, decls = parse(tables(), text, builder)
     except UnexpectedInput as err:
         report_syntax_error(err, text, file, sink)
         return None
-    items = _Builder(file, text).transform(tree)
-    version, decls = items
+    if builder.errors:
+        for d in builder.errors:
+            sink.report(d)
+        return None
     return ast.Module(
         file=file,
         path=path,
@@ -81,258 +89,331 @@ def _doc_above(lines: list[str], line: int) -> str:
     return "\n".join(reversed(docs))
 
 
-class _Builder(Transformer[Token, Any]):
-    """Lark tree -> AST. One method per grammar rule or alias, in grammar order; each takes the
-    node's position (`meta`) and its transformed children."""
+# What rules hand to the rules above them, besides tokens (tuples) and AST nodes. Sequences are
+# lists, never tuples, so that a tuple child is always a token.
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    span: Span  # from `{` to `}`
+    open: Span  # the `{`: a def's header ends there
+    body: tuple[ast.Stmt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Opt:
+    """`align N` or `tune [...]` after a dim range."""
+
+    span: Span
+    kind: str
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Marked:
+    """A `repeat K`, `as "path"` or `when cond` clause: its value and the clause's span."""
+
+    span: Span
+    value: Any
+
+
+def _is_tok(x: Any, kind: str | None = None) -> bool:
+    return type(x) is tuple and (kind is None or x[0] == kind)
+
+
+def _nodes(children: list[Any]) -> list[Any]:
+    """The children that are not tokens (the items of a comma-separated list)."""
+    return [c for c in children if type(c) is not tuple]
+
+
+class _Builder:
+    """Rule children -> AST. Methods are named after the grammar's rules and aliases."""
 
     def __init__(self, file: str, text: str) -> None:
-        super().__init__()
         self.file = file
         self.text = text
         self.lines = text.split("\n")
-
-    def _call_userfunc(self, tree: Any, new_children: Any = None) -> Any:
-        # What `v_args(meta=True)` does, without its per-call wrapper (a third of parse time).
-        children = new_children if new_children is not None else tree.children
-        return getattr(self, tree.data)(tree.meta, children)
+        self.errors: list[Diagnostic] = []
+        # A parenthesised expression keeps its own span; the rules around it span the parentheses
+        # too. Keyed by id(): each such node lives in the tree until the parse ends.
+        self.outer: dict[int, tuple[int, int, int, int]] = {}
 
     # -- positions -------------------------------------------------------------------------
-    def sp(self, meta: Meta) -> Span:
-        return Span(self.file, meta.line, meta.column, meta.end_line, meta.end_column)
+    def tsp(self, tok: Tok) -> Span:
+        return Span(self.file, tok[2], tok[3], tok[2], tok[3] + len(tok[1]))
 
-    def tsp(self, tok: Token) -> Span:
-        assert tok.line is not None and tok.column is not None
-        assert tok.end_line is not None and tok.end_column is not None
-        return Span(self.file, tok.line, tok.column, tok.end_line, tok.end_column)
+    def _start(self, x: Any) -> tuple[int, int]:
+        if type(x) is tuple:
+            return x[2], x[3]
+        o = self.outer.get(id(x))
+        if o is not None:
+            return o[0], o[1]
+        s = x.span
+        return s.line, s.col
 
-    def ident(self, tok: Token) -> ast.Ident:
-        return ast.Ident(self.tsp(tok), str(tok))
+    def _end(self, x: Any) -> tuple[int, int]:
+        if type(x) is tuple:
+            return x[2], x[3] + len(x[1])
+        o = self.outer.get(id(x))
+        if o is not None:
+            return o[2], o[3]
+        s = x.span
+        return s.end_line, s.end_col
 
-    def _op_span(self, left: Any, right: Any, op: str) -> Span:
-        """Where the operator between two operands was written."""
-        a, b = left.span, right.span
-        if a.end_line == b.line:
-            segment = self.lines[a.end_line - 1][a.end_col - 1 : b.col - 1]
-            at = segment.find(op)
-            if at >= 0:
-                col = a.end_col + at
-                return Span(self.file, a.end_line, col, a.end_line, col + len(op))
-        return a.to(b)
+    def sp(self, c: list[Any]) -> Span:
+        """From the start of the first child to the end of the last (a token's, or a node's)."""
+        first, last = c[0], c[-1]
+        if type(first) is tuple:  # the usual case, inline: this runs once per node
+            line, col = first[2], first[3]
+        else:
+            line, col = self._start(first)
+        if type(last) is tuple:
+            end_line, end_col = last[2], last[3] + len(last[1])
+        else:
+            end_line, end_col = self._end(last)
+        return Span(self.file, line, col, end_line, end_col)
+
+    def ident(self, tok: Tok) -> ast.Ident:
+        return ast.Ident(self.tsp(tok), tok[1])
 
     # -- file ------------------------------------------------------------------------------
-    def start(self, meta: Meta, children: list[Any]) -> Any:
-        version = None
-        if children and isinstance(children[0], tuple):
-            version = children[0]
-            children = children[1:]
-        return version, children
+    def start(self, c: list[Any]) -> tuple[tuple[Span, str] | None, list[Any]]:
+        if c and isinstance(c[0], list):
+            return (c[0][0], c[0][1]), c[1:]
+        return None, c
 
-    def version(self, meta: Meta, children: list[Token]) -> tuple[Span, str]:
-        return (self.sp(meta), str(children[0]))
+    def version(self, c: list[Any]) -> list[Any]:
+        return [self.sp(c), c[1][1]]
 
-    def import_decl(self, meta: Meta, c: list[Any]) -> ast.Import:
-        path = ast.Str(self.tsp(c[0]), _unquote(str(c[0])))
-        return ast.Import(self.sp(meta), path, self.ident(c[1]) if c[1] is not None else None)
+    def import_decl(self, c: list[Any]) -> ast.Import:
+        path = ast.Str(self.tsp(c[1]), _unquote(c[1][1]))
+        return ast.Import(self.sp(c), path, self.ident(c[3]) if len(c) > 2 else None)
 
-    def def_decl(self, meta: Meta, c: list[Any]) -> ast.Def:
-        name, params, ret, body = c
-        header = self.sp(meta)
-        header = Span(header.file, header.line, header.col, body[0].line, body[0].col)
-        return ast.Def(self.sp(meta), self.ident(name), tuple(params or ()), ret, body[1],
-                       _doc_above(self.lines, meta.line), header)
+    def def_decl(self, c: list[Any]) -> ast.Def:
+        block: _Block = c[-1]
+        params = c[3] if isinstance(c[3], list) else []
+        ret = c[-2] if isinstance(c[-2], list) else None
+        head = self.sp(c)
+        header = Span(self.file, head.line, head.col, block.open.line, block.open.col)
+        return ast.Def(head, self.ident(c[1]), tuple(params), tuple(ret) if ret else None,
+                       block.body, _doc_above(self.lines, head.line), header)
 
-    def params(self, meta: Meta, c: list[Any]) -> tuple[Any, ...]:
-        return tuple(c)
+    def params(self, c: list[Any]) -> list[Any]:
+        return _nodes(c)
 
-    def param(self, meta: Meta, c: list[Any]) -> ast.DefParam:
-        return ast.DefParam(self.sp(meta), self.ident(c[0]), c[1], c[2])
+    def param(self, c: list[Any]) -> ast.DefParam:
+        return ast.DefParam(self.sp(c), self.ident(c[0]), c[2], c[4] if len(c) > 3 else None)
 
-    def scalar_type(self, meta: Meta, c: list[Token]) -> ast.ScalarTypeExpr:
-        return ast.ScalarTypeExpr(self.sp(meta), str(c[0]))
+    def scalar_type(self, c: list[Any]) -> ast.ScalarTypeExpr:
+        return ast.ScalarTypeExpr(self.tsp(c[0]), c[0][1])
 
-    def ret_type(self, meta: Meta, c: list[Any]) -> tuple[Any, ...]:
-        return tuple(c)
+    def ret_type(self, c: list[Any]) -> list[Any]:
+        return _nodes(c)
 
-    def model_decl(self, meta: Meta, c: list[Any]) -> ast.Model:
-        name, args, body = c
-        return ast.Model(self.sp(meta), self.ident(name), tuple(args or ()), body[1],
-                         _doc_above(self.lines, meta.line))
+    def model_decl(self, c: list[Any]) -> ast.Model:
+        block: _Block = c[-1]
+        args = c[3] if len(c) == 6 else []
+        span = self.sp(c)
+        return ast.Model(span, self.ident(c[1]), tuple(args), block.body,
+                         _doc_above(self.lines, span.line))
 
-    def block(self, meta: Meta, c: list[Any]) -> tuple[Span, tuple[Any, ...]]:
-        # The opening brace's position lets `def_decl` end its header span there.
-        return (Span(self.file, meta.line, meta.column, meta.line, meta.column + 1), tuple(c))
+    def block(self, c: list[Any]) -> _Block:
+        return _Block(self.sp(c), self.tsp(c[0]), tuple(c[1:-1]))
 
     # -- statements ------------------------------------------------------------------------
-    def dim_fixed(self, meta: Meta, c: list[Any]) -> ast.DimFixed:
-        return ast.DimFixed(self.sp(meta), self.ident(c[0]), c[1])
+    def dim_fixed(self, c: list[Any]) -> ast.DimFixed:
+        return ast.DimFixed(self.sp(c), self.ident(c[1]), c[3])
 
-    def dim_range(self, meta: Meta, c: list[Any]) -> ast.DimRange:
-        name, lo, hi, *opts = c
-        lo_i, hi_i = self.int_tok(lo), self.int_tok(hi)
+    def dim_range(self, c: list[Any]) -> ast.DimRange:
+        lo, hi = self.int_tok(c[3]), self.int_tok(c[5])
         align = None
         tune = None
-        for kind, value in opts:
-            if kind == "align":
-                align = value
+        for opt in c[6:]:
+            if opt.kind == "align":
+                align = opt.value
             else:
-                tune = value
-        return ast.DimRange(self.sp(meta), self.ident(name), lo_i, hi_i, lo_i.span.to(hi_i.span),
-                            align, tune)
+                tune = opt.value
+        return ast.DimRange(self.sp(c), self.ident(c[1]), lo, hi, lo.span.to(hi.span), align,
+                            tune)
 
-    def dim_align(self, meta: Meta, c: list[Token]) -> tuple[str, ast.Int]:
-        return ("align", self.int_tok(c[0]))
+    def dim_align(self, c: list[Any]) -> _Opt:
+        return _Opt(self.sp(c), "align", self.int_tok(c[1]))
 
-    def dim_tune(self, meta: Meta, c: list[Any]) -> tuple[str, tuple[ast.Int, ...]]:
-        return ("tune", c[0])
+    def dim_tune(self, c: list[Any]) -> _Opt:
+        return _Opt(self.sp(c), "tune", c[1].value)
 
-    def buckets_stmt(self, meta: Meta, c: list[Any]) -> ast.Buckets:
-        names = tuple(self.ident(t) for t in c if isinstance(t, Token))
-        rows = tuple(t for t in c if not isinstance(t, Token))
-        return ast.Buckets(self.sp(meta), names, rows)
+    def buckets_stmt(self, c: list[Any]) -> ast.Buckets:
+        names = tuple(self.ident(t) for t in c if _is_tok(t, "NAME"))
+        rows = tuple((r[0], r[1]) for r in c if isinstance(r, list))
+        return ast.Buckets(self.sp(c), names, rows)
 
-    def bucket_row(self, meta: Meta, c: list[Token]) -> tuple[Span, tuple[ast.Int, ...]]:
-        return (self.sp(meta), tuple(self.int_tok(t) for t in c))
+    def bucket_row(self, c: list[Any]) -> list[Any]:
+        return [self.sp(c), tuple(self.int_tok(t) for t in c if _is_tok(t, "INT"))]
 
-    def int_list(self, meta: Meta, c: list[Token]) -> tuple[ast.Int, ...]:
-        return tuple(self.int_tok(t) for t in c)
+    def int_list(self, c: list[Any]) -> _Marked:
+        return _Marked(self.sp(c), tuple(self.int_tok(t) for t in c if _is_tok(t, "INT")))
 
-    def precision_stmt(self, meta: Meta, c: list[ast.Kwarg]) -> ast.Precision:
-        return ast.Precision(self.sp(meta), tuple(c))
+    def precision_stmt(self, c: list[Any]) -> ast.Precision:
+        return ast.Precision(self.sp(c), tuple(_nodes(c)))
 
-    def layout_stmt(self, meta: Meta, c: list[Token]) -> ast.LayoutStmt:
-        return ast.LayoutStmt(self.sp(meta), self.ident(c[0]))
+    def layout_stmt(self, c: list[Any]) -> ast.LayoutStmt:
+        return ast.LayoutStmt(self.sp(c), self.ident(c[1]))
 
-    def input_stmt(self, meta: Meta, c: list[Any]) -> ast.Input:
-        return ast.Input(self.sp(meta), self.ident(c[0]), c[1])
+    def input_stmt(self, c: list[Any]) -> ast.Input:
+        return ast.Input(self.sp(c), self.ident(c[1]), c[3])
 
-    def param_stmt(self, meta: Meta, c: list[Any]) -> ast.ParamStmt:
-        return ast.ParamStmt(self.sp(meta), self.ident(c[0]), c[1], c[2])
+    def param_stmt(self, c: list[Any]) -> ast.ParamStmt:
+        return ast.ParamStmt(self.sp(c), self.ident(c[1]), c[3], c[4].value if len(c) > 4 else None)
 
-    def let_stmt(self, meta: Meta, c: list[Any]) -> ast.Let:
-        targets, vtype, rhs, guard = c
-        return ast.Let(self.sp(meta), targets, len(targets) > 1, self._vtype(vtype), rhs, guard)
+    def let_stmt(self, c: list[Any]) -> ast.Let:
+        targets: list[ast.Ident] = c[1]
+        vtype = c[3] if _is_tok(c[2], "COLON") else None
+        rest = c[5:] if vtype is not None else c[3:]
+        guard = rest[1].value if len(rest) > 1 else None
+        return ast.Let(self.sp(c), tuple(targets), len(targets) > 1, self._vtype(vtype), rest[0],
+                       guard)
 
-    def output_stmt(self, meta: Meta, c: list[Any]) -> ast.Output:
-        return ast.Output(self.sp(meta), self.ident(c[0]), self._vtype(c[1]), c[2])
+    def output_stmt(self, c: list[Any]) -> ast.Output:
+        vtype = c[3] if len(c) > 2 and _is_tok(c[2], "COLON") else None
+        rhs = c[-1] if _is_tok(c[-2], "EQUAL") else None
+        return ast.Output(self.sp(c), self.ident(c[1]), self._vtype(vtype), rhs)
 
-    def return_stmt(self, meta: Meta, c: list[Any]) -> ast.Return:
-        return ast.Return(self.sp(meta), tuple(c))
+    def return_stmt(self, c: list[Any]) -> ast.Return:
+        return ast.Return(self.sp(c), tuple(_nodes(c[1:])))
 
     def _vtype(self, v: Any) -> ast.TensorTypeExpr | None:
         if isinstance(v, ast.DtypeLit):
             return ast.TensorTypeExpr(v.span, v.name, None, None)
         return v
 
-    def target(self, meta: Meta, c: list[Token]) -> tuple[ast.Ident, ...]:
-        return tuple(self.ident(t) for t in c)
+    def target(self, c: list[Any]) -> list[ast.Ident]:
+        return [self.ident(t) for t in c if _is_tok(t, "NAME")]
 
-    def rhs(self, meta: Meta, c: list[Any]) -> ast.Rhs:
-        return ast.Rhs(self.sp(meta), c[0], c[1], c[2])
+    def rhs(self, c: list[Any]) -> ast.Rhs:
+        if len(c) == 1 and id(c[0]) not in self.outer:  # just the expression: its own span
+            return ast.Rhs(c[0].span, None, c[0], None)
+        repeat = c[0].value if isinstance(c[0], _Marked) else None
+        instance = c[-1].value if isinstance(c[-1], _Marked) else None
+        expr = c[1] if repeat is not None else c[0]
+        return ast.Rhs(self.sp(c), repeat, expr, instance)
 
-    def repeat(self, meta: Meta, c: list[Token]) -> ast.Expr:
-        tok = c[0]
-        return self.int_tok(tok) if tok.type == "INT" else ast.Name(self.tsp(tok), str(tok))
+    def repeat(self, c: list[Any]) -> _Marked:
+        tok = c[1]
+        count = self.int_tok(tok) if tok[0] == "INT" else ast.Name(self.tsp(tok), tok[1])
+        return _Marked(self.sp(c), count)
 
-    def instance(self, meta: Meta, c: list[Token]) -> ast.Str:
-        return ast.Str(self.tsp(c[0]), _unquote(str(c[0])))
+    def instance(self, c: list[Any]) -> _Marked:
+        return _Marked(self.sp(c), ast.Str(self.tsp(c[1]), _unquote(c[1][1])))
 
-    def guard(self, meta: Meta, c: list[Any]) -> Any:
-        return c[0]
+    def guard(self, c: list[Any]) -> _Marked:
+        return _Marked(self.sp(c), c[1])
 
     # -- types -----------------------------------------------------------------------------
-    def tensor_type(self, meta: Meta, c: list[Any]) -> ast.TensorTypeExpr:
-        dtype, dims, layout = c
-        return ast.TensorTypeExpr(self.sp(meta), dtype.name if dtype else None,
-                                  tuple(dims or ()), layout)
+    def tensor_type(self, c: list[Any]) -> ast.TensorTypeExpr:
+        dtype = c[0] if isinstance(c[0], ast.DtypeLit) else None
+        rest = c[1:] if dtype is not None else c
+        dims = rest[1] if isinstance(rest[1], list) else []
+        layout = rest[-1] if isinstance(rest[-1], ast.Ident) else None
+        return ast.TensorTypeExpr(self.sp(c), dtype.name if dtype else None, tuple(dims), layout)
 
-    def dims(self, meta: Meta, c: list[Any]) -> tuple[Any, ...]:
-        return tuple(c)
+    def dims(self, c: list[Any]) -> list[Any]:
+        return _nodes(c)
 
-    def variadic(self, meta: Meta, c: list[Token]) -> ast.Variadic:
-        return ast.Variadic(self.sp(meta), str(c[0]))
+    def variadic(self, c: list[Any]) -> ast.Variadic:
+        return ast.Variadic(self.sp(c), c[1][1])
 
-    def layout(self, meta: Meta, c: list[Token]) -> ast.Ident:
-        return ast.Ident(self.sp(meta), str(c[0]))
+    def layout(self, c: list[Any]) -> ast.Ident:
+        return ast.Ident(self.sp(c), c[1][1])
 
     # -- expressions -----------------------------------------------------------------------
-    def cond(self, meta: Meta, c: list[Any]) -> ast.Cond:
-        return ast.Cond(self.sp(meta), c[0], c[1], c[2])
+    def cond(self, c: list[Any]) -> ast.Cond:
+        return ast.Cond(self.sp(c), c[0], c[2], c[4])
 
-    def or_(self, meta: Meta, c: list[Any]) -> ast.Logic:
-        return ast.Logic(self.sp(meta), "or", c[0], c[1])
+    def or_(self, c: list[Any]) -> ast.Logic:
+        return ast.Logic(self.sp(c), "or", c[0], c[2])
 
-    def and_(self, meta: Meta, c: list[Any]) -> ast.Logic:
-        return ast.Logic(self.sp(meta), "and", c[0], c[1])
+    def and_(self, c: list[Any]) -> ast.Logic:
+        return ast.Logic(self.sp(c), "and", c[0], c[2])
 
-    def not_(self, meta: Meta, c: list[Any]) -> ast.Not:
-        return ast.Not(self.sp(meta), c[0])
+    def not_(self, c: list[Any]) -> ast.Not:
+        return ast.Not(self.sp(c), c[1])
 
-    def compare(self, meta: Meta, c: list[Any]) -> ast.Binary:
-        left, op, right = c
-        return ast.Binary(self.sp(meta), str(op), left, right, self.tsp(op))
+    def compare(self, c: list[Any]) -> ast.Binary:
+        return ast.Binary(self.sp(c), c[1][1], c[0], c[2], self.tsp(c[1]))
 
-    def _binary(self, meta: Meta, c: list[Any], op: str) -> ast.Binary:
-        return ast.Binary(self.sp(meta), op, c[0], c[1], self._op_span(c[0], c[1], op))
+    add = sub = mul = div = compare
 
-    def add(self, meta: Meta, c: list[Any]) -> ast.Binary:
-        return self._binary(meta, c, "+")
+    def neg(self, c: list[Any]) -> ast.Neg:
+        return ast.Neg(self.sp(c), c[1])
 
-    def sub(self, meta: Meta, c: list[Any]) -> ast.Binary:
-        return self._binary(meta, c, "-")
+    def call(self, c: list[Any]) -> ast.Call:
+        return ast.Call(self.sp(c), c[0], tuple(c[2]) if len(c) == 4 else ())
 
-    def mul(self, meta: Meta, c: list[Any]) -> ast.Binary:
-        return self._binary(meta, c, "*")
+    def index(self, c: list[Any]) -> ast.Index:
+        return ast.Index(self.sp(c), c[0], tuple(c[2]))
 
-    def div(self, meta: Meta, c: list[Any]) -> ast.Binary:
-        return self._binary(meta, c, "/")
+    def member(self, c: list[Any]) -> ast.Member:
+        return ast.Member(self.sp(c), c[0], self.ident(c[2]))
 
-    def neg(self, meta: Meta, c: list[Any]) -> ast.Expr:
-        return ast.Neg(self.sp(meta), c[0])
+    def name(self, c: list[Any]) -> ast.Name:
+        return ast.Name(self.tsp(c[0]), c[0][1])
 
-    def call(self, meta: Meta, c: list[Any]) -> ast.Call:
-        return ast.Call(self.sp(meta), c[0], tuple(c[1] or ()))
+    def int_tok(self, tok: Tok) -> ast.Int:
+        text = tok[1]
+        digits = text.lstrip("0") or "0"
+        if len(digits) > 19 or int(digits) > MAX_INT:  # int() of 4300+ digits would raise
+            self.errors.append(Diagnostic(
+                "E0106", "integer literal too large", self.tsp(tok),
+                f"{len(digits)} digits, above {MAX_INT}",
+                notes=("integers are 64-bit: sizes, counts and attributes all reach cuDNN as "
+                       "int64",),
+                help=("for a large scalar, write a float such as `1e30`",)))
+            return ast.Int(self.tsp(tok), 0)
+        return ast.Int(self.tsp(tok), int(digits))
 
-    def index(self, meta: Meta, c: list[Any]) -> ast.Index:
-        return ast.Index(self.sp(meta), c[0], c[1])
-
-    def member(self, meta: Meta, c: list[Any]) -> ast.Member:
-        return ast.Member(self.sp(meta), c[0], self.ident(c[1]))
-
-    def name(self, meta: Meta, c: list[Token]) -> ast.Name:
-        return ast.Name(self.tsp(c[0]), str(c[0]))
-
-    def int_tok(self, tok: Token) -> ast.Int:
-        return ast.Int(self.tsp(tok), int(str(tok)))
-
-    def int_lit(self, meta: Meta, c: list[Token]) -> ast.Int:
+    def int_lit(self, c: list[Any]) -> ast.Int:
         return self.int_tok(c[0])
 
-    def float_lit(self, meta: Meta, c: list[Token]) -> ast.Float:
-        return ast.Float(self.tsp(c[0]), float(str(c[0])))
+    def float_lit(self, c: list[Any]) -> ast.Float:
+        value = float(c[0][1])
+        if math.isinf(value):
+            self.errors.append(Diagnostic(
+                "E0106", "float literal too large", self.tsp(c[0]), "beyond the f64 range",
+                notes=("the largest finite f64 is about 1.8e308",)))
+        return ast.Float(self.tsp(c[0]), value)
 
-    def string(self, meta: Meta, c: list[Token]) -> ast.Str:
-        return ast.Str(self.tsp(c[0]), _unquote(str(c[0])))
+    def string(self, c: list[Any]) -> ast.Str:
+        return ast.Str(self.tsp(c[0]), _unquote(c[0][1]))
 
-    def true(self, meta: Meta, c: list[Any]) -> ast.Bool:
-        return ast.Bool(self.sp(meta), True)
+    def true(self, c: list[Any]) -> ast.Bool:
+        return ast.Bool(self.tsp(c[0]), True)
 
-    def false(self, meta: Meta, c: list[Any]) -> ast.Bool:
-        return ast.Bool(self.sp(meta), False)
+    def false(self, c: list[Any]) -> ast.Bool:
+        return ast.Bool(self.tsp(c[0]), False)
 
-    def dtype(self, meta: Meta, c: list[Token]) -> ast.DtypeLit:
-        return ast.DtypeLit(self.tsp(c[0]), str(c[0]))
+    def dtype(self, c: list[Any]) -> ast.DtypeLit:
+        return ast.DtypeLit(self.tsp(c[0]), c[0][1])
 
-    def list_expr(self, meta: Meta, c: list[Any]) -> ast.ListExpr:
-        return ast.ListExpr(self.sp(meta), tuple(x for x in c if x is not None))
+    def list_expr(self, c: list[Any]) -> ast.ListExpr:
+        return ast.ListExpr(self.sp(c), tuple(_nodes(c)))
 
-    def args(self, meta: Meta, c: list[Any]) -> tuple[Any, ...]:
-        return tuple(c)
+    def atom(self, c: list[Any]) -> Any:
+        """`( expr )`: the expression itself; the parentheses widen the rules around it."""
+        inner = c[1]
+        (line, col), (end_line, end_col) = self._start(c[0]), self._end(c[2])
+        self.outer[id(inner)] = (line, col, end_line, end_col)
+        return inner
 
-    def kwarg(self, meta: Meta, c: list[Any]) -> ast.Kwarg:
-        return ast.Kwarg(self.sp(meta), self.ident(c[0]), c[1])
+    def args(self, c: list[Any]) -> list[Any]:
+        return _nodes(c)
 
-    def slices(self, meta: Meta, c: list[Any]) -> tuple[Any, ...]:
-        return tuple(c)
+    def kwarg(self, c: list[Any]) -> ast.Kwarg:
+        return ast.Kwarg(self.sp(c), self.ident(c[0]), c[2])
 
-    def slice_range(self, meta: Meta, c: list[Any]) -> ast.Range:
-        return ast.Range(self.sp(meta), c[0], c[1])
+    def slices(self, c: list[Any]) -> list[Any]:
+        return _nodes(c)
+
+    def slice_range(self, c: list[Any]) -> ast.Range:
+        lo = None if _is_tok(c[0], "COLON") else c[0]
+        hi = None if _is_tok(c[-1], "COLON") else c[-1]
+        return ast.Range(self.sp(c), lo, hi)

@@ -1,6 +1,6 @@
 """Placement rules the grammar leaves open on purpose (better messages here than from the parser):
 which statements a block may hold (E0103), argument order (E0104), the version line (E0105), one
-model per file (E0704).
+model per file (E0704), the length of a model's name (E0106).
 """
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.parse import ast
 
 SUPPORTED_VERSIONS = ("0.1",)
+# A model's name names its output files (`<name>.bundle`, `<name>_runner.py`); file systems take
+# 255 bytes a name, so this leaves room for the suffixes and for what a build adds.
+MAX_MODEL_NAME = 128
 
 _MODEL_ONLY = {
     ast.DimRange: ("a dynamic `dim`", "only a model's inputs can vary in size; give the def a "
@@ -41,6 +44,13 @@ def check_structure(module: ast.Module, sink: Sink) -> None:
             if p.default is not None:
                 _check_calls(p.default, sink)
     for m in module.models:
+        if len(m.name.name) > MAX_MODEL_NAME:
+            sink.report(Diagnostic(
+                "E0106", f"the model name is too long: {len(m.name.name)} characters",
+                m.name.span, f"more than {MAX_MODEL_NAME}",
+                notes=("the name names the output files, `<name>.bundle` and `<name>_runner.py`, "
+                       "and file systems take 255 bytes a name",),
+                help=(f"use at most {MAX_MODEL_NAME} characters",)))
         _check_args(m.args, sink)
         for stmt in m.body:
             if isinstance(stmt, ast.Return):
