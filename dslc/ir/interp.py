@@ -8,7 +8,9 @@ except that a `cast` always rounds to the dtype it casts to (`graph.stored_dtype
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping
+from fractions import Fraction
 from typing import Any
 
 import ml_dtypes
@@ -41,6 +43,7 @@ def bind_dims(graph: Graph, inputs: Mapping[str, np.ndarray], env: DimEnv | None
               ) -> dict[str, int]:
     """Read each dynamic dim's value off the shapes of the inputs."""
     values: dict[str, int] = {}
+    sizes: list[tuple[Any, int, str]] = []
     for node in graph.nodes:
         if node.op != "input":
             continue
@@ -50,9 +53,23 @@ def bind_dims(graph: Graph, inputs: Mapping[str, np.ndarray], env: DimEnv | None
         actual = inputs[name].shape
         if len(actual) != node.type.rank:
             raise InterpError(f"input `{name}` has rank {len(actual)}, expected {node.type.rank}")
-        for want, got in zip(node.type.shape, actual, strict=True):
-            _bind(want, int(got), values, name)
+        sizes += [(want, int(got), name) for want, got in zip(node.type.shape, actual, strict=True)]
+    # A size may name a dim that a later input binds (`b: [P + T]` before `a: [T]`): sizes are
+    # read in rounds until every one is known or no round binds anything new.
+    while sizes:
+        left = [(w, g, n) for w, g, n in sizes if not _readable(w, values)]
+        for want, got, name in [t for t in sizes if _readable(t[0], values)]:
+            _bind(want, got, values, name)
+        if len(left) == len(sizes):
+            for want, got, name in left:
+                _bind(want, got, values, name)  # raises: cannot read it off the input
+        sizes = left
     return values
+
+
+def _readable(want: Any, values: Mapping[str, int]) -> bool:
+    """At most one of its dims unknown: it can be checked, or solved for that dim."""
+    return isinstance(want, int) or len([s for s in want.symbols() if s not in values]) <= 1
 
 
 def _bind(want: Any, got: int, values: dict[str, int], name: str) -> None:
@@ -62,13 +79,18 @@ def _bind(want: Any, got: int, values: dict[str, int], name: str) -> None:
         return
     syms = want.symbols()
     unknown = [s for s in syms if s not in values]
-    if len(unknown) == 1 and len(want.terms) <= 2:
-        # c * S + k = got
-        (mono, c), *rest = [t for t in want.terms if t[0] != ()] + [t for t in want.terms
-                                                                   if t[0] == ()]
-        k = rest[0][1] if rest else 0
-        if mono == ((unknown[0], 1),):
-            values[unknown[0]] = int((got - k) / c)
+    if len(unknown) == 1:
+        # c * S + (terms of known dims) = got, with S appearing once and linearly
+        s = unknown[0]
+        mine = [(mono, c) for mono, c in want.terms if any(v == s for v, _ in mono)]
+        if len(mine) == 1 and mine[0][0] == ((s, 1),):
+            known = sum((Fraction(c) * math.prod(Fraction(values[v]) ** p for v, p in mono)
+                         for mono, c in want.terms if mono != mine[0][0]), Fraction(0))
+            value = (got - known) / Fraction(mine[0][1])
+            if value.denominator != 1:
+                raise InterpError(f"input `{name}` has a size {got}, which no `{s}` gives "
+                                  f"for {dims.format_dim(want)}")
+            values[s] = int(value)
             return
     if unknown:
         raise InterpError(f"cannot read {dims.format_dim(want)} off input `{name}`")

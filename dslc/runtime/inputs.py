@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -32,15 +33,15 @@ def _solve(d: Any, got: int, dims: dict[str, int]) -> bool:
     if len(unknown) != 1:
         return False
     (sym,) = unknown
-    k = Fraction(0)
+    k = Fraction(0)  # the terms of dims already known (`P + T` with T known: k = T)
     c = None
     for mono, num, den in terms:
-        if mono == [[sym, 1]]:
+        if [list(m) for m in mono] == [[sym, 1]]:
             c = Fraction(num, den)
-        elif not mono:
-            k += Fraction(num, den)
+        elif any(s == sym for s, _ in mono):
+            return False  # S squared, or times another dim: not solved here
         else:
-            return False
+            k += Fraction(num, den) * math.prod(Fraction(dims[s]) ** p for s, p in mono)
     if c is None:
         return False
     value = (got - k) / c
@@ -89,6 +90,10 @@ def bind_inputs(manifest: Mapping[str, Any], given: Mapping[str, tuple[tuple[int
                                       f"expected {want}", spec["span"])
             elif not _solve(want, got, dims):
                 pending.append((spec, axis, want, got))
+    # A size that names a dim a later input binds (`b: [P + T]` before `a: [T]`): solved again
+    # once that dim is known.
+    while any(_solve(want, got, dims) for _, _, want, got in pending if evaluate(want, dims) is None):
+        pass
     _check_ranges(manifest, dims)
     for spec, axis, want, got in pending:
         value = evaluate(want, dims)
