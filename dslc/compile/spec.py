@@ -22,6 +22,7 @@ from dslc.check.types import Layout
 from dslc.fuse.plan import Group
 from dslc.ir.graph import Graph, Node, stored_dtype
 from dslc.ir.interp import concrete
+from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides
 from dslc.ops import OPS
 
@@ -59,7 +60,7 @@ class OpSpec:
 
     def data(self) -> dict[str, Any]:
         return {"node": self.node, "op": self.op, "inputs": list(self.inputs),
-                "attrs": _plain(self.attrs), "compute": self.compute}
+                "attrs": plain(self.attrs), "compute": self.compute}
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,6 @@ class GroupSpec:
                   for o in d["ops"]),
             d["io"], d["intermediate"], d["compute"])
 
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, (tuple, list)):
-        return [_plain(x) for x in v]
-    return v
 
 
 def storage(graph_nodes: Mapping[str, Node], name: str, values: Mapping[str, int],

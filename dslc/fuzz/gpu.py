@@ -38,15 +38,21 @@ def run(prog: Program, seed: int, localize: bool = True) -> Outcome:
     return outcome
 
 
+def _prepared(prog: Program, seed: int, tmp: Path) -> tuple[Any, dict[str, np.ndarray],
+                                                             dict[str, np.ndarray]]:
+    """The program checked as declared, with its inputs and weights."""
+    path = tmp / "fuzz.cgraph"
+    path.write_text(prog.source())
+    model = _checked(path, Options())
+    return (model, make_inputs(model.inputs, prog.run_dims, model, seed),
+            make_weights(model.params, prog.roles(), seed))
+
+
 def _run(prog: Program, seed: int) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="dslc-fuzz-gpu-") as tmp:
         stage = "check"
         try:
-            path = Path(tmp) / "fuzz.cgraph"
-            path.write_text(prog.source())
-            model = _checked(path, Options())
-            inputs = make_inputs(model.inputs, prog.run_dims, model, seed)
-            weights = make_weights(model.params, prog.roles(), seed)
+            model, inputs, weights = _prepared(prog, seed, Path(tmp))
             stage = "compile"
             bundle, steps = _compile(model, Path(tmp))
             stage = "deviceless"
@@ -142,11 +148,7 @@ def _first_divergence(prog: Program, seed: int) -> str:
                                                enumerate(prog.stmts) for name in s.names[:1]])
     with tempfile.TemporaryDirectory(prefix="dslc-fuzz-gpu-") as tmp:
         try:
-            path = Path(tmp) / "every.cgraph"
-            path.write_text(every.source())
-            model = _checked(path, Options())
-            inputs = make_inputs(model.inputs, every.run_dims, model, seed)
-            weights = make_weights(model.params, every.roles(), seed)
+            model, inputs, weights = _prepared(every, seed, Path(tmp))
             bundle, _ = _compile(model, Path(tmp))
             _compare(bundle, Path(tmp), inputs, weights)
         except Failure as f:

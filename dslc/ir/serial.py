@@ -93,3 +93,13 @@ def graph_from(d: Mapping[str, Any]) -> tuple[Graph, DimEnv]:
     graph = Graph(tuple(node_from(n) for n in d["nodes"]),
                   tuple((a, b) for a, b in d["outputs"]))
     return graph, env
+
+
+def plain(v: Any) -> Any:
+    """Attribute values as plain data (tuples and lists alike), as specs store and compare them."""
+    if isinstance(v, Mapping):
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        return [plain(x) for x in v]
+    return v
+

@@ -19,6 +19,7 @@ from typing import Any
 from dslc.check.dims import DimEnv
 from dslc.ir.graph import Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
+from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides
 from dslc.runtime.fields import MAX_BYTES, MAX_DIM, MAX_ELEMENTS, BundleError
 from dslc.runtime.memory import Buffer, plan_memory
@@ -158,8 +159,8 @@ class Program:
             raise BundleError(f"{where}: its ops are not those of step `{step.name[:60]}`")
         for o, name in zip(spec.ops, step.nodes, strict=True):
             node = self.nodes[name]
-            want = {k: _plain(concrete(v, dims, self.env)) for k, v in node.attrs.items()}
-            if _plain(dict(o.attrs)) != want:
+            want = {k: plain(concrete(v, dims, self.env)) for k, v in node.attrs.items()}
+            if plain(dict(o.attrs)) != want:
                 raise BundleError(f"{where}: the attributes of `{o.node[:60]}` are not those "
                                   f"of node `{name[:60]}` at {dict(dims)}")
         names = list(step.inputs) + list(step.nodes)
@@ -215,11 +216,3 @@ def check_bucket(program: Program, bucket: BucketRecord, path: str) -> None:
             raise BundleError(f"{path}.memory.offsets.{name[:60]}: {offset} + "
                               f"{storage[name].nbytes} bytes is past the arena")
 
-
-def _plain(v: Any) -> Any:
-    """Attribute values as plain data compares them (tuples and lists alike)."""
-    if isinstance(v, Mapping):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, (tuple, list)):
-        return [_plain(x) for x in v]
-    return v
