@@ -81,12 +81,16 @@ def _fold_arithmetic(rw: Rewriter, node: Node) -> str | None:
         value = {"add": u + v, "sub": u - v, "mul": u * v,
                  "div": u / v if v else float("nan")}[node.op]
         return rw.new("scalar", (), {"value": value}, node.type, node, node.name)
-    same = (node.type.dtype, node.type.shape)
-    if (b.op == "scalar" and b.attrs["value"] == _IDENTITY[node.op]
-            and (a.type.dtype, a.type.shape) == same):
+    # The operand stands in for the result only where it is stored the same way: a result
+    # whose layout is fixed (an output's contract) keeps its op when the operand's is not that.
+    def same(x: Node) -> bool:
+        return (x.type.dtype, x.type.shape) == (node.type.dtype, node.type.shape) and \
+            (node.type.layout is None or x.type.layout == node.type.layout)
+
+    if b.op == "scalar" and b.attrs["value"] == _IDENTITY[node.op] and same(a):
         return a.name
     if (node.op in ("add", "mul") and a.op == "scalar" and a.attrs["value"] == _IDENTITY[node.op]
-            and (b.type.dtype, b.type.shape) == same):
+            and same(b)):
         return b.name
     return None
 
