@@ -24,7 +24,6 @@ from dslc.ir.graph import Graph, Node, stored_dtype
 from dslc.ir.interp import concrete
 from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides
-from dslc.ops import OPS
 
 SOURCES = ("input", "param", "scalar")
 ROWS_OPS = ("layernorm", "rmsnorm")
@@ -247,22 +246,6 @@ def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: s
                 raise SpecError(f"`{name}` is laid out unlike the result it is combined with")
 
 
-def _one_memory_order(tensors: list[TensorSpec]) -> None:
-    """With f16/bf16 intermediates, a pointwise graph whose full-size tensors are laid out in
-    different orders (an NCHW input added to an NHWC conv output, written NCHW) gave wrong
-    numbers on the H200; with f32 intermediates the same graph was right. Such a group is split,
-    and a single op that still mixes orders runs as a fallback kernel."""
-    full = [t for t in tensors if t.role in ("input", "output", "virtual")]
-    if not full:
-        return
-    dims = max((t.dims for t in full), key=lambda d: math.prod(d))
-    orders = {tuple(s for n, s in zip(t.dims, t.strides, strict=True) if n > 1)
-              for t in full if t.dims == dims}
-    if len(orders) > 1:
-        raise SpecError("its tensors are laid out in different orders, which cuDNN's f16/bf16 "
-                        "intermediates do not mix")
-
-
 def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEnv | None = None,
                ) -> GroupSpec:
     """The cuDNN form of `group` at the dim values `values` (raises SpecError)."""
@@ -293,9 +276,6 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
                        str(nodes[name].attrs.get("compute", nodes[name].precision.compute)))
                 for name in group.nodes)
     _broadcastable(tensors, ops, group.anchor)
-    if anchor.precision.intermediate != "f32" and all(OPS[o.op].family == "pointwise"
-                                                       for o in ops):
-        _one_memory_order(tensors)
     return GroupSpec(group.signature, tuple(tensors), ops, anchor.precision.io,
                      anchor.precision.intermediate, anchor.precision.compute)
 

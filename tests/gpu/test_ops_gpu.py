@@ -288,8 +288,9 @@ model m {
 KNOWN_WRONG = {
     "conv_residual_nchw_input_f16_intermediate":
         "a conv + bias reading NCHW and writing NHWC with f16 intermediates gives wrong numbers "
-        "on the H200 (right with f32 intermediates or NHWC input); splitting the residual "
-        "add did not fix it, so the conv group itself is suspect",
+        "on the H200 (right with f32 intermediates or NHWC input); splitting the residual add, "
+        "and running pointwise groups that mix memory orders as fallback kernels, did not fix "
+        "it, so the conv group itself is suspect",
 }
 
 
