@@ -22,6 +22,7 @@ class _Partition:
         self.constant = load_time(graph)
         self.grouped: dict[str, int] = {}
         self.groups: list[tuple[FusionPattern | None, list[str], str]] = []
+        self.refused: dict[str, str] = {}  # op -> why a pattern's support check left it out
 
     def runs(self, node: Node) -> bool:
         return node.op not in NOT_RUN and node.name not in self.constant
@@ -64,8 +65,8 @@ class _Partition:
                 if node.name in self.grouped or node.op not in pattern.anchors or not self.runs(node):
                     continue
                 members = self.grow(node, pattern)
-                while members and pattern.check([self.nodes[m] for m in members]) is not None:
-                    members.pop()  # the support check refuses: try the shorter chain
+                while members and (why := pattern.check([self.nodes[m] for m in members])):
+                    self.refused[members.pop()] = why  # the check refuses: try the shorter chain
                 if not members:
                     continue
                 self.add(pattern, members, "")
@@ -81,6 +82,8 @@ class _Partition:
 
     def why_alone(self, node: Node) -> str:
         """Why a single pointwise op did not join the graph of the op before it."""
+        if node.name in self.refused:
+            return self.refused[node.name]
         for name in node.inputs:
             p = self.nodes[name]
             if p.op in ("param", "scalar") or name in self.constant:

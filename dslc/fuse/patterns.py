@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dslc.ir.graph import Node
+from dslc.ir.views import same_memory
 from dslc.ops.pointwise import BINARY, UNARY
 from dslc.ops.reduce import REDUCTIONS
 
@@ -42,25 +43,40 @@ def _float_io(nodes: list[Node]) -> str | None:
     return None
 
 
+def _one_memory_order(nodes: list[Node]) -> str | None:
+    """An epilogue writes its result in the anchor's memory order. On the H200, cuDNN computed
+    conv groups whose epilogue wrote another order than the convolution's (an NCHW output after
+    an NHWC conv) wrongly, in f32 as in f16 (generated programs found it): the op that changes
+    the order runs in a graph of its own."""
+    order = nodes[0].type.layout
+    for n in nodes[1:]:
+        if n.type.layout is not None and order is not None and \
+                not same_memory(n.type.shape, n.type.layout.order, order.order):
+            return f"%{n.name} is stored {n.type.layout}, unlike %{nodes[0].name} ({order})"
+    return _float_io(nodes)
+
+
 def _matmul_epilogue(nodes: list[Node]) -> str | None:
     anchor = nodes[0]
     if anchor.type.rank > 4:
         return f"cuDNN matmul takes at most 3 batch axes; %{anchor.name} has rank {anchor.type.rank}"
-    return _float_io(nodes)
+    return _one_memory_order(nodes)
 
 
 PATTERNS: tuple[FusionPattern, ...] = (
     # Attention: one flash-attention graph; cuDNN SDPA takes no epilogue.
     FusionPattern("sdpa", frozenset({"sdpa"}), frozenset(), _float_io),
     # conv + bias + scale + residual add + activation: the classic conv epilogue.
-    FusionPattern("conv_epilogue", frozenset({"conv", "conv_transpose"}), EPILOGUE, _float_io),
+    FusionPattern("conv_epilogue", frozenset({"conv", "conv_transpose"}), EPILOGUE,
+                  _one_memory_order),
     # matmul + bias + activation (+ residual add): projections and MLPs.
     FusionPattern("matmul_epilogue", frozenset({"matmul"}), EPILOGUE, _matmul_epilogue),
     # norm + pointwise: layernorm / rmsnorm / instancenorm / batchnorm and what follows.
     FusionPattern("norm_epilogue", frozenset({"layernorm", "rmsnorm", "instancenorm",
-                                              "batchnorm"}), EPILOGUE, _float_io),
+                                              "batchnorm"}), EPILOGUE,
+                  _one_memory_order),
     # reduction + pointwise on the reduced value.
-    FusionPattern("reduce_epilogue", frozenset(REDUCTIONS), EPILOGUE, _float_io),
+    FusionPattern("reduce_epilogue", frozenset(REDUCTIONS), EPILOGUE, _one_memory_order),
     # what is left of pointwise chains: one graph per chain.
     FusionPattern("pointwise", EPILOGUE, EPILOGUE, _float_io),
 )

@@ -111,3 +111,10 @@ def aligned(offset: Dim, itemsize: int, to: int = 16) -> bool:
         return offset * itemsize % to == 0
     return all((c * itemsize) % to == 0 for _, c in offset.terms)
 
+
+def same_memory(shape: tuple[object, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether two memory orders lay out a dense tensor of `shape` alike: axes of size 1 take
+    no place in memory ([2, 1, 7, 9] is the same bytes NCHW and NHWC)."""
+    def real(order: tuple[int, ...]) -> list[int]:
+        return [axis for axis in order if shape[axis] != 1]
+    return real(a) == real(b)

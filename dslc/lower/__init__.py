@@ -12,7 +12,7 @@ from dslc.ir.graph import Graph
 from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
 from dslc.lower.canonical import expand_norm_reductions, fold_scalars, load_time, make_bias_rule, remove_dead
 from dslc.lower.rewrite import Rule, rewrite
-from dslc.lower.views import assign_layouts, make_views, make_weights_rule
+from dslc.lower.views import assign_layouts, make_views, weights_like_inputs
 
 Pass = Callable[[Graph], Graph]
 
@@ -24,11 +24,6 @@ def _each(rule: Rule) -> Pass:
     run.__name__ = rule.__name__
     run.__doc__ = rule.__doc__
     return run
-
-
-def weights_like_inputs(graph: Graph) -> Graph:
-    """Conv weights in the memory order of the conv's input (KRSC for NHWC data)."""
-    return rewrite(graph, make_weights_rule(graph))
 
 
 def bias_from_add(graph: Graph) -> Graph:
@@ -55,7 +50,7 @@ PASSES: list[Pass] = [
     # An op whose rule needs a memory order its operand lacks reads a row-major copy of it.
     _each(assign_layouts),
     # Convs on channels-last data read channels-last weights (copied once, at load time).
-    weights_like_inputs,
+    _each(weights_like_inputs),
     # With layouts known, a copy into the layout a value already has is nothing to run.
     _each(fold_scalars),
     remove_dead,

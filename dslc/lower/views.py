@@ -9,10 +9,9 @@ from dataclasses import replace
 
 from dslc.check.types import Layout, TensorType
 from dslc.ir import views
-from dslc.ir.graph import Attrs, Graph, Node
+from dslc.ir.graph import Attrs, Node
 from dslc.ir.interp import ITEMSIZE
 from dslc.ir.verify import effective_type
-from dslc.lower.canonical import load_time
 from dslc.lower.rewrite import Rewriter
 from dslc.ops.opdef import Kind
 
@@ -64,12 +63,66 @@ def assign_layouts(rw: Rewriter, node: Node) -> str | None:
     if not fixed:
         layout = _chosen_layout(rw, node)
         node = replace(node, type=TensorType(node.type.dtype, node.type.shape, layout))
-    new = copy_for_layout_rules(rw, node)
+    new = conv_in_one_memory_order(rw, select_in_one_memory_order(rw, copy_for_layout_rules(
+        rw, node)))
     if not fixed or new.type.layout == node.type.layout:
         return rw.emit(new)
-    # The op writes row-major; the value keeps the layout it was given, through a copy.
-    inner = rw.emit(replace(new, name=f"{node.name}.row_major_out"))
+    # The op writes in the order it needs; the value keeps the layout it was given, via a copy.
+    suffix = "channels_last_out" if new.op in ("conv", "conv_transpose") else "row_major_out"
+    inner = rw.emit(replace(new, name=f"{node.name}.{suffix}"))
     return rw.new("contiguous", (inner,), {}, node.type, node, node.name)
+
+
+def _copy_into(rw: Rewriter, name: str, order: tuple[int, ...], reader: Node, key: str) -> str:
+    """`name` copied into memory order `order`, made once for all its readers."""
+    if key not in rw.memo:
+        t = rw.node(name).type
+        rw.memo[key] = rw.new("contiguous", (name,), {},
+                              TensorType(t.dtype, t.shape, Layout(order)), reader, key)
+    return rw.memo[key]
+
+
+def select_in_one_memory_order(rw: Rewriter, node: Node) -> Node:
+    """A `select` reads its full-size operands in its result's memory order: on the H200, cuDNN's
+    three-operand select computed wrongly when its condition and values were stored in different
+    orders (NHWC and NCHW), in f32 as in f16, where a two-operand add of the same tensors was
+    right (generated programs found it). Operands in another order are read through copies."""
+    if node.op != "select" or node.type.layout is None:
+        return node
+    order = node.type.layout.order
+    inputs = []
+    for i in node.inputs:
+        seen = _seen_as(rw, i)
+        if seen.shape != node.type.shape or seen.layout is None or \
+                views.same_memory(seen.shape, seen.layout.order, order):
+            inputs.append(i)
+        else:
+            inputs.append(_copy_into(rw, i, order, node, f"{i}.{_order_name(order)}"))
+    return replace(node, inputs=tuple(inputs))
+
+
+def _order_name(order: tuple[int, ...]) -> str:
+    if order == tuple(range(len(order))):
+        return "row_major"
+    return "channels_last" if order == CHANNELS_LAST.get(len(order)) else \
+        "order_" + "".join(map(str, order))
+
+
+def conv_in_one_memory_order(rw: Rewriter, node: Node) -> Node:
+    """A convolution reads its data and writes its result channels-last: on the H200, cuDNN
+    computed convolutions whose data and result are in different memory orders (NCHW in, NHWC
+    out, or the reverse) wrongly, in f32 as in f16 (generated programs found it). Data in
+    another order is read through a channels-last copy, made once for all its readers; a
+    result whose layout is fixed otherwise is written channels-last and copied (the caller)."""
+    order = CHANNELS_LAST.get(node.type.rank)
+    if node.op not in ("conv", "conv_transpose") or order is None:
+        return node
+    x = node.inputs[0]
+    seen = _seen_as(rw, x).layout
+    if seen is None or not views.same_memory(rw.node(x).type.shape, seen.order, order):
+        x = _copy_into(rw, x, order, node, f"{x}.channels_last")
+    typ = TensorType(node.type.dtype, node.type.shape, Layout(order))
+    return replace(node, inputs=(x, *node.inputs[1:]), type=typ)
 
 
 def _aligned(rw: Rewriter, name: str) -> str:
@@ -120,25 +173,20 @@ def _seen_as(rw: Rewriter, name: str) -> TensorType:
     return effective_type(x, {x.inputs[0]: rw.node(x.inputs[0]).type} if x.op == "view" else {})
 
 
-def make_weights_rule(graph: Graph):  # type: ignore[no-untyped-def]
-    constants = load_time(graph)
-
-    def weights_like_inputs(rw: Rewriter, node: Node) -> str | None:
-        """A conv on channels-last data reads channels-last (KRSC) weights: the layout of the
-        fast tensor-core kernels. The weights are load-time values: the copy costs nothing."""
-        if node.op not in ("conv", "conv_transpose") or node.inputs[1] not in constants:
-            return None
-        x, w = rw.node(node.inputs[0]), rw.node(node.inputs[1])
-        order = CHANNELS_LAST.get(x.type.rank)
-        if x.type.layout is None or x.type.layout.order != order or w.type.layout is None \
-                or w.type.layout.order == order:
-            return None
-        copy = rw.new("contiguous", (w.name,), {}, TensorType(w.type.dtype, w.type.shape,
-                                                              Layout(order)),
-                      w, f"{w.name}.channels_last")
-        return rw.emit(replace(node, inputs=(node.inputs[0], copy)))
-
-    return weights_like_inputs
+def weights_like_inputs(rw: Rewriter, node: Node) -> str | None:
+    """A conv on channels-last data reads channels-last (KRSC) weights: the layout of the fast
+    tensor-core kernels, and the one memory order cuDNN computes right (see
+    `conv_in_one_memory_order`). Load-time weights are copied once, when they load."""
+    if node.op not in ("conv", "conv_transpose"):
+        return None
+    x, w = _seen_as(rw, node.inputs[0]), _seen_as(rw, node.inputs[1])
+    order = CHANNELS_LAST.get(x.rank)
+    if x.layout is None or x.layout.order != order or w.layout is None \
+            or w.layout.order == order:
+        return None
+    copy = rw.new("contiguous", (node.inputs[1],), {}, TensorType(w.dtype, w.shape, Layout(order)),
+                  rw.node(node.inputs[1]), f"{node.inputs[1]}.channels_last")
+    return rw.emit(replace(node, inputs=(node.inputs[0], copy)))
 
 
 def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, ...], ...],
