@@ -27,6 +27,7 @@ from dslc.ir.views import layout_strides
 
 SOURCES = ("input", "param", "scalar")
 ROWS_OPS = ("layernorm", "rmsnorm")
+NORM_OPS = ("layernorm", "rmsnorm", "instancenorm", "batchnorm")
 
 
 class SpecError(Exception):
@@ -168,7 +169,7 @@ class _Shaper:
             elif node.inputs and node.inputs[0] in self.dropped:
                 self.dropped[name] = self.dropped[node.inputs[0]]
         self.form = ("rows" if anchor.op in ROWS_OPS else "rank3" if anchor.op == "matmul"
-                     else "natural")
+                     else "channels" if anchor.op == "instancenorm" else "natural")
 
     def shape(self, name: str, used_by: Node | None = None) -> tuple[list[int], list[int]]:
         node = self.nodes[name]
@@ -213,6 +214,12 @@ class _Shaper:
             rows, rstride = _merge(shape, strides, 0, lead)
             cols, cstride = _merge(shape, strides, lead, len(shape))
             return [rows, cols, 1, 1], [rstride, cstride, cstride, cstride]
+        if self.form == "channels" and len(shape) < 4:
+            # An instance norm reads axis 0 as the batch and 1 as the channels: size-1 axes go
+            # after the spatial ones ([N, C, L] as [N, C, L, 1]), not before (generated
+            # programs found [1, N, C, L] normalising the wrong axes on the H200).
+            pad = 4 - len(shape)
+            return [*shape, *[1] * pad], [*strides, *[1] * pad]
         # cuDNN pointwise and reduction graphs take rank 3 and up, and on the H200 a rank-3
         # pointwise graph read a broadcast operand (a [1, 1, C] vector) wrongly where the same
         # graph at rank 4 is right: pad to 4 (generated programs found it).
@@ -228,6 +235,7 @@ def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: s
     is 8 where the merged batch is N * 8. Such a group is split (SpecError), not run wrong."""
     by_name = {t.name: t for t in tensors}
     sizes, strides = by_name[anchor].dims, by_name[anchor].strides
+    anchor_op = next(op.op for op in ops if op.node == anchor)
     for op in ops:
         if op.node == anchor:
             continue
@@ -235,6 +243,11 @@ def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: s
             t = by_name[name]
             if t.role != "input" or len(t.dims) != len(sizes):
                 continue
+            # A norm graph whose epilogue reads a second full-size tensor (rmsnorm, then max
+            # with the norm's own input) ended in an illegal memory access on the H200
+            # (generated programs found it): the epilogue runs as its own graph.
+            if anchor_op in NORM_OPS and math.prod(t.dims) == math.prod(sizes):
+                raise SpecError(f"a norm's epilogue reads the full-size tensor `{name}`")
             if any(d not in (1, n) for d, n in zip(t.dims, sizes, strict=True)):
                 raise SpecError(f"`{name}` broadcasts over part of axes cuDNN merges "
                                 f"({list(t.dims)} against {list(sizes)})")
