@@ -140,10 +140,14 @@ def _lower_sdpa(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
     kwargs: dict[str, Any] = {"q": q, "k": named["k"], "v": named["v"], "attn_scale": float(scale),
                               "generate_stats": False}
     if "bias" in named:
-        if q.get_dim()[1] != named["k"].get_dim()[1]:
-            # On the H200 (cuDNN 9.19) a bias with grouped key/value heads gave wrong numbers
-            # (found by generated programs): the group is split and this runs as a fallback.
-            raise ValueError("cuDNN's sdpa with a bias and grouped key/value heads is not used")
+        if list(named["bias"].get_dim()[:2]) != list(q.get_dim()[:2]) or \
+                q.get_dim()[1] != named["k"].get_dim()[1]:
+            # On the H200 (cuDNN 9.19) a bias broadcast over the batch or the heads ([Sq, Skv]
+            # or [1, 1, Sq, Skv]), and one with grouped key/value heads, gave wrong numbers and
+            # once an illegal memory access (found by generated programs): such an sdpa runs as
+            # a fallback kernel.
+            raise ValueError("cuDNN's sdpa with a broadcast bias or grouped key/value heads "
+                             "is not used")
         kwargs["bias"] = named["bias"]
     if a["causal"] or a["window"] is not None:
         kwargs["diagonal_alignment"] = ctx.enum("diagonal_alignment", "TOP_LEFT")
