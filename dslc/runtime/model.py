@@ -89,22 +89,23 @@ class Executable:
         return prepare(spec, plan, m.handle, where, m.log)
 
     def _between_buckets(self, spec: Any, step: Any, where: str) -> Ready:
-        """A size no bucket has: from the on-disk plan cache, else built (seeded with the
-        nearest bucket's engine) and put there for the next process."""
+        """A size no bucket has: from the on-disk plan cache, else built from the heuristics'
+        choice and put there for the next process. Not from a neighbouring bucket's engine and
+        knobs: on the H200 such a plan, built for another size, computed an sdpa with a
+        sliding window wrongly (generated programs found it)."""
         m = self.model
         path = m.plan_cache_file(spec)
         cached = plancache.load(path) if path is not None else None
-        seed = m.nearest_engine(step.signature, self.dims)
         ready = None
         if m.shared_kernels:  # the sizes of one graph share compiled kernels (cuDNN's cache)
             try:
-                ready = prepare(spec, cached, m.handle, where, m.log, seed,
+                ready = prepare(spec, cached, m.handle, where, m.log,
                                 kernel_cache=m.kernel_cache(step.signature))
                 ready.kernel_cache = ready.how != "restored"
             except RunnerError as err:  # no dynamic-shape plan for this graph
                 m.log.info("%s: no plan with the kernel cache (%s); building without", where, err)
         if ready is None:
-            ready = prepare(spec, cached, m.handle, where, m.log, seed)
+            ready = prepare(spec, cached, m.handle, where, m.log)
         if path is not None and ready.how != "restored":
             plan = plan_record(ready)
             if plan["serialized"] is not None:
@@ -217,17 +218,6 @@ class Model:
         self.decision()  # the live environment
         assert self._live is not None
         return plancache.path_for(self.plan_cache, spec.data(), self._live)
-
-    def nearest_engine(self, signature: str, dims: dict[str, int]) -> tuple[int, dict[str, int]] | None:
-        best = None
-        for b in self.buckets.values():
-            entry = b.graphs.get(signature)
-            if entry is None or entry.plan.engine_id is None:
-                continue
-            distance = sum(abs(b.dims.get(k, v) - v) for k, v in dims.items())
-            if best is None or distance < best[0]:
-                best = (distance, (entry.plan.engine_id, dict(entry.plan.knobs)))
-        return best[1] if best else None
 
     # -- weights -------------------------------------------------------------------------------
     def load_weights(self, path: str | Path) -> None:

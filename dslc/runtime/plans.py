@@ -45,10 +45,9 @@ def plan_record(ready: Ready) -> dict[str, Any]:
 
 
 def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
-            log: logging.Logger, seed: tuple[int, dict[str, int]] | None = None,
-            kernel_cache: Any = None) -> Ready:
-    """The graph for `spec`: from its recorded plan if there is one, else built (seeded with
-    `seed`, the (engine_id, knobs) of a neighbouring bucket, when given; with cuDNN's
+            log: logging.Logger, kernel_cache: Any = None) -> Ready:
+    """The graph for `spec`: from its recorded plan if there is one (serialized, else its
+    engine and knobs at this very size), else built from the heuristics' choice (with cuDNN's
     `kernel_cache`, shared by the sizes of one group graph, when given)."""
     from dslc.compile import graphs as cbuild
 
@@ -64,8 +63,6 @@ def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
     engine = None
     if plan is not None and plan.engine_id is not None:
         engine = (plan.engine_id, dict(plan.knobs))
-    elif seed is not None:
-        engine = seed
     if engine is not None:
         try:
             built = cbuild.build(spec, handle, engine=engine, kernel_cache=kernel_cache)

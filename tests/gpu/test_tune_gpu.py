@@ -148,7 +148,9 @@ def test_size_between_buckets_is_built_on_first_use(tuned: tuple[Path, Any],
         outputs = to_host(model.run(device_inputs))
         times.append(time.perf_counter() - start)
     print(f"N=24 (no bucket): first use {times[0] * 1e3:.1f} ms, second {times[1] * 1e3:.2f} ms")
-    assert {s["how"] for s in model.startup if s["bucket"] == "N=24"} == {"replayed"}
+    # Built from the heuristics' choice, not a neighbouring bucket's engine (see
+    # `Executable._between_buckets`), then checked against the reference.
+    assert {s["how"] for s in model.startup if s["bucket"] == "N=24"} == {"heuristics"}
     _check(bundle, outputs, inputs)
     # Opt-in: sizes of one graph share kernels through cuDNN's kernel cache.
     shared = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=None,
