@@ -43,6 +43,10 @@ def generate(ch: Choices, stats: Stats | None = None, max_ops: int = MAX_OPS) ->
             added += 1
         ch.end(start)
     _outputs(g)
+    if ch.coin(0.1):
+        g.prog.keeps_unread_inputs = True
+        if set(i.name for i in g.prog.inputs) - g.prog.live():
+            g.stats.features["an input no output reads"] += 1
     return g.prog
 
 

@@ -74,6 +74,9 @@ class Program:
     outputs: list[tuple[str, str, str]] = field(default_factory=list)
     run_dims: dict[str, int] = field(default_factory=dict)  # where the oracles run it
     uses_std: bool = False
+    # Declared inputs no output reads are kept (an unread input is part of the model's interface:
+    # a bundle built from one once failed to compile).
+    keeps_unread_inputs: bool = False
 
     def live(self) -> set[str]:
         """The names the outputs need, transitively."""
@@ -107,7 +110,7 @@ class Program:
             lines.append(f"  dim {d.name} = {d.lo}..{d.hi}{align} tune "
                          f"[{', '.join(map(str, d.tune))}]")
         for i in self.inputs:
-            if i.name in live:
+            if i.name in live or self.keeps_unread_inputs:
                 dtype = i.type.dtype if i.written_dtype else ""
                 tag = f" @{i.tag}" if i.tag else ""
                 lines.append(f"  input {i.name}: {dtype}{shape_text(i.type.shape)}{tag}")

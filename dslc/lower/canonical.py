@@ -111,8 +111,11 @@ def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:
 
 
 def remove_dead(graph: Graph) -> Graph:
-    """Drop every value no output depends on."""
-    live = {v for _, v in graph.outputs}
+    """Drop every value no output depends on. Inputs and params stay: they are the model's
+    interface (the runner takes every declared input, the weights file holds every param), read
+    or not."""
+    live = {v for _, v in graph.outputs} | {n.name for n in graph.nodes
+                                             if n.op in ("input", "param")}
     for node in reversed(graph.nodes):
         if node.name in live:
             live.update(node.inputs)
