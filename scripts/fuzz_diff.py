@@ -35,11 +35,25 @@ def program_seed(seed: int, index: int) -> int:
     return seed * 1_000_000 + index
 
 
+# A CUDA error such as an illegal memory access is sticky: the process's context is lost, and
+# every later program of the worker would crash too. They are reported `lost` and run again,
+# each in a fresh process, once the pool is done.
+_STICKY = ("illegal memory access", "ILLEGAL_ADDRESS", "cudaErrorIllegalAddress")
+_lost_to: int | None = None
+
+
 def check_one(args: tuple[int, int, str, bool]) -> tuple[int, Outcome, Stats]:
+    global _lost_to
     seed, index, backend, compile_ = args
     stats = Stats()
+    if _lost_to is not None:
+        return index, Outcome("lost", "run", f"the CUDA context was lost to program {_lost_to}"), \
+            stats
     prog = generate(Choices(program_seed(seed, index)), stats)
-    return index, run_backend(prog, program_seed(seed, index), backend, compile_), stats
+    outcome = run_backend(prog, program_seed(seed, index), backend, compile_)
+    if outcome.status == "crash" and any(s in outcome.detail for s in _STICKY):
+        _lost_to = index
+    return index, outcome, stats
 
 
 def run_backend(prog, seed: int, backend: str, compile_: bool) -> Outcome:  # type: ignore[no-untyped-def]
@@ -79,7 +93,8 @@ def main() -> int:
     context = multiprocessing.get_context("spawn" if args.backend == "cudnn" else "fork")
     pool = ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else None
     results = pool.map(check_one, work, chunksize=4) if pool else map(check_one, work)
-    for done, (index, outcome, st) in enumerate(results, 1):
+    lost: list[int] = []
+    for done, (index, outcome, st) in enumerate(_again_if_lost(results, work, args, lost), 1):
         _merge(stats, st)
         statuses[outcome.status] += 1
         for name, err in outcome.errors.items():
@@ -113,6 +128,27 @@ def main() -> int:
           f"in {time.monotonic() - start:.0f} s; largest relative error "
           f"{max(worst.values(), default=0.0):.2e}")
     return 1 if failures else 0
+
+
+def _again_if_lost(results, work, args, lost):  # type: ignore[no-untyped-def]
+    """The results, with the programs lost to another's sticky CUDA error run again in a fresh
+    pool, round after round: each round ends at most one worker's run per crashing program."""
+    while True:
+        for index, outcome, st in results:
+            if outcome.status == "lost":
+                lost.append(index)
+            else:
+                yield index, outcome, st
+        if not lost:
+            return
+        print(f"running {len(lost)} programs again in fresh processes (a CUDA context was lost)",
+              flush=True)
+        again = [w for w in work if w[1] in set(lost)]
+        lost.clear()
+        fresh = ProcessPoolExecutor(max(args.jobs, 1),
+                                    mp_context=multiprocessing.get_context("spawn"))
+        results = list(fresh.map(check_one, again))
+        fresh.shutdown()
 
 
 def _merge(total: Stats, part: Stats) -> None:
