@@ -59,3 +59,135 @@ def test_a_view_starting_off_a_16_byte_boundary_is_copied_by_a_kernel_first(tmp_
     graphs = [s.group.nodes for s in c.steps if s.kind == "graph"]
     assert graphs == [("a",), ("b",), ("c",)]
     assert nodes[nodes["c"].inputs[0]].op == "view"  # aligned: read in place
+
+
+# --- One memory order per cuDNN graph where the H200 computed mixed orders wrongly -----------
+
+def test_a_conv_reads_nchw_data_through_a_channels_last_copy_with_channels_last_weights(
+        tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  precision io=f16
+  input x: [2, 4, 6, 6]
+  param w: [8, 4, 3, 3]
+  let y = conv(x, w, pad=1)
+  output o = relu(y)
+}
+""", tmp_path)
+    nodes = c.graph.by_name()
+    conv = next(n for n in c.graph.nodes if n.op == "conv")
+    x, w = (nodes[i] for i in conv.inputs)
+    assert x.name == "x.channels_last" and x.op == "contiguous" and x.inputs == ("x",)
+    assert w.name.endswith(".channels_last")
+    for node in (x, w, conv):
+        assert node.type.layout is not None and node.type.layout.order == (0, 2, 3, 1), node
+
+
+def test_a_conv_whose_result_is_an_nchw_output_writes_channels_last_then_copies(
+        tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  input x: [2, 4, 6, 6] @NHWC
+  param w: [8, 4, 3, 3]
+  output y = conv(x, w, pad=1)
+}
+""", tmp_path)
+    nodes = c.graph.by_name()
+    assert nodes["y"].op == "contiguous" and nodes["y"].inputs == ("y.channels_last_out",)
+    inner = nodes["y.channels_last_out"]
+    assert inner.op == "conv" and inner.type.layout is not None
+    assert inner.type.layout.order == (0, 2, 3, 1)
+    assert nodes["y"].type.layout is not None and nodes["y"].type.layout.is_row_major
+
+
+def test_an_epilogue_that_writes_another_memory_order_runs_outside_the_conv_graph(
+        tmp_path: Path) -> None:
+    model = check_source("""model m {
+  input x: [2, 4, 6, 6] @NHWC
+  param w: [4, 4, 3, 3]
+  param b: [4]
+  let c = conv(x, w, pad=1)
+  output y = relu(bias_add(c, b, axis=1))
+}
+""", tmp_path).model
+    _, plan = middle_end(model)
+    by_anchor = {g.nodes[-1]: g for g in plan.groups}
+    conv_group = next(g for g in plan.groups if g.pattern == "conv_epilogue")
+    assert "y" not in conv_group.nodes
+    assert "unlike" in by_anchor["y"].reason, by_anchor["y"].reason
+
+
+def test_a_select_reads_operands_stored_in_another_order_through_copies(tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  precision io=f16
+  input a: [2, 8, 5, 6] @NHWC
+  input b: [2, 8, 5, 6]
+  output o = select(a > (-0.25), a, b)
+}
+""", tmp_path)
+    nodes = c.graph.by_name()
+    select = next(n for n in c.graph.nodes if n.op == "select")
+    assert select.type.layout is not None
+    for name in select.inputs:
+        n = nodes[name]
+        seen = n.type.layout.order if n.type.layout is not None else None
+        assert seen == select.type.layout.order, (name, seen)
+    # The output is NCHW (an output's contract): `a`, stored NHWC, is the one read through a copy.
+    assert any(nodes[i].op == "contiguous" and nodes[i].inputs == ("a",) for i in select.inputs)
+    assert "b" in select.inputs
+
+
+def test_a_rank_3_instance_norm_is_given_to_cudnn_with_its_size_1_axis_last(
+        tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  input x: [8, 4, 6]
+  param g: [4]
+  param b: [4]
+  output o = instancenorm(x, g, b, eps=1e-5)
+}
+""", tmp_path)
+    spec = next(iter(c.specs.values()))
+    x = next(t for t in spec.tensors if t.name == "x")
+    assert (tuple(x.dims), tuple(x.strides)) == ((8, 4, 6, 1), (24, 6, 1, 1))
+
+
+def test_a_norm_whose_epilogue_reads_a_second_full_size_tensor_is_split(tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  precision io=f16
+  input x: [4, 64]
+  param p: [64]
+  output o = max(x, rmsnorm(x, p, eps=1e-5))
+}
+""", tmp_path)
+    graphs = [s for s in c.steps if s.kind == "graph"]
+    assert len(graphs) == 2 and all(len(s.group.nodes) == 1 for s in graphs)
+    assert "full-size" in graphs[0].reason + graphs[1].reason
+
+
+def test_an_sdpa_with_a_bias_broadcast_over_batch_or_heads_runs_as_a_fallback_kernel(
+        tmp_path: Path) -> None:
+    def kinds(bias: str) -> list[str]:
+        c = _compiled(f"""model m {{
+  precision io=bf16
+  input q: [2, 4, 8, 16]
+  input k: [2, 4, 8, 16]
+  input v: [2, 4, 8, 16]
+  input b: {bias}
+  output o = sdpa(q, k, v, bias=b)
+}}
+""", tmp_path)
+        return [s.kind for s in c.steps]
+
+    assert kinds("[8, 8]") == ["kernel"]
+    assert kinds("[2, 1, 8, 8]") == ["kernel"]
+    assert kinds("[2, 4, 8, 8]") == ["graph"]
+
+
+def test_inputs_and_params_no_output_reads_stay_part_of_the_model(tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  input a: [2, 8]
+  input unread: [2, 8]
+  param unused: [8]
+  output o = relu(a)
+}
+""", tmp_path)
+    names = {n.name: n.op for n in c.graph.nodes}
+    assert names["unread"] == "input" and names["unused"] == "param"

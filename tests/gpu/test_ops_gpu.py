@@ -248,6 +248,45 @@ model m {
   let b = batchnorm2d(c)
   output y = silu(b + x)
 }""",
+    # Found by generated programs on the H200 (each was computed wrongly or crashed before).
+    "select_over_mixed_memory_orders_f32": """model m {
+  input a: [2, 8, 11, 6] @NHWC
+  input b: [2, 8, 11, 6]
+  let s = select(a > (-0.25), a, b)
+  output o = s * 2.0
+}""",
+    "conv_epilogue_into_an_nchw_output_f32": """model m {
+  input x: [1, 16, 8, 10] @NHWC
+  param w: [8, 16, 3, 3]
+  param b: [8]
+  output y = relu(bias_add(conv(x, w, pad=1), b, axis=1))
+}""",
+    "conv_reading_nchw_data_bf16": """model m {
+  precision io=bf16
+  input x: [2, 8, 11, 11]
+  param w: [9, 8, 1, 1]
+  output y = conv(x * 0.5, w, stride=2)
+}""",
+    "instancenorm_rank3_f32": """model m {
+  input x: [8, 4, 2]
+  param g: [4]
+  param b: [4]
+  output y = instancenorm(x, g, b, eps=1e-5)
+}""",
+    "rmsnorm_then_max_with_its_input_f16": """model m {
+  precision io=f16
+  input x: [6, 64]
+  param p: [64]
+  output y = max(x, rmsnorm(x, p, eps=1e-5))
+}""",
+    "sdpa_bias_broadcast_over_the_batch_bf16": """model m {
+  precision io=bf16
+  input q: [2, 1, 6, 8]
+  input k: [2, 1, 6, 8]
+  input v: [2, 1, 6, 8]
+  param b: [6, 6]
+  output o = sdpa(q, k, v, causal=true, bias=b)
+}""",
     "sdpa_gqa_with_bias_bf16": """model m {
   precision io=bf16
   input q: [2, 4, 16, 8]
@@ -285,13 +324,7 @@ model m {
 
 # Defects generated programs found on the H200 that are not fixed yet: each fails today (strict,
 # so the case turns into an error the day it passes, and the mark must go).
-KNOWN_WRONG = {
-    "conv_residual_nchw_input_f16_intermediate":
-        "a conv + bias reading NCHW and writing NHWC with f16 intermediates gives wrong numbers "
-        "on the H200 (right with f32 intermediates or NHWC input); splitting the residual add, "
-        "and running pointwise groups that mix memory orders as fallback kernels, did not fix "
-        "it, so the conv group itself is suspect",
-}
+KNOWN_WRONG: dict[str, str] = {}  # case -> why it is known wrong (strict xfail)
 
 
 @pytest.mark.parametrize("name", [
