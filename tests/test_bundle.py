@@ -74,3 +74,12 @@ def test_memory_plan_never_overlaps_live_values() -> None:
                 a, b = offsets[x.name], offsets[y.name]
                 assert a + x.size <= b or b + y.size <= a, (x, y)
     assert peak >= max(b.size for b in buffers)
+
+
+def test_source_date_epoch_fixes_the_build_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1700000000 s after 1970-01-01 is 2023-11-14 22:13:20 UTC (derived by hand from the epoch).
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    c = compiled("mlp")
+    first = emit_bundle.records(c)
+    assert first.created == "2023-11-14T22:13:20+00:00"
+    assert bundle.pack(first) == bundle.pack(emit_bundle.records(c))  # byte for byte

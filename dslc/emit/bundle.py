@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,15 @@ def _plan(compiled: Compiled, key: tuple[str, str]) -> PlanRecord:
                       build_s=round(b.build_s, 4))
 
 
+def _created() -> str:
+    """The build time, or the fixed one in SOURCE_DATE_EPOCH (seconds since 1970, as in
+    reproducible builds), so two builds of one source can be compared byte for byte."""
+    fixed = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    when = (datetime.datetime.fromtimestamp(int(fixed), datetime.UTC) if fixed.isdigit()
+            else datetime.datetime.now(datetime.UTC))
+    return when.isoformat(timespec="seconds")
+
+
 def records(compiled: Compiled) -> Bundle:
     """The bundle of a compiled model (plans as built; `dslc.tune` measures them)."""
     model = compiled.model
@@ -50,7 +60,7 @@ def records(compiled: Compiled) -> Bundle:
     env = (environment.live(properties=True) if compiled.target.live
            else environment.from_profile(compiled.target.properties_json))
     out = Bundle(model.name, model.file, VERSION,
-                 datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                 _created(),
                  Manifest.from_data(build_manifest(model), graph), graph,
                  tuple(compiled.plan.load_time), steps, compiled.target.name,
                  Environment.from_data(env), ())
