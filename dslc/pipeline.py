@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dslc.check.checker import CheckedModel, check
-from dslc.check.types import PrecisionSpec
+from dslc.core.types import PrecisionSpec
 from dslc.diag.diagnostic import Failed, Sink
 from dslc.fuse import FusionPlan, fuse
 from dslc.ir.graph import Graph

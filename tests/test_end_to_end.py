@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from dslc.check.checker import CheckedModel
-from dslc.check.types import PrecisionSpec
+from dslc.core.types import PrecisionSpec
 from dslc.diag.diagnostic import Sink
 from dslc.ir import interp
 from dslc.pipeline import Options, front_end, middle_end

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dslc.check import dims
+from dslc.core import dims
 from dslc.ir import interp
 from dslc.ir.graph import Graph
 from dslc.pipeline import Options, middle_end

@@ -6,12 +6,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from dslc.check import dims
-from dslc.check.dims import DimEnv
 from dslc.check.exprs import ExprEval
 from dslc.check.resolve import DefRef, suggest
-from dslc.check.types import PrecisionSpec, TensorType, format_type, is_float
 from dslc.check.values import ERROR, DType, Frame, ListVal, Scope, TensorVal, TupleVal, kind_of
+from dslc.core import dims
+from dslc.core.dims import DimEnv
+from dslc.core.types import PrecisionSpec, TensorType, format_type, is_float
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.ops import OPS

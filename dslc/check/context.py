@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.dims import DimEnv, Poly, interval
 from dslc.check.expansion import chain_text
 from dslc.check.resolve import DefRef, Resolved
-from dslc.check.types import BITS, Layout, PrecisionSpec, TensorType, format_type
 from dslc.check.values import Frame, TensorVal
+from dslc.core.dims import DimEnv, Poly, interval
+from dslc.core.types import BITS, Layout, PrecisionSpec, TensorType, format_type
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
 from dslc.ir.graph import Attrs, Node

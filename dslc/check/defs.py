@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dslc.check import dims
 from dslc.check.context import is_dim
 from dslc.check.expansion import estimate
 from dslc.check.exprs import MAX_NESTING
 from dslc.check.resolve import DefRef, suggest
-from dslc.check.types import FAMILIES, FP8, Layout, TensorType, format_type
 from dslc.check.values import ERROR, Binding, DType, ListVal, Scope, TensorVal, TupleVal, kind_of, show
+from dslc.core import dims
+from dslc.core.types import FAMILIES, FP8, Layout, TensorType, format_type
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.ops.pointwise import SCALING_OPS

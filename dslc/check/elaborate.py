@@ -8,14 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check import dims
 from dslc.check.calls import CallEval
 from dslc.check.context import ParamSpec, is_dim, is_int
 from dslc.check.defs import conform, layout_of
-from dslc.check.dims import SymInfo
 from dslc.check.expansion import estimate
 from dslc.check.resolve import DefRef, suggest
-from dslc.check.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
 from dslc.check.values import (
     ERROR,
     Absent,
@@ -28,6 +25,9 @@ from dslc.check.values import (
     TupleVal,
     kind_of,
 )
+from dslc.core import dims
+from dslc.core.dims import SymInfo
+from dslc.core.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.parse import ast

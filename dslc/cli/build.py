@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 
 from dslc import fsutil, weights
-from dslc.check.types import DTYPES, PrecisionSpec
 from dslc.cli import paths
 from dslc.cli.front import EXIT_ERRORS, EXIT_OK, Output, add_diag_options, checked, make_sink
 from dslc.cli.paths import UsageError
+from dslc.core.types import DTYPES, PrecisionSpec
 from dslc.diag.diagnostic import Failed
 from dslc.emit.manifest import build_manifest
 from dslc.ir import interp

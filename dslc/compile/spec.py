@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.dims import DimEnv
-from dslc.check.types import Layout
+from dslc.core.dims import DimEnv
+from dslc.core.types import Layout
 from dslc.fuse.plan import Group
 from dslc.ir.graph import Graph, Node, stored_dtype
 from dslc.ir.interp import concrete

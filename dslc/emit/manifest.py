@@ -8,8 +8,8 @@ from fractions import Fraction
 from typing import Any
 
 from dslc.check.checker import CheckedModel
-from dslc.check.dims import Dim, Poly
-from dslc.check.types import TensorType
+from dslc.core.dims import Dim, Poly
+from dslc.core.types import TensorType
 from dslc.diag.span import Span
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dslc.check.context import ParamSpec
-from dslc.check.types import PrecisionSpec
+from dslc.core.types import PrecisionSpec
 from dslc.diag.diagnostic import Sink
 from dslc.fuzz.program import Program
 from dslc.ir import interp
@@ -186,7 +186,7 @@ def make_inputs(specs: Any, run_dims: dict[str, int], declared: Any, seed: int,
                 ) -> dict[str, np.ndarray]:
     """Normal random inputs in each input's declared dtype (so the f32 run and the declared run
     read the same values)."""
-    from dslc.check import dims
+    from dslc.core import dims
 
     rng = np.random.default_rng(seed)
     dtypes = {i.name: i.type.dtype for i in declared.inputs}

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dslc.check import dims
-from dslc.check.dims import DimEnv, SymInfo
-from dslc.check.types import Layout, PrecisionSpec, TensorType
+from dslc.core import dims
+from dslc.core.dims import DimEnv, SymInfo
+from dslc.core.types import Layout, PrecisionSpec, TensorType
 from dslc.diag.span import Span
 from dslc.fuzz.choices import Choices
 from dslc.fuzz.program import DynDim, Expr, Input, ParamDecl, Program, Stmt

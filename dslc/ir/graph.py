@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.types import PrecisionSpec, TensorType
+from dslc.core.types import PrecisionSpec, TensorType
 from dslc.diag.span import Span
 
 

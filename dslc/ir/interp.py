@@ -16,9 +16,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from dslc.check import dims
-from dslc.check.dims import DimEnv, Poly
-from dslc.check.types import is_float
+from dslc.core import dims
+from dslc.core.dims import DimEnv, Poly
+from dslc.core.types import is_float
 from dslc.ir.graph import Graph, Node, stored_dtype
 
 NUMPY_DTYPES: dict[str, Any] = {

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dslc.check.dims import DimEnv
-from dslc.check.types import TensorType, format_shape, format_type
+from dslc.core.dims import DimEnv
+from dslc.core.types import TensorType, format_shape, format_type
 from dslc.ir.graph import Graph, Node
 from dslc.ir.views import view_layout, view_shape
 from dslc.ops import OPS

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dslc.check.types import Layout, TensorType
+from dslc.core.types import Layout, TensorType
 from dslc.ir import views
 from dslc.ir.graph import Attrs, Graph, Node
 from dslc.ir.interp import ITEMSIZE

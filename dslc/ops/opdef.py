@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dslc.check.dims import Dim, DimEnv
-from dslc.check.types import PrecisionSpec, TensorType
+from dslc.core.dims import Dim, DimEnv
+from dslc.core.types import PrecisionSpec, TensorType
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from dslc.check import dims
-from dslc.check.types import DTYPES, FP8, TensorType
+from dslc.core import dims
+from dslc.core.types import DTYPES, FP8, TensorType
 from dslc.ops import common
 from dslc.ops.opdef import REQUIRED, Args, InferCtx, Kind, LowerCtx, LowerFn, OpDef, Param, RefFn
 

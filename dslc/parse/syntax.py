@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from lark import Token, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from dslc.check.types import DTYPES
+from dslc.core.types import DTYPES
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.dims import Dim
-from dslc.check.types import DTYPES
+from dslc.core.dims import Dim
+from dslc.core.types import DTYPES
 from dslc.ir.serial import dim_data
 from dslc.runtime import fields as f
 from dslc.runtime.fields import MAX_DIM, MAX_RANK

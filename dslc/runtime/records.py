@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dslc.check.types import DTYPES
+from dslc.core.types import DTYPES
 from dslc.runtime import fields as f
 from dslc.runtime.fields import (
     MAX_BYTES,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from dslc.check.dims import DimEnv
+from dslc.core.dims import DimEnv
 from dslc.ir.graph import Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
 from dslc.ir.serial import plain
