@@ -82,4 +82,5 @@ def test_source_date_epoch_fixes_the_build_time(monkeypatch: pytest.MonkeyPatch)
     c = compiled("mlp")
     first = emit_bundle.records(c)
     assert first.created == "2023-11-14T22:13:20+00:00"
+    assert all(e.plan.build_s is None for b in first.buckets for e in b.graphs.values())
     assert bundle.pack(first) == bundle.pack(emit_bundle.records(c))  # byte for byte

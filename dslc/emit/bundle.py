@@ -38,14 +38,20 @@ def _plan(compiled: Compiled, key: tuple[str, str]) -> PlanRecord:
     return PlanRecord(b.engine_id, dict(b.knobs), b.workspace, b.serialized, note=b.note,
                       candidates=b.candidates, tuned=False,
                       built_on_device=compiled.target.live and b.has_plan,
-                      build_s=round(b.build_s, 4))
+                      build_s=None if _fixed_clock() else round(b.build_s, 4))
+
+
+def _fixed_clock() -> str | None:
+    """SOURCE_DATE_EPOCH (seconds since 1970, as in reproducible builds): where set, the bundle
+    records that time and no measured build times, so two builds of one source compare byte for
+    byte."""
+    fixed = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    return fixed if fixed.isdigit() else None
 
 
 def _created() -> str:
-    """The build time, or the fixed one in SOURCE_DATE_EPOCH (seconds since 1970, as in
-    reproducible builds), so two builds of one source can be compared byte for byte."""
-    fixed = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
-    when = (datetime.datetime.fromtimestamp(int(fixed), datetime.UTC) if fixed.isdigit()
+    fixed = _fixed_clock()
+    when = (datetime.datetime.fromtimestamp(int(fixed), datetime.UTC) if fixed
             else datetime.datetime.now(datetime.UTC))
     return when.isoformat(timespec="seconds")
 
