@@ -25,7 +25,7 @@ from dslc.compile.spec import group_spec
 from dslc.compile.stage import compile_model
 from dslc.compile.target import load_target
 from dslc.emit import bundle as emit_bundle
-from dslc.fuse.plan import make_group
+from dslc.ir.groups import make_group
 from dslc.pipeline import middle_end
 from dslc.runtime import bundle, plancache
 from dslc.runtime.records import Bundle, BundleError

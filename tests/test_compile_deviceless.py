@@ -12,7 +12,7 @@ import pytest
 from dslc.compile.stage import Compiled, compile_model
 from dslc.compile.target import load_target
 from dslc.diag.diagnostic import Sink
-from dslc.fuse.plan import FusionPlan, make_group
+from dslc.ir.groups import FusionPlan, make_group
 from dslc.pipeline import Options, front_end, middle_end
 from tests.conftest import ROOT
 from tests.helpers import check_source

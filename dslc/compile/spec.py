@@ -19,8 +19,8 @@ from typing import Any
 
 from dslc.core.dims import DimEnv
 from dslc.core.types import Layout
-from dslc.fuse.plan import Group
 from dslc.ir.graph import Graph, Node, stored_dtype
+from dslc.ir.groups import Group
 from dslc.ir.interp import concrete
 from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides

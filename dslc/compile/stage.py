@@ -16,8 +16,8 @@ from dslc.check.checker import CheckedModel
 from dslc.compile.graphs import Built, GraphError, build
 from dslc.compile.spec import GroupSpec, SpecError, group_spec
 from dslc.compile.target import Target
-from dslc.fuse.plan import FusionPlan, Group, make_group
 from dslc.ir.graph import Graph, Node
+from dslc.ir.groups import FusionPlan, Group, make_group
 from dslc.ir.interp import ITEMSIZE
 from dslc.ir.views import aligned
 from dslc.ops import OPS

@@ -199,7 +199,7 @@ class Model:
 
     def spec_at(self, step: Any, dims: dict[str, int]) -> Any:
         from dslc.compile.spec import group_spec
-        from dslc.fuse.plan import make_group
+        from dslc.ir.groups import make_group
 
         group = make_group(self.program.graph, list(step.nodes), step.pattern)
         return group_spec(self.program.graph, group, dims, self.program.env)
