@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from dslc.backend.kernels import DTYPES as KERNEL_DTYPES
+from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.compile.target import load_target
 from dslc.pipeline import middle_end
-from dslc.runtime.kernels import DTYPES as KERNEL_DTYPES
 from tests.helpers import check_source
 
 CNN = """import "std/nn.cgraph"

@@ -21,9 +21,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from dslc.compile.spec import group_spec
+from dslc.backend.spec import group_spec
+from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.compile.target import load_target
 from dslc.emit import bundle as emit_bundle
 from dslc.ir.groups import make_group
 from dslc.pipeline import middle_end

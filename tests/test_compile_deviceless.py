@@ -9,8 +9,8 @@ from functools import cache
 
 import pytest
 
+from dslc.backend.target import load_target
 from dslc.compile.stage import Compiled, compile_model
-from dslc.compile.target import load_target
 from dslc.diag.diagnostic import Sink
 from dslc.ir.groups import FusionPlan, make_group
 from dslc.pipeline import Options, front_end, middle_end
@@ -82,7 +82,7 @@ model m {
 def test_exhaustive_search_space_covers_every_engine_and_kernel_config() -> None:
     """`--search exhaustive` candidates from the real library, deviceless: the mlp's matmul group
     offers several engines, each with its kernel configurations, interleaved by engine."""
-    from dslc.compile.graphs import knob_space, make_graph
+    from dslc.backend.graphs import knob_space, make_graph
 
     c = compiled("mlp")
     spec = next(iter(c.specs.values()))

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.compile.target import load_target
 from dslc.pipeline import middle_end
 from tests.helpers import check_source
 

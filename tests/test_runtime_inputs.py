@@ -176,10 +176,10 @@ def test_example_models_bind_their_buckets() -> None:
     assert (err.code, err.message) == ("R0602", "dim `S` is 12, not a multiple of 8")
 
 
-# -- R0501: where the runtime takes device arrays (`dslc.runtime.device.as_array`) -------------
+# -- R0501: where the runtime takes device arrays (`dslc.backend.device.as_array`) -------------
 def test_a_cpu_torch_tensor_is_r0501() -> None:
     torch = pytest.importorskip("torch")
-    from dslc.runtime.device import as_array
+    from dslc.backend.device import as_array
 
     span = {"file": "m.cgraph", "line": 5, "col": 3}
     with pytest.raises(RunnerError) as err:

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from dslc.backend.target import TargetError
 from dslc.cli import backend as backend
 from dslc.cli import build as build
 from dslc.cli.front import (
@@ -30,7 +31,6 @@ from dslc.cli.front import (
     cmd_params,
 )
 from dslc.cli.paths import UsageError, describe
-from dslc.compile.target import TargetError
 from dslc.diag.diagnostic import Failed
 from dslc.parse.loader import ReadError
 from dslc.pipeline import front_end

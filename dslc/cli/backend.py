@@ -47,8 +47,8 @@ def _dumps(result: FrontEnd, lowered: Any, plan: Any, outdir: Path, wanted: list
 
 def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Output) -> int:
     """Front end done: lower, fuse, compile, and write the bundle and runner into `outdir`."""
+    from dslc.backend.target import load_target
     from dslc.compile.stage import CompileFailure, compile_model
-    from dslc.compile.target import load_target
     from dslc.emit import bundle as emit_bundle
     from dslc.emit.runner import render
 
@@ -246,8 +246,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_env(recorded: dict[str, Any], policy: str) -> int:
-    from dslc.compile.target import live_device_available
-    from dslc.runtime import environment, startup
+    from dslc.backend import environment
+    from dslc.backend.target import live_device_available
+    from dslc.runtime import startup
     from dslc.runtime.errors import RunnerError
 
     if recorded.get("live"):
@@ -335,7 +336,7 @@ def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:
 
 
 def cmd_target(args: argparse.Namespace) -> int:
-    from dslc.compile.target import capture, live_device_available
+    from dslc.backend.target import capture, live_device_available
 
     paths.output_file(args.output)
     if not live_device_available():

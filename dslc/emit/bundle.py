@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from dslc import fsutil
+from dslc.backend import environment
 from dslc.compile.stage import Compiled
 from dslc.emit.manifest import build_manifest
-from dslc.runtime import bundle, environment
+from dslc.runtime import bundle
 from dslc.runtime.irdata import GraphRecord
 from dslc.runtime.manifest import Manifest
 from dslc.runtime.records import (

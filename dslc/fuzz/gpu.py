@@ -68,8 +68,8 @@ def _run(prog: Program, seed: int) -> Outcome:
 
 
 def _compile(model: Any, tmp: Path) -> tuple[Path, list[tuple[str, tuple[str, ...]]]]:
+    from dslc.backend.target import load_target
     from dslc.compile.stage import compile_model
-    from dslc.compile.target import load_target
     from dslc.emit import bundle as emit_bundle
 
     global _TARGET
@@ -86,8 +86,8 @@ def _same_groups(model: Any, steps: list[tuple[str, tuple[str, ...]]]) -> None:
     """Deviceless for the H200 profile: the same groups, except where the GPU split a group that
     got no plan there (the deviceless build cannot know; each half must still be a group's
     part)."""
+    from dslc.backend.target import load_target
     from dslc.compile.stage import compile_model
-    from dslc.compile.target import load_target
 
     lowered, plan = _lower(model.graph, model.env)
     deviceless = compile_model(model, lowered, plan, load_target("h200"))

@@ -270,8 +270,8 @@ def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
               weights: dict[str, np.ndarray]) -> None:
     """Deviceless compile at the declared precision; the bundle written and read back must hold
     the same graph, and running it must give the same bits as running the compiled graph."""
+    from dslc.backend.target import load_target
     from dslc.compile.stage import compile_model
-    from dslc.compile.target import load_target
     from dslc.emit import bundle as emit_bundle
     from dslc.ir.printer import format_graph
     from dslc.runtime.bundle import read

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dslc.backend import device
+from dslc.backend.kernels import KERNELS, run_kernel
 from dslc.ir.interp import concrete_attrs
 from dslc.runtime import bundle as bundlefile
-from dslc.runtime import device, plancache, startup
+from dslc.runtime import plancache, startup
 from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
-from dslc.runtime.kernels import KERNELS, run_kernel
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key
 from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
@@ -183,7 +184,7 @@ class Model:
     def decision(self) -> startup.Decision:
         """What start-up does with the saved plans here (decided once, logged)."""
         if self._decision is None:
-            from dslc.runtime import environment
+            from dslc.backend import environment
 
             self.cupy  # noqa: B018 - R0801 without a GPU
             self._live = environment.live()
@@ -193,12 +194,12 @@ class Model:
         return self._decision
 
     def spec_from(self, data: Mapping[str, Any]) -> Any:
-        from dslc.compile.spec import GroupSpec
+        from dslc.backend.spec import GroupSpec
 
         return GroupSpec.from_data(data)
 
     def spec_at(self, step: Any, dims: dict[str, int]) -> Any:
-        from dslc.compile.spec import group_spec
+        from dslc.backend.spec import group_spec
         from dslc.ir.groups import make_group
 
         group = make_group(self.program.graph, list(step.nodes), step.pattern)
@@ -206,7 +207,7 @@ class Model:
 
     def kernel_cache(self, signature: str) -> Any:
         if signature not in self._kernel_caches:
-            from dslc.compile.graphs import new_kernel_cache
+            from dslc.backend.graphs import new_kernel_cache
 
             self._kernel_caches[signature] = new_kernel_cache()
         return self._kernel_caches[signature]
@@ -274,7 +275,7 @@ class Model:
         write the bundle with these plans and this machine's environment, atomically, to `path`
         (default: the bundle itself), so that the next start-up here restores them."""
         from dslc import fsutil
-        from dslc.runtime import environment
+        from dslc.backend import environment
 
         data = self.bundle.to_data()
         for bucket in data["buckets"]:

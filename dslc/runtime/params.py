@@ -238,7 +238,7 @@ def upload(program: Program, tensors: Mapping[str, np.ndarray],
     ops' references on CuPy in f32, each result rounded to its dtype as the numpy path does."""
     import cupy
 
-    from dslc.runtime.device import CUPY_DTYPES, decode, encode, run_reference
+    from dslc.backend.device import CUPY_DTYPES, decode, encode, run_reference
 
     nodes = _needed(program, wanted)
     if any(n.type.dtype not in (*CUPY_DTYPES, "bf16") for n in nodes):

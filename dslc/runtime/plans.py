@@ -16,7 +16,7 @@ from dslc.runtime.fields import MAX_BYTES
 from dslc.runtime.records import PlanRecord
 
 if TYPE_CHECKING:  # importing the compiler costs a cold start ~20 ms
-    from dslc.compile.spec import GroupSpec
+    from dslc.backend.spec import GroupSpec
 
 
 @dataclass
@@ -50,7 +50,7 @@ def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
     """The graph for `spec`: from its recorded plan if there is one, else built (seeded with
     `seed`, the (engine_id, knobs) of a neighbouring bucket, when given; with cuDNN's
     `kernel_cache`, shared by the sizes of one group graph, when given)."""
-    from dslc.compile import graphs as cbuild
+    from dslc.backend import graphs as cbuild
 
     start = time.perf_counter()
     reasons = []
@@ -105,9 +105,9 @@ def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str,
            nodes: Mapping[str, Any], where: str, log: logging.Logger) -> Ready:
     """The driver changed: rebuild the saved top candidates, check each against the reference,
     time them here, keep the fastest."""
-    from dslc.compile import graphs as cbuild
-    from dslc.runtime.device import require
-    from dslc.tune.measure import TOLERANCE, Bench, check_and_time
+    from dslc.backend import graphs as cbuild
+    from dslc.backend.device import require
+    from dslc.backend.measure import TOLERANCE, Bench, check_and_time
 
     cupy, _ = require()
     start = time.perf_counter()
@@ -141,7 +141,7 @@ def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str,
 def retune(spec: GroupSpec, program: Any, storage: dict[str, Any], handle: Any, where: str,
            log: logging.Logger, budget_s: float = 20.0) -> Ready:
     """The GPU changed: measure the candidates here (checked against the reference)."""
-    from dslc.compile import graphs as cbuild
+    from dslc.backend import graphs as cbuild
     from dslc.tune import tune_spec
 
     start = time.perf_counter()

@@ -165,7 +165,7 @@ class OpRecord:
 
 @dataclass(frozen=True)
 class SpecRecord:
-    """A group graph at concrete sizes in cuDNN's form (`dslc.compile.spec.GroupSpec` as data):
+    """A group graph at concrete sizes in cuDNN's form (`dslc.backend.spec.GroupSpec` as data):
     what a plan is built from and restored for."""
 
     signature: str
@@ -304,7 +304,7 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class Environment:
-    """Where a bundle was compiled or tuned (see `dslc.runtime.environment`)."""
+    """Where a bundle was compiled or tuned (see `dslc.backend.environment`)."""
 
     cudnn_backend: int | None = None
     cudnn_frontend: str | None = None

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dslc.compile.spec import GroupSpec
-from dslc.runtime import environment
+from dslc.backend import environment
+from dslc.backend.measure import TOLERANCE, Bench, TuneResult, tune_graph
+from dslc.backend.spec import GroupSpec
 from dslc.runtime.schedule import Program
 from dslc.tune.db import TuningDB, env_key, spec_key
-from dslc.tune.measure import TOLERANCE, Bench, TuneResult, tune_graph
 
 LOG = logging.getLogger("dslc.tune")
 
@@ -47,7 +47,7 @@ class Report:
 
 
 def _gpu() -> tuple[Any, Any]:
-    from dslc.runtime.device import require
+    from dslc.backend.device import require
 
     return require()
 
@@ -56,7 +56,7 @@ def tune_spec(spec: GroupSpec, program: Program, storage: dict[str, Any], handle
               budget_s: float, search: str = "heuristics") -> TuneResult:
     """Measure the candidates of one graph (`search="exhaustive"` adds the library's engine x
     knob space after the heuristics' list; the time budget bounds how much of it is tried)."""
-    from dslc.compile.graphs import knob_space, make_graph
+    from dslc.backend.graphs import knob_space, make_graph
 
     cupy, _ = _gpu()
     bench = Bench(spec, program.nodes, storage, cupy)
@@ -69,7 +69,7 @@ def tune_payload(payload: dict[str, Any], db: TuningDB | None = None, budget_s: 
                  model_budget_s: float = 600.0, search: str = "heuristics",
                  progress: Callable[[str], None] | None = None) -> Report:
     """Tune every (bucket, graph) of a bundle in place; returns the per-graph report."""
-    from dslc.compile.graphs import build
+    from dslc.backend.graphs import build
 
     _, cudnn = _gpu()
     handle = cudnn.create_handle()

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.compile.target import load_target
 from dslc.diag.diagnostic import Sink
 from dslc.emit import bundle as emit_bundle
 from dslc.ir import interp

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dslc.backend.measure import NOISE
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import read
 from dslc.runtime.errors import RunnerError
 from dslc.tune import tune_payload
 from dslc.tune.db import TuningDB
-from dslc.tune.measure import NOISE
 from tests.conftest import ROOT
 from tests.gpu.common import TOLERANCE, compile_file, random_inputs, reference, rel_error, to_device, to_host
 

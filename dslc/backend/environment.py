@@ -59,7 +59,7 @@ def live(properties: bool = False) -> dict[str, Any]:
     if not properties:
         return out
     try:
-        from dslc.compile.target import capture
+        from dslc.backend.target import capture
 
         out["device_properties"] = capture()
     except Exception:

@@ -243,14 +243,14 @@ def _reduction(op: str) -> KernelFn:
 
 def _math(cupy: Any, x: Any) -> Any:
     """A kernel operand as the math reads it: bf16 bits as f32, anything else as it is."""
-    from dslc.runtime.device import decode
+    from dslc.backend.device import decode
 
     return decode(cupy, x, "bf16") if x.dtype == cupy.uint16 else x
 
 
 def _store(cupy: Any, y: Any, value: Any) -> None:
     """`value` rounded into `y` (bf16 bits: rounded to nearest even)."""
-    from dslc.runtime.device import encode
+    from dslc.backend.device import encode
 
     y[...] = encode(cupy, value, "bf16") if y.dtype == cupy.uint16 else value.astype(y.dtype)
 

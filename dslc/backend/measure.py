@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dslc.compile.spec import GroupSpec
+from dslc.backend.device import decode, encode, run_reference
+from dslc.backend.spec import GroupSpec
 from dslc.ir.graph import Node
-from dslc.runtime.device import decode, encode, run_reference
 from dslc.runtime.schedule import ITEMSIZE, Storage
 
 NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to replace it
@@ -189,7 +189,7 @@ def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: 
                ) -> TuneResult:
     """Build every candidate of `make()` (the heuristics' list, plus `extra` (engine_id, knobs)
     pairs), check each against the reference, time the valid ones, pick the fastest."""
-    from dslc.compile.graphs import HEURISTICS, _knobs_in, knobs_out
+    from dslc.backend.graphs import HEURISTICS, _knobs_in, knobs_out
 
     cupy = bench.cupy
     started = time.perf_counter()
