@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from dslc.core.errors import RunnerError
 from dslc.diag.diagnostic import Sink
 from dslc.emit.manifest import build_manifest
 from dslc.pipeline import Options, front_end
-from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 from tests.conftest import ROOT
 from tests.helpers import check_source

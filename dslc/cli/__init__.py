@@ -31,11 +31,11 @@ from dslc.cli.front import (
     cmd_params,
 )
 from dslc.cli.paths import UsageError, describe
+from dslc.core.errors import RunnerError
 from dslc.diag.diagnostic import Failed
 from dslc.parse.loader import ReadError
 from dslc.pipeline import front_end
 from dslc.runtime.bundle import BundleError
-from dslc.runtime.errors import RunnerError
 from dslc.weights import WeightError
 
 __all__ = ["front_end", "main"]

@@ -248,8 +248,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def _inspect_env(recorded: dict[str, Any], policy: str) -> int:
     from dslc.backend import environment
     from dslc.backend.target import live_device_available
+    from dslc.core.errors import RunnerError
     from dslc.runtime import startup
-    from dslc.runtime.errors import RunnerError
 
     if recorded.get("live"):
         print(f"bundle tuned on: {recorded.get('device_name')}, cuDNN {recorded.get('cudnn_backend')}"

@@ -15,12 +15,12 @@ from dslc import fsutil, weights
 from dslc.cli import paths
 from dslc.cli.front import EXIT_ERRORS, EXIT_OK, Output, add_diag_options, checked, make_sink
 from dslc.cli.paths import UsageError
+from dslc.core.errors import RunnerError
 from dslc.core.types import DTYPES, PrecisionSpec
 from dslc.diag.diagnostic import Failed
 from dslc.emit.manifest import build_manifest
 from dslc.ir import interp
 from dslc.pipeline import FrontEnd, middle_end
-from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 
 __all__ = ["UsageError", "checked_weights", "cmd_run", "parse_precision"]

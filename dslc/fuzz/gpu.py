@@ -100,9 +100,9 @@ def _same_groups(model: Any, steps: list[tuple[str, tuple[str, ...]]]) -> None:
 
 def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
              weights: dict[str, np.ndarray]) -> Outcome:
+    from dslc.core.errors import RunnerError
     from dslc.runtime import Model
     from dslc.runtime.bundle import read
-    from dslc.runtime.errors import RunnerError
     from dslc.runtime.schedule import Program as BundleProgram
     from dslc.weights import save
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from dslc.runtime.errors import RunnerError
+from dslc.core.errors import RunnerError
 
 
 def evaluate(d: Any, dims: Mapping[str, int]) -> int | None:

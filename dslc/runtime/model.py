@@ -16,10 +16,10 @@ from typing import Any
 
 from dslc.backend import device
 from dslc.backend.kernels import KERNELS, run_kernel
+from dslc.core.errors import RunnerError
 from dslc.ir.interp import concrete_attrs
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime import plancache, startup
-from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key

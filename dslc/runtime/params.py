@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from dslc.core.errors import RunnerError
 from dslc.ir.graph import Node
 from dslc.ir.interp import NUMPY_DTYPES, apply_view, concrete_attrs, evaluate_node
-from dslc.runtime.errors import RunnerError
 from dslc.runtime.schedule import Program
 
 LOG = logging.getLogger("dslc.runtime")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dslc.runtime.errors import RunnerError
+from dslc.core.errors import RunnerError
 from dslc.runtime.fields import MAX_BYTES
 from dslc.runtime.records import PlanRecord
 

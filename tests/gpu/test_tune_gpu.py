@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from dslc.backend.measure import NOISE
+from dslc.core.errors import RunnerError
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import read
-from dslc.runtime.errors import RunnerError
 from dslc.tune import tune_payload
 from dslc.tune.db import TuningDB
 from tests.conftest import ROOT
