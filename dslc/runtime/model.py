@@ -18,12 +18,13 @@ from dslc.backend import device
 from dslc.backend.kernels import KERNELS, run_kernel
 from dslc.core.errors import RunnerError
 from dslc.ir.interp import concrete_attrs
+from dslc.ir.storage import Storage
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime import plancache, startup
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key
-from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
+from dslc.runtime.schedule import ITEMSIZE, Layout, Program
 
 LOG = logging.getLogger("dslc.runtime")
 
@@ -84,7 +85,7 @@ class Executable:
         if action == "retime":
             return retime(spec, plan, m.handle, self.layout.storage, m.program.nodes, where, m.log)
         if action == "retune":
-            return retune(spec, m.program, self.layout.storage, m.handle, where, m.log)
+            return retune(spec, m.program.nodes, self.layout.storage, m.handle, where, m.log)
         if action == "heuristic":
             return prepare(spec, None, m.handle, where, m.log)
         return prepare(spec, plan, m.handle, where, m.log)

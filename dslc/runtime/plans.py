@@ -138,14 +138,14 @@ def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str,
                  built.engine_id, built.knobs)
 
 
-def retune(spec: GroupSpec, program: Any, storage: dict[str, Any], handle: Any, where: str,
-           log: logging.Logger, budget_s: float = 20.0) -> Ready:
+def retune(spec: GroupSpec, nodes: Mapping[str, Any], storage: dict[str, Any], handle: Any,
+           where: str, log: logging.Logger, budget_s: float = 20.0) -> Ready:
     """The GPU changed: measure the candidates here (checked against the reference)."""
     from dslc.backend import graphs as cbuild
-    from dslc.tune import tune_spec
+    from dslc.backend.measure import tune_spec
 
     start = time.perf_counter()
-    result = tune_spec(spec, program, storage, handle, budget_s)
+    result = tune_spec(spec, nodes, storage, handle, budget_s)
     if result.chosen is None or result.serialized is None:
         log.info("%s: re-tuning found no valid plan; heuristics", where)
         return prepare(spec, None, handle, where, log)

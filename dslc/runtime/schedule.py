@@ -20,32 +20,11 @@ from dslc.core.dims import DimEnv
 from dslc.ir.graph import Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
 from dslc.ir.serial import plain
+from dslc.ir.storage import Storage
 from dslc.ir.views import layout_strides
 from dslc.runtime.fields import MAX_BYTES, MAX_DIM, MAX_ELEMENTS, BundleError
 from dslc.runtime.memory import Buffer, plan_memory
 from dslc.runtime.records import BucketRecord, Bundle, SpecRecord, StepRecord
-
-
-@dataclass(frozen=True)
-class Storage:
-    """Where a value's elements are: shape and strides (elements), and its base."""
-
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    dtype: str
-    base: str  # the value that owns the memory (itself, unless a view)
-    offset: int  # elements from the base's first element
-
-    @property
-    def nbytes(self) -> int:
-        return self.span * ITEMSIZE[self.dtype]
-
-    @property
-    def span(self) -> int:
-        """Elements from the first to one past the last that it reaches."""
-        if not self.shape or 0 in self.shape:
-            return 0 if 0 in self.shape else 1
-        return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True))
 
 
 @dataclass

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dslc.backend import environment
-from dslc.backend.measure import TOLERANCE, Bench, TuneResult, tune_graph
+from dslc.backend.device import require
+from dslc.backend.measure import tune_spec
 from dslc.backend.spec import GroupSpec
 from dslc.runtime.schedule import Program
 from dslc.tune.db import TuningDB, env_key, spec_key
@@ -46,32 +47,13 @@ class Report:
         return math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else 1.0
 
 
-def _gpu() -> tuple[Any, Any]:
-    from dslc.backend.device import require
-
-    return require()
-
-
-def tune_spec(spec: GroupSpec, program: Program, storage: dict[str, Any], handle: Any,
-              budget_s: float, search: str = "heuristics") -> TuneResult:
-    """Measure the candidates of one graph (`search="exhaustive"` adds the library's engine x
-    knob space after the heuristics' list; the time budget bounds how much of it is tried)."""
-    from dslc.backend.graphs import knob_space, make_graph
-
-    cupy, _ = _gpu()
-    bench = Bench(spec, program.nodes, storage, cupy)
-    extra = knob_space(make_graph(spec, handle)) if search == "exhaustive" else []
-    return tune_graph(lambda: make_graph(spec, handle), spec, bench, handle, budget_s,
-                      TOLERANCE.get(spec.io, 2e-2), extra)
-
-
 def tune_payload(payload: dict[str, Any], db: TuningDB | None = None, budget_s: float = 20.0,
                  model_budget_s: float = 600.0, search: str = "heuristics",
                  progress: Callable[[str], None] | None = None) -> Report:
     """Tune every (bucket, graph) of a bundle in place; returns the per-graph report."""
     from dslc.backend.graphs import build
 
-    _, cudnn = _gpu()
+    _, cudnn = require()
     handle = cudnn.create_handle()
     live = environment.live(properties=True)
     env = env_key(live)
@@ -108,7 +90,7 @@ def tune_payload(payload: dict[str, Any], db: TuningDB | None = None, budget_s: 
                                        "untimed (over budget)"))
                 continue
             try:
-                result = tune_spec(spec, program, storage, handle, budget_s, search)
+                result = tune_spec(spec, program.nodes, storage, handle, budget_s, search)
             except Exception as err:
                 LOG.warning("%s at %s: tuning failed (%s); the saved plan stays", group,
                             bucket["key"], err)
