@@ -14,6 +14,7 @@ from dslc.diag import codes
 from dslc.diag.diagnostic import Sink
 from dslc.diag.render import render
 from dslc.diag.span import SourceMap, printable
+from dslc.ops import OPS
 from dslc.pipeline import FrontEnd, Options, front_end
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERNAL = 0, 1, 2, 3, 4
@@ -151,8 +152,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    from dslc.ops import OPS
-
     family = None
     for op in sorted(OPS.values(), key=lambda o: (o.family, o.name)):
         if args.family and op.family != args.family:

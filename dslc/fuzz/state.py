@@ -44,8 +44,6 @@ class Stats:
 
     def table(self) -> str:
         """The coverage of a run: each op's count, and the op pairs (fusion candidates) hit."""
-        from dslc.ops import OPS
-
         rows = [f"{'op':<16}{'count':>8}{'rejected':>10}"]
         for op in sorted({*OPS, *self.ops}):
             rows.append(f"{op:<16}{self.ops[op]:>8}{self.rejected[op]:>10}")

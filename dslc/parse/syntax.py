@@ -16,6 +16,7 @@ from lark import Token, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, Un
 from dslc.core.types import DTYPES
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
+from dslc.parse.grammar import lark_parser
 
 _NAMED = {
     "NAME": "identifier",
@@ -32,8 +33,6 @@ _EXPRESSION = {"(", "[", "-", "identifier", "integer", "float", "string", "true"
 
 
 def _spelling(terminal: str) -> str:
-    from dslc.parse.parser import lark_parser
-
     if terminal in _NAMED:
         return _NAMED[terminal]
     try:

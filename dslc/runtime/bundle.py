@@ -31,6 +31,7 @@ import msgpack
 
 from dslc.fsutil import UnreadableFile, read_limited
 from dslc.runtime.records import Bundle, BundleError
+from dslc.runtime.schedule import Program, check_buckets
 
 __all__ = ["MAGIC", "MAX_BYTES", "SCHEMA_VERSION", "Bundle", "BundleError", "load", "pack",
            "read", "unpack"]
@@ -96,8 +97,6 @@ def unpack_payload(data: bytes, source: str = "the bundle") -> Mapping[str, Any]
 def unpack(data: bytes, source: str = "the bundle", bindings: bool = True) -> Bundle:
     """The payload's records, validated whole (BundleError naming the field otherwise);
     `bindings=False` leaves each bucket's tensor bounds to the caller (`check_bucket`)."""
-    from dslc.runtime.schedule import Program, check_buckets
-
     payload = unpack_payload(data, source)
     try:
         bundle = Bundle.from_data(payload)

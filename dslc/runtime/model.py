@@ -14,13 +14,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dslc.backend import device
+from dslc import fsutil
+from dslc.backend import device, environment
 from dslc.backend.kernels import KERNELS, run_kernel
+from dslc.backend.spec import GroupSpec, group_spec
 from dslc.core.errors import RunnerError
+from dslc.ir.groups import make_group
 from dslc.ir.interp import concrete_attrs
 from dslc.ir.storage import Storage
 from dslc.runtime import bundle as bundlefile
-from dslc.runtime import plancache, startup
+from dslc.runtime import params, plancache, startup
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key
@@ -185,8 +188,6 @@ class Model:
     def decision(self) -> startup.Decision:
         """What start-up does with the saved plans here (decided once, logged)."""
         if self._decision is None:
-            from dslc.backend import environment
-
             self.cupy  # noqa: B018 - R0801 without a GPU
             self._live = environment.live()
             self._decision = startup.decide(self.bundle.environment.to_data(), self._live,
@@ -194,15 +195,10 @@ class Model:
             self.log.info("start-up of %s: %s", self.bundle.model, self._decision.explain())
         return self._decision
 
-    def spec_from(self, data: Mapping[str, Any]) -> Any:
-        from dslc.backend.spec import GroupSpec
-
+    def spec_from(self, data: Mapping[str, Any]) -> GroupSpec:
         return GroupSpec.from_data(data)
 
-    def spec_at(self, step: Any, dims: dict[str, int]) -> Any:
-        from dslc.backend.spec import group_spec
-        from dslc.ir.groups import make_group
-
+    def spec_at(self, step: StepRecord, dims: dict[str, int]) -> GroupSpec:
         group = make_group(self.program.graph, list(step.nodes), step.pattern)
         return group_spec(self.program.graph, group, dims, self.program.env)
 
@@ -236,8 +232,6 @@ class Model:
         """Read and check the weights now (R0202); they go to the GPU at the first call, where
         the load-time values are computed (so a runner imports and loads without a GPU).
         Weights prepared for this bundle (`dslc weights prepare`) hold those values already."""
-        from dslc.runtime import params
-
         prepared = params.read_prepared(Path(path), self.program)
         self._prepared = prepared is not None
         self._host_weights = prepared if prepared is not None else \
@@ -251,8 +245,6 @@ class Model:
                                   "runner, or call `load_weights(path)`")
             if self._host_weights is None:  # a model without params
                 self._host_weights = {}
-            from dslc.runtime import params
-
             self.cupy  # noqa: B018 - R0801 without a GPU
             if self._prepared:
                 self._weights = {k: self.cupy.asarray(v) for k, v in self._host_weights.items()}
@@ -275,9 +267,6 @@ class Model:
         """Prepare every bucket here (as start-up decided: re-timed, re-tuned, replayed...) and
         write the bundle with these plans and this machine's environment, atomically, to `path`
         (default: the bundle itself), so that the next start-up here restores them."""
-        from dslc import fsutil
-        from dslc.backend import environment
-
         data = self.bundle.to_data()
         for bucket in data["buckets"]:
             exe = self.executable(dict(bucket["dims"]))

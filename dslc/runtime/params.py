@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dslc import fsutil
 from dslc.core.errors import RunnerError
 from dslc.ir.graph import Node
 from dslc.ir.interp import NUMPY_DTYPES, apply_view, concrete_attrs, evaluate_node
@@ -97,8 +98,6 @@ def prepare(program: Program, tensors: Mapping[str, np.ndarray]) -> dict[str, np
 def save_prepared(path: Path, program: Program, data: Mapping[str, np.ndarray],
                   source: str) -> None:
     from safetensors.numpy import save_file
-
-    from dslc import fsutil
 
     meta = {"format": PREPARED, "model": str(program.payload["model"]),
             "program": digest(program), "source": source}

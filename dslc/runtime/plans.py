@@ -9,14 +9,12 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dslc.backend.spec import GroupSpec
 from dslc.core.errors import RunnerError
 from dslc.runtime.fields import MAX_BYTES
 from dslc.runtime.records import PlanRecord
-
-if TYPE_CHECKING:  # importing the compiler costs a cold start ~20 ms
-    from dslc.backend.spec import GroupSpec
 
 
 @dataclass
