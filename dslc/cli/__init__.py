@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dslc.backend.target import TargetError
-from dslc.cli import backend as backend
-from dslc.cli import build as build
+from dslc.cli import compile as compile_commands
+from dslc.cli import run as run_commands
 from dslc.cli.front import (
     EXIT_BACKEND,
     EXIT_ERRORS,
@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ops", help="list the built-in operations and their signatures")
     p.add_argument("--family", help="only this family (conv, matmul, pointwise, ...)")
     p.set_defaults(run=cmd_ops)
-    build.add_commands(sub)
-    backend.add_commands(sub, add_diag_options)
+    run_commands.add_commands(sub)
+    compile_commands.add_commands(sub, add_diag_options)
     return parser
 
 

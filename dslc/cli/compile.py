@@ -17,8 +17,8 @@ import numpy as np
 from dslc import fsutil, weights
 from dslc.check.dump import format_checked
 from dslc.cli import paths
-from dslc.cli.build import UsageError, checked_weights, missing_weights, sources
 from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked
+from dslc.cli.run import UsageError, checked_weights, missing_weights, sources
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.fuse import format_plan
 from dslc.ir.printer import format_graph
@@ -394,6 +394,6 @@ def add_commands(sub: Any, diag_options: Any) -> None:
 
 
 def _precision(text: str) -> Any:
-    from dslc.cli.build import parse_precision
+    from dslc.cli.run import parse_precision
 
     return parse_precision(text)

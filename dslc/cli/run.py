@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Output(args.error_format, args.color)
     if bundle:
         if args.backend == "cudnn":
-            from dslc.cli.backend import cmd_run_cudnn
+            from dslc.cli.compile import cmd_run_cudnn
 
             return cmd_run_cudnn(args, None)
         return _run_reference_bundle(args)
@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_ERRORS
     paths.output_file(args.output, sources(result))
     if args.backend == "cudnn":
-        from dslc.cli.backend import cmd_run_cudnn
+        from dslc.cli.compile import cmd_run_cudnn
 
         return cmd_run_cudnn(args, result)
     model = result.model
