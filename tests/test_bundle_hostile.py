@@ -26,7 +26,7 @@ from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
 from dslc.emit import bundle as emit_bundle
 from dslc.ir.groups import make_group
-from dslc.pipeline import middle_end
+from dslc.pipeline import lower_and_fuse
 from dslc.runtime import bundle, plancache
 from dslc.runtime.records import Bundle, BundleError
 from dslc.runtime.schedule import Program
@@ -214,7 +214,7 @@ def test_a_saved_scalar_that_is_not_the_graph_constant_is_refused(tmp_path: Path
     """A constant passed to cuDNN by value is the graph's constant."""
     model = check_source(model_snippet("  input x: [4, 64]\n  output y = relu(x * 0.5 + x)"),
                          tmp_path).model
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     data = emit_bundle.payload(compile_model(model, lowered, plan, load_target("h200")))
     tensor = next(t for b in data["buckets"] for g in b["graphs"].values()
                   for t in g["spec"]["tensors"] if t["role"] == "scalar")

@@ -14,7 +14,7 @@ import torch
 from dslc.check.checker import CheckedModel
 from dslc.diag.diagnostic import Sink
 from dslc.fuse import FusionPlan, format_plan
-from dslc.pipeline import Options, front_end, middle_end
+from dslc.pipeline import Options, front_end, lower_and_fuse
 from tests import torch_models
 from tests.conftest import ROOT
 
@@ -27,7 +27,7 @@ def _model(name: str) -> CheckedModel:
 
 
 def _plan(name: str) -> FusionPlan:
-    return middle_end(_model(name))[1]
+    return lower_and_fuse(_model(name))[1]
 
 
 def _ops_of(name: str, op: str, rank: int | None = None) -> int:

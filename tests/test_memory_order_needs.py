@@ -10,13 +10,13 @@ from pathlib import Path
 
 from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.pipeline import middle_end
+from dslc.pipeline import lower_and_fuse
 from tests.helpers import check_source
 
 
 def _compiled(text: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     model = check_source(text, tmp_path).model
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     return compile_model(model, lowered, plan, load_target("h200"))
 
 

@@ -7,110 +7,79 @@ import argparse
 import shutil
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dslc import fsutil, weights
-from dslc.check.dump import format_checked
 from dslc.cli import paths
 from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked
 from dslc.cli.run import UsageError, checked_weights, missing_weights, sources
-from dslc.diag.diagnostic import Diagnostic, Sink
-from dslc.fuse import format_plan
-from dslc.ir.printer import format_graph
-from dslc.parse.dump import format_module
-from dslc.pipeline import FrontEnd, middle_end
-
-STAGES = ("ast", "types", "ir", "fused")
-
-
-def _dumps(result: FrontEnd, lowered: Any, plan: Any, outdir: Path, wanted: list[str]) -> None:
-    assert result.model is not None and result.module is not None
-    model, module = result.model, result.module
-    stages = set(STAGES) if "all" in wanted else set(wanted)
-    texts = {"ast": lambda: format_module(module), "types": lambda: format_checked(model),
-             "ir": lambda: format_graph(lowered, with_source=True),
-             "fused": lambda: format_plan(plan)}
-    for number, stage in enumerate(STAGES, start=1):
-        if stage in stages:
-            text = texts[stage]()
-            with paths.writing(outdir / f"{number}.{stage}.txt"):
-                fsutil.write_text(outdir / f"{number}.{stage}.txt", text)
-            if len(stages) > 1:
-                print(f"==> {number}.{stage}.txt <==")
-            print(text, end="")
+from dslc.pipeline import STAGES, BuildOptions, Built, FrontEnd, TuneOptions, WriteFailed, build
+from dslc.tune import format_report, tune, tuned_bundle
+from dslc.tune.db import TuningDB
 
 
 def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Output) -> int:
-    """Front end done: lower, fuse, compile, and write the bundle and runner into `outdir`."""
+    """Front end done: build into `outdir` (`pipeline.build`) and say what was made."""
     from dslc.backend.target import load_target
-    from dslc.compile.stage import CompileFailure, compile_model
-    from dslc.emit import bundle as emit_bundle
-    from dslc.emit.runner import render
 
     assert result.model is not None
     model = result.model
-    lowered, plan = middle_end(model)
-    if args.dump:
-        _dumps(result, lowered, plan, outdir, args.dump)
     checked = None
     if args.weights is not None:
         checked = checked_weights(args, out, result, convert=args.precision is not None)
         if checked is None:
             return EXIT_ERRORS
-    target = load_target(args.target)
-    started = time.perf_counter()
     quiet = args.quiet
 
     def progress(text: str) -> None:
         if not quiet and sys.stderr.isatty():
-            print(f"\r\x1b[K  compiling {text}", end="", file=sys.stderr, flush=True)
+            print(f"\r\x1b[K  {text}", end="", file=sys.stderr, flush=True)
 
-    buckets = _buckets(args.bucket, model)
+    wanted = frozenset(STAGES) if "all" in args.dump else frozenset(args.dump)
+    options = BuildOptions(load_target(args.target), outdir, _buckets(args.bucket, model), wanted,
+                           _tune_options_of(args) if args.tune else None, checked, progress,
+                           _show_dump if len(wanted) > 1 else _show_text)
     try:
-        compiled = compile_model(model, lowered, plan, target, progress, buckets)
-    except CompileFailure as err:
-        node = lowered.by_name()[err.node]
-        sink = Sink()
-        sink.report(Diagnostic("E0801", f"no cuDNN engine supports `{node.op}` here", node.span,
-                               err.reason, notes=(f"target: {target.name}",)))
-        out.diagnostics(sink, result.program.sources)
-        return EXIT_BACKEND
+        built = build(result, options)
+    except WriteFailed as err:
+        raise UsageError(f"cannot write `{err.path}`: {paths.describe(err.error)}") from err
     finally:
         if not quiet and sys.stderr.isatty():
             print("\r\x1b[K", end="", file=sys.stderr)
-    payload = emit_bundle.payload(compiled)
-    if target.live and args.tune:
-        report = _tune(payload, args, quiet)
-        if not quiet:
-            from dslc.tune import format_report
+    if built.compiled is None:
+        out.diagnostics(built.diagnostics, result.program.sources)
+        return EXIT_BACKEND
+    if built.tuning is not None and not quiet:
+        print(format_report(built.tuning), file=sys.stderr)
+    out.info(_summary(args.file, built, len(model.buckets)))
+    return EXIT_OK
 
-            print(format_report(report), file=sys.stderr)
-    name = model.name
-    runner = render(compiled, f"{name}.bundle", f"{name}_runner")
-    beside: list[tuple[Path, Callable[[str], object]]] = [
-        (outdir / f"{name}_runner.py", lambda tmp: Path(tmp).write_text(runner, encoding="utf-8"))]
-    if checked is not None:
-        beside.append((outdir / f"{name}.safetensors", weights.writer(checked)))
-    # The bundle, its runner and its weights replaced together: a failed build keeps the
-    # previous set (the bundle goes last; see fsutil.replace_together for what a crash can do).
-    with paths.writing(outdir):
-        emit_bundle.write_with(outdir / f"{name}.bundle", payload, beside)
+
+def _show_dump(name: str, text: str) -> None:
+    print(f"==> {name} <==")
+    print(text, end="")
+
+
+def _show_text(name: str, text: str) -> None:
+    print(text, end="")
+
+
+def _summary(source: Path, built: Built, buckets: int) -> str:
+    compiled = built.compiled
+    assert compiled is not None and built.bundle is not None
     graphs = sum(1 for s in compiled.steps if s.kind == "graph")
     kernels = len(compiled.steps) - graphs
-    built = sum(1 for b in compiled.builds.values() if b.has_plan)
+    made = sum(1 for b in compiled.builds.values() if b.has_plan)
     split = sum(1 for s in compiled.steps if s.reason.startswith("split"))
     plural = "" if kernels == 1 else "s"
     splits = f", {split} split" if split else ""
-    out.info(f"compiled {args.file} for {target.name}: {len(compiled.steps)} steps ({graphs} cuDNN "
-             f"graphs, {kernels} fallback kernel{plural}{splits}), "
-             f"{len(compiled.builds)} graphs over {len(model.buckets)} buckets, {built} plans "
-             f"built, in {time.perf_counter() - started:.1f} s -> {outdir}/")
-    return EXIT_OK
+    return (f"compiled {source} for {compiled.target.name}: {len(compiled.steps)} steps ({graphs} "
+            f"cuDNN graphs, {kernels} fallback kernel{plural}{splits}), {len(compiled.builds)} "
+            f"graphs over {buckets} buckets, {made} plans built, in {built.seconds:.1f} s -> "
+            f"{built.bundle.parent}/")
 
 
 def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
@@ -130,36 +99,35 @@ def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
     return chosen
 
 
-def _tune(payload: dict[str, Any], args: argparse.Namespace, quiet: bool) -> Any:
-    from dslc.tune import tune_payload
-    from dslc.tune.db import TuningDB
-
-    def progress(text: str) -> None:
-        if not quiet and sys.stderr.isatty():
-            print(f"\r\x1b[K  tuning {text}", end="", file=sys.stderr, flush=True)
-
+def _tune_options_of(args: argparse.Namespace) -> TuneOptions:
     db = None if args.tuning_db == "none" else TuningDB(Path(args.tuning_db) if args.tuning_db
                                                         else None)
-    try:
-        return tune_payload(payload, db, args.budget, args.model_budget, args.search, progress)
-    finally:
-        if not quiet and sys.stderr.isatty():
-            print("\r\x1b[K", end="", file=sys.stderr)
+    return TuneOptions(db, args.budget, args.model_budget, args.search)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune a bundle (compiled deviceless, or elsewhere) on this GPU; written back atomically."""
     from dslc.emit import bundle as emit_bundle
-    from dslc.runtime.bundle import read
-    from dslc.tune import format_report
+    from dslc.runtime.bundle import load
 
     target = args.output or args.bundle  # in place unless told otherwise
     paths.output_file(target, [_tuning_db(args)], option="-o" if args.output else "")
-    payload = read(args.bundle)
-    report = _tune(payload, args, args.quiet)
+    records = load(args.bundle)
+    how = _tune_options_of(args)
+    quiet = args.quiet
+
+    def progress(text: str) -> None:
+        if not quiet and sys.stderr.isatty():
+            print(f"\r\x1b[K  tuning {text}", end="", file=sys.stderr, flush=True)
+
+    try:
+        tuned = tune(records, how.db, how.budget_s, how.model_budget_s, how.search, progress)
+    finally:
+        if not quiet and sys.stderr.isatty():
+            print("\r\x1b[K", end="", file=sys.stderr)
     with paths.writing(target):
-        emit_bundle.write(target, payload)
-    print(format_report(report))
+        emit_bundle.write(target, tuned_bundle(records, tuned))
+    print(format_report(tuned.report))
     print(f"wrote {target}", file=sys.stderr)
     return EXIT_OK
 
@@ -296,12 +264,12 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
             if args.precision is not None and weights_file is not None:
                 weights_file = tmp / "weights.safetensors"  # converted to the run's precision
                 weights.save(weights_file, found)
-            args.target, args.dump, args.weights, args.bucket = "device", [], None, []
-            args.quiet, args.tune = True, False
-            status = compile_to(result, args, tmp, Output("human", "never", quiet=True))
-            if status:
-                return status
-            bundle = tmp / f"{result.model.name}.bundle"
+            built = _build_for_this_gpu(result, tmp)
+            if built.bundle is None:
+                Output("human", "never", quiet=True).diagnostics(built.diagnostics,
+                                                                  result.program.sources)
+                return EXIT_BACKEND
+            bundle = built.bundle
         model = Model(bundle, weights_file)  # NaN or infinite weights: logged once (W0202)
         if weights_file is None and model.manifest["params"]:
             raise missing_weights(model.manifest["model"],
@@ -316,6 +284,16 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
         v = value.astype(np.float64)
         print(f"{name}: {value.dtype}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}")
     return EXIT_OK
+
+
+def _build_for_this_gpu(result: FrontEnd, outdir: Path) -> Built:
+    """A `.cgraph` file that `dslc run --backend cudnn` runs: compiled for this GPU, untuned."""
+    from dslc.backend.target import load_target
+
+    try:
+        return build(result, BuildOptions(load_target("device"), outdir))
+    except WriteFailed as err:
+        raise UsageError(f"cannot write `{err.path}`: {paths.describe(err.error)}") from err
 
 
 def _to_device(model: Any, name: str, a: np.ndarray) -> Any:

@@ -20,7 +20,7 @@ from dslc.core.types import DTYPES, PrecisionSpec
 from dslc.diag.diagnostic import Failed
 from dslc.emit.manifest import build_manifest
 from dslc.ir import interp
-from dslc.pipeline import FrontEnd, middle_end
+from dslc.pipeline import FrontEnd, lower_and_fuse
 from dslc.runtime.inputs import bind_inputs
 
 __all__ = ["UsageError", "checked_weights", "cmd_run", "parse_precision"]
@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return cmd_run_cudnn(args, result)
     model = result.model
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     params = checked_weights(args, out, result, convert=args.precision is not None)
     if params is None:
         return EXIT_ERRORS

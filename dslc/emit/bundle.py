@@ -86,7 +86,7 @@ def records(compiled: Compiled) -> Bundle:
 
 
 def payload(compiled: Compiled) -> dict[str, Any]:
-    """The bundle's plain data (what `dslc.tune.tune_payload` edits before `write`)."""
+    """The bundle's plain data (as a reader of the file sees it)."""
     return records(compiled).to_data()
 
 

@@ -13,7 +13,7 @@ from dslc.compile.stage import compile_model
 from dslc.diag.diagnostic import Sink
 from dslc.emit import bundle as emit_bundle
 from dslc.ir import interp
-from dslc.pipeline import Options, front_end, middle_end
+from dslc.pipeline import Options, front_end, lower_and_fuse
 from dslc.runtime.bundle import read
 from dslc.runtime.schedule import Program
 from dslc.weights import random_weights, save
@@ -32,7 +32,7 @@ def compile_file(path: Path, outdir: Path, bucket: dict[str, int] | None = None)
     sink = Sink()
     result = front_end(path, Options(), sink)
     assert result.model is not None, [d.message for d in sink.diagnostics]
-    lowered, plan = middle_end(result.model)
+    lowered, plan = lower_and_fuse(result.model)
     compiled = compile_model(result.model, lowered, plan, load_target("device"),
                              buckets=[bucket] if bucket else None)
     outdir.mkdir(parents=True, exist_ok=True)
