@@ -1,30 +1,31 @@
-"""The backend commands: `compile` (bundle + runner, and the stage dumps), `inspect BUNDLE`,
-`run --backend cudnn`, `target capture`."""
+"""The commands that make and read bundles: `compile` (bundle + runner, and the stage dumps),
+`tune BUNDLE`, `inspect BUNDLE`, `target capture`."""
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from dslc import fsutil, weights
+from dslc import fsutil
+from dslc.backend import environment
+from dslc.backend.target import capture, live_device_available, load_target
 from dslc.cli import paths
-from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked
-from dslc.cli.run import UsageError, checked_weights, missing_weights, sources
+from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked, parse_precision, sources
+from dslc.cli.paths import UsageError
+from dslc.cli.weights import checked_weights
+from dslc.core.errors import RunnerError
 from dslc.pipeline import STAGES, BuildOptions, Built, FrontEnd, TuneOptions, WriteFailed, build
+from dslc.runtime import startup
+from dslc.runtime.bundle import load
+from dslc.runtime.schedule import Program
 from dslc.tune import format_report, tune, tuned_bundle
 from dslc.tune.db import TuningDB
 
 
 def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Output) -> int:
     """Front end done: build into `outdir` (`pipeline.build`) and say what was made."""
-    from dslc.backend.target import load_target
-
     assert result.model is not None
     model = result.model
     checked = None
@@ -107,8 +108,7 @@ def _tune_options_of(args: argparse.Namespace) -> TuneOptions:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune a bundle (compiled deviceless, or elsewhere) on this GPU; written back atomically."""
-    from dslc.emit import bundle as emit_bundle
-    from dslc.runtime.bundle import load
+    from dslc.emit import bundle as emit_bundle  # imports cudnn: only where tuning runs
 
     target = args.output or args.bundle  # in place unless told otherwise
     paths.output_file(target, [_tuning_db(args)], option="-o" if args.output else "")
@@ -176,9 +176,6 @@ def _target_file(spec: str | None) -> Path | None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from dslc.runtime.bundle import load
-    from dslc.runtime.schedule import Program
-
     bundle = load(args.bundle)  # validated records
     if args.env:
         return _inspect_env(bundle.environment.to_data(), args.on_mismatch)
@@ -214,11 +211,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_env(recorded: dict[str, Any], policy: str) -> int:
-    from dslc.backend import environment
-    from dslc.backend.target import live_device_available
-    from dslc.core.errors import RunnerError
-    from dslc.runtime import startup
-
     if recorded.get("live"):
         print(f"bundle tuned on: {recorded.get('device_name')}, cuDNN {recorded.get('cudnn_backend')}"
               f" (frontend {recorded.get('cudnn_frontend')}), CUDA {recorded.get('cuda_runtime')}, "
@@ -247,75 +239,7 @@ def _inspect_env(recorded: dict[str, Any], policy: str) -> int:
     return EXIT_OK
 
 
-def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
-    """`dslc run --backend cudnn`: a bundle, or a `.cgraph` file compiled for this GPU first."""
-    from dslc.runtime import Model
-
-    bundle = args.file
-    weights_file = args.weights_file
-    tmp = Path(tempfile.mkdtemp(prefix="dslc-run-"))
-    try:
-        if result is not None:
-            assert result.model is not None
-            found = checked_weights(args, Output(args.error_format, args.color), result,
-                                    convert=args.precision is not None, finite=False)
-            if found is None:
-                return EXIT_ERRORS
-            if args.precision is not None and weights_file is not None:
-                weights_file = tmp / "weights.safetensors"  # converted to the run's precision
-                weights.save(weights_file, found)
-            built = _build_for_this_gpu(result, tmp)
-            if built.bundle is None:
-                Output("human", "never", quiet=True).diagnostics(built.diagnostics,
-                                                                  result.program.sources)
-                return EXIT_BACKEND
-            bundle = built.bundle
-        model = Model(bundle, weights_file)  # NaN or infinite weights: logged once (W0202)
-        if weights_file is None and model.manifest["params"]:
-            raise missing_weights(model.manifest["model"],
-                                  [p["path"] for p in model.manifest["params"]])
-        outputs = model.run({k: _to_device(model, k, v) for k, v in args.inputs.items()})
-        host = {k: v.get() for k, v in outputs.items()}  # CuPy arrays, as the inputs were
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    with paths.writing(args.output):
-        fsutil.atomic_write(args.output, lambda t: _savez(t, host))
-    for name, value in host.items():
-        v = value.astype(np.float64)
-        print(f"{name}: {value.dtype}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}")
-    return EXIT_OK
-
-
-def _build_for_this_gpu(result: FrontEnd, outdir: Path) -> Built:
-    """A `.cgraph` file that `dslc run --backend cudnn` runs: compiled for this GPU, untuned."""
-    from dslc.backend.target import load_target
-
-    try:
-        return build(result, BuildOptions(load_target("device"), outdir))
-    except WriteFailed as err:
-        raise UsageError(f"cannot write `{err.path}`: {paths.describe(err.error)}") from err
-
-
-def _to_device(model: Any, name: str, a: np.ndarray) -> Any:
-    """A host array (logical axis order) on the GPU, in the input's declared memory layout."""
-    cupy = model.cupy  # R0801 where there is no GPU
-    node = model.program.nodes.get(model.program.inputs.get(name, ""), None)
-    layout = node.type.layout if node is not None else None
-    if layout is None:
-        return cupy.asarray(a)
-    order = layout.order
-    physical = cupy.asarray(np.ascontiguousarray(a.transpose(order)))
-    return physical.transpose([order.index(i) for i in range(a.ndim)])
-
-
-def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:
-    with open(tmp, "wb") as f:
-        np.savez(f, **outputs)  # type: ignore[arg-type]
-
-
 def cmd_target(args: argparse.Namespace) -> int:
-    from dslc.backend.target import capture, live_device_available
-
     paths.output_file(args.output)
     if not live_device_available():
         print("error: `dslc target capture` needs a GPU, and this machine has none",
@@ -340,7 +264,7 @@ def add_commands(sub: Any, diag_options: Any) -> None:
                    help="print a stage's result and write it as N.<stage>.txt")
     p.add_argument("--bucket", action="append", default=[], metavar="N=32",
                    help="compile only this bucket (repeatable); others build on first use")
-    p.add_argument("--precision", metavar="P", type=_precision,
+    p.add_argument("--precision", metavar="P", type=parse_precision,
                    help="override the model's precision: `f32` or `io=..,intermediate=..,compute=..`")
     p.add_argument("--no-tune", dest="tune", action="store_false",
                    help="on a GPU, keep the heuristics' plans (tune later with `dslc tune`)")
@@ -371,7 +295,4 @@ def add_commands(sub: Any, diag_options: Any) -> None:
     c.set_defaults(run=cmd_target)
 
 
-def _precision(text: str) -> Any:
-    from dslc.cli.run import parse_precision
 
-    return parse_precision(text)
