@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -202,6 +202,12 @@ NeedsFn = Callable[[Mapping[str, TensorType]], str | None]
 RefFn = Callable[[list[np.ndarray], Mapping[str, Any]], np.ndarray]
 
 
+# An op's place in the fusion patterns: an anchor (conv, matmul, sdpa: a pattern of its family),
+# a pointwise epilogue after an anchor, a norm or reduction anchor, a view (no kernel), or none
+# (it runs on its own).
+FusionRole = Literal["anchor", "epilogue", "norm", "reduce", "view", "none"]
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
@@ -211,7 +217,7 @@ class OpDef:
     returns: str  # the result's shape in signature notation, for `dslc ops`
     summary: str
     scalars_as_tensors: bool = False  # a compile-time number may stand for a tensor operand
-    fusion: str = "none"  # anchor | epilogue | norm | reduce | view | none
+    fusion: FusionRole = "none"  # its place in the fusion patterns (`dslc.fuse.patterns`)
     reference: RefFn | None = None
     lower: LowerFn | None = None  # None: no cuDNN graph node (a fallback kernel runs it)
     needs: NeedsFn | None = None  # a memory order its operands must have (lowering copies)
