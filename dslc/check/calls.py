@@ -12,6 +12,7 @@ from dslc.check.values import ERROR, DType, Frame, ListVal, Scope, TensorVal, Tu
 from dslc.core import dims
 from dslc.core.dims import DimEnv
 from dslc.core.types import PrecisionSpec, TensorType, format_type, is_float
+from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.ops import OPS
@@ -69,7 +70,7 @@ class OpCtx:
     def precision_origin(self, key: str) -> Span | None:
         return self.scope.precision_origin.get(key)
 
-    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+    def error(self, code: CodeId, message: str, at: str | None = None, label: str = "",
               labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
               help: tuple[str, ...] = ()) -> None:
         span = self.func_span if at is None else self.span(at)

@@ -16,6 +16,7 @@ import numpy as np
 
 from dslc.core.dims import Dim, DimEnv
 from dslc.core.types import PrecisionSpec, TensorType
+from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 
@@ -87,7 +88,7 @@ class InferCtx(Protocol):
     @property
     def compute(self) -> str: ...
 
-    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+    def error(self, code: CodeId, message: str, at: str | None = None, label: str = "",
               labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
               help: tuple[str, ...] = ()) -> None: ...
 
@@ -123,7 +124,7 @@ class SilentCtx:
     def compute(self) -> str:
         return self._compute
 
-    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+    def error(self, code: CodeId, message: str, at: str | None = None, label: str = "",
               labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
               help: tuple[str, ...] = ()) -> None:
         if not code.startswith("W"):

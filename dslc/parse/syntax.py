@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from lark import Token, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from dslc.core.types import DTYPES
+from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
 from dslc.parse.grammar import lark_parser
@@ -119,7 +120,7 @@ class Mistake:
     """A known mistake: `matches` recognises it, `message`/`label`/`help` explain it."""
 
     name: str
-    code: str
+    code: CodeId
     matches: Callable[[ErrorSite], bool]
     message: Callable[[ErrorSite], str]
     label: Callable[[ErrorSite], str]
