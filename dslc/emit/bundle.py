@@ -15,6 +15,7 @@ from typing import Any
 from dslc import fsutil
 from dslc.backend import environment
 from dslc.compile.stage import Compiled
+from dslc.core.dims import bucket_key
 from dslc.emit.manifest import build_manifest
 from dslc.runtime import bundle
 from dslc.runtime.irdata import GraphRecord
@@ -27,7 +28,6 @@ from dslc.runtime.records import (
     PlanRecord,
     SpecRecord,
     StepRecord,
-    bucket_key,
 )
 from dslc.runtime.schedule import Program, check_buckets
 

@@ -76,6 +76,13 @@ class Graph:
 FLOAT_STORAGE = ("f32", "f16", "bf16")
 
 
+def compute_dtype(node: Node) -> str:
+    """The dtype an op computes in: its own `compute` attribute where it has one (an op that
+    needs a wider one than the model's precision), else its precision's. The interpreter, the
+    verifier and cuDNN's graph specs all use this."""
+    return str(node.attrs.get("compute", node.precision.compute))
+
+
 def stored_dtype(node: Node, virtual: bool) -> str:
     """The dtype a value's elements are held in: its own dtype when materialised; inside a fused
     group (virtual) the `intermediate` dtype, except a `cast`'s result, which keeps the dtype it

@@ -18,6 +18,7 @@ from dslc import fsutil
 from dslc.backend import device, environment
 from dslc.backend.kernels import KERNELS, run_kernel
 from dslc.backend.spec import GroupSpec, group_spec
+from dslc.core.dims import bucket_key
 from dslc.core.errors import RunnerError
 from dslc.ir.groups import make_group
 from dslc.ir.interp import concrete_attrs
@@ -26,7 +27,7 @@ from dslc.runtime import bundle as bundlefile
 from dslc.runtime import params, plancache, startup
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
-from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key
+from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord
 from dslc.runtime.schedule import ITEMSIZE, Layout, Program
 
 LOG = logging.getLogger("dslc.runtime")

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from dslc.core.dims import bucket_key
 from dslc.core.types import DTYPES
 from dslc.runtime import fields as f
 from dslc.runtime.fields import (
@@ -27,15 +28,10 @@ from dslc.runtime.fields import (
 from dslc.runtime.irdata import GraphRecord
 from dslc.runtime.manifest import Manifest
 
-__all__ = ["Bundle", "BundleError", "PlanRecord", "StepRecord", "bucket_key"]
+__all__ = ["Bundle", "BundleError", "PlanRecord", "StepRecord"]
 
 ENGINE = (0, 2**31 - 1)  # a cuDNN engine id
 ROLES = ("input", "output", "virtual", "scalar")
-
-
-def bucket_key(dims: Mapping[str, int]) -> str:
-    """How a bucket (dim values) is named: `N=32`, `H=64,N=8`, or `static`."""
-    return ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
 
 
 @dataclass(frozen=True)
