@@ -12,7 +12,7 @@ from dslc.emit import bundle as emit_bundle
 from dslc.runtime import bundle
 from dslc.runtime.memory import Buffer, plan_memory
 from dslc.runtime.records import Bundle
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 from tests.test_compile_deviceless import compiled
 
 
@@ -23,7 +23,7 @@ def test_bundle_round_trips(tmp_path: Path) -> None:
     emit_bundle.write(path, data)
     assert bundle.read(path) == data
     assert bundle.load(path) == Bundle.from_data(data)
-    program = Program(bundle.load(path))
+    program = Schedule(bundle.load(path))
     assert [s.name for s in program.steps] == [s.group.name for s in c.steps]
     assert program.graph == c.graph  # the IR survives the trip, dims and all
 

@@ -29,7 +29,7 @@ from dslc.ir.groups import make_group
 from dslc.pipeline import lower_and_fuse
 from dslc.runtime import bundle, plancache
 from dslc.runtime.records import Bundle, BundleError
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 from tests.helpers import check_source, model_snippet, run_cli
 from tests.test_compile_deviceless import compiled
 
@@ -121,12 +121,12 @@ def _runs_on_cpu(path: Path, tmp_path: Path, run: bool) -> tuple[list[str], bool
     if r.code not in (0, 2) or (r.code == 2 and r.stderr.count("\n") != 1):
         problems.append(f"inspect: exit {r.code}: {r.stderr.strip()[:300]}")
     try:
-        program = Program(bundle.load(path))
+        program = Schedule(bundle.load(path))
     except BundleError:
         return problems, True
     try:
         for b in program.bundle.buckets:
-            program.layout(b.dims)
+            program.memory_plan(b.dims)
     except BundleError:
         pass
     if run:
@@ -294,9 +294,9 @@ def test_unknown_and_missing_fields_are_refused(tmp_path: Path) -> None:
 def test_a_size_between_buckets_is_checked_as_a_saved_one() -> None:
     """What the runtime does before it builds a graph at a size no bucket has (`Executable`):
     the spec made from the graph passes; one that reaches further is refused."""
-    program = Program(Bundle.from_data(_payload("resnet18")))
+    program = Schedule(Bundle.from_data(_payload("resnet18")))
     dims = {"N": 5}
-    layout = program.layout(dims)
+    layout = program.memory_plan(dims)
     specs = {}
     for step in program.steps:
         if step.kind == "graph":

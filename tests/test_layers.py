@@ -51,8 +51,8 @@ step = model.program.steps[0]
 bucket = model.buckets["N=16"]
 out["spec_equal"] = (model.spec_at(step, {"N": 16}).data()
                      == bucket.graphs[step.signature].spec.to_data())
-layout = model.program.layout({"N": 16})
-out["arena_equal"] = (layout.arena, layout.offsets) == (bucket.arena_bytes, dict(bucket.offsets))
+memory = model.program.memory_plan({"N": 16})
+out["arena_equal"] = (memory.arena, memory.offsets) == (bucket.arena_bytes, dict(bucket.offsets))
 out["dims"] = bind_inputs(model.manifest, {"x": ((3, 784), "f16")})
 codes = []
 for given in ({"x": ((3, 785), "f16")}, {"x": ((300, 784), "f16")}, {"x": ((3, 784), "f32")}):

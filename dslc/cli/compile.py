@@ -19,7 +19,7 @@ from dslc.core.errors import RunnerError
 from dslc.pipeline import STAGES, BuildOptions, Built, FrontEnd, TuneOptions, WriteFailed, build
 from dslc.runtime import startup
 from dslc.runtime.bundle import load
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 from dslc.tune import format_report, tune, tuned_bundle
 from dslc.tune.db import TuningDB
 
@@ -179,7 +179,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     bundle = load(args.bundle)  # validated records
     if args.env:
         return _inspect_env(bundle.environment.to_data(), args.on_mismatch)
-    program = Program(bundle)
+    program = Schedule(bundle)
     env = bundle.environment
     print(f"model {bundle.model}  (from {bundle.source}, dslc {bundle.dslc_version}, "
           f"{bundle.created})")

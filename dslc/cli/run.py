@@ -35,7 +35,7 @@ from dslc.runtime import Model
 from dslc.runtime.bundle import read
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.params import read as read_weights
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 
 
 def _input_paths(specs: list[str]) -> list[Path]:
@@ -92,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_reference_bundle(args: argparse.Namespace) -> int:
-    program = Program(read(args.file))
+    program = Schedule(read(args.file))
     manifest = program.payload["manifest"]
     try:
         bind_inputs(manifest, {k: (tuple(v.shape), weights.dtype_name(v)) for k, v in args.inputs.items()})

@@ -21,7 +21,7 @@ from dslc.diag.diagnostic import Failed
 from dslc.pipeline import FrontEnd
 from dslc.runtime import params
 from dslc.runtime.bundle import read
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 
 
 def missing_weights(name: str, params: list[str]) -> UsageError:
@@ -124,7 +124,7 @@ def cmd_weights_prepare(args: argparse.Namespace) -> int:
     """The load-time values of a bundle (batchnorm folding, layouts) computed once and saved, so
     start-up uploads them as they are."""
     paths.output_file(args.output, [args.bundle, args.weights])
-    program = Program(read(args.bundle))
+    program = Schedule(read(args.bundle))
     try:
         tensors = params.read(args.weights, program.payload["manifest"], runtime_warn(args))
     except RunnerError as err:

@@ -29,7 +29,7 @@ from dslc.runtime.records import (
     SpecRecord,
     StepRecord,
 )
-from dslc.runtime.schedule import Program, check_buckets
+from dslc.runtime.schedule import Schedule, check_buckets
 
 VERSION = "0.1.0"
 
@@ -71,7 +71,7 @@ def records(compiled: Compiled) -> Bundle:
                  Manifest.from_data(build_manifest(model), graph), graph,
                  tuple(compiled.plan.load_time), steps, compiled.target.name,
                  Environment.from_data(env), ())
-    program = Program(out)
+    program = Schedule(out)
     nodes = program.nodes
     buckets = []
     for b in compiled.buckets:
@@ -80,8 +80,8 @@ def records(compiled: Compiled) -> Bundle:
                                                        f"buckets.{key}.{sig}", nodes),
                                   _plan(compiled, (k, sig)))
                   for (k, sig) in compiled.specs if k == key}
-        layout = program.layout(b)
-        buckets.append(BucketRecord(key, dict(b), graphs, layout.offsets, layout.arena))
+        memory = program.memory_plan(b)
+        buckets.append(BucketRecord(key, dict(b), graphs, memory.offsets, memory.arena))
     return dataclasses.replace(out, buckets=tuple(buckets))
 
 
@@ -93,7 +93,7 @@ def payload(compiled: Compiled) -> dict[str, Any]:
 def write(path: Path, data: Bundle | Mapping[str, Any]) -> None:
     """Validate (BundleError: a bug in whoever made `data`), then write atomically."""
     record = data if isinstance(data, Bundle) else Bundle.from_data(data)
-    check_buckets(Program(record))
+    check_buckets(Schedule(record))
     fsutil.write_bytes(path, bundle.pack(record))
 
 
@@ -102,6 +102,6 @@ def write_with(path: Path, data: Bundle | Mapping[str, Any],
     """The bundle and the files made with it, replaced together (`fsutil.replace_together`): a
     failed write leaves the previous set, and the bundle is replaced last."""
     record = data if isinstance(data, Bundle) else Bundle.from_data(data)
-    check_buckets(Program(record))
+    check_buckets(Schedule(record))
     packed = bundle.pack(record)
     fsutil.replace_together([(path, lambda tmp: Path(tmp).write_bytes(packed)), *beside])

@@ -103,14 +103,14 @@ def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
     from dslc.core.errors import RunnerError
     from dslc.runtime import Model
     from dslc.runtime.bundle import read
-    from dslc.runtime.schedule import Program as BundleProgram
+    from dslc.runtime.schedule import Schedule
     from dslc.weights import save
 
     save(tmp / "fuzz.safetensors", weights)
     model = Model(bundle, tmp / "fuzz.safetensors", plan_cache=None)
     device_inputs = _to_device(inputs, model)
     plain = _to_host(model.run(device_inputs))
-    program = BundleProgram(read(bundle))
+    program = Schedule(read(bundle))
     virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
     want = interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
     dtype = _narrowest(program)

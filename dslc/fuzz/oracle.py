@@ -275,13 +275,13 @@ def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
     from dslc.emit import bundle as emit_bundle
     from dslc.ir.printer import format_graph
     from dslc.runtime.bundle import read
-    from dslc.runtime.schedule import Program as BundleProgram
+    from dslc.runtime.schedule import Schedule
 
     lowered, plan = _lower(model.graph, model.env)
     compiled = compile_model(model, lowered, plan, load_target("h200"))
     path = tmp / "fuzz.bundle"
     emit_bundle.write(path, emit_bundle.payload(compiled))
-    program = BundleProgram(read(path))
+    program = Schedule(read(path))
     if format_graph(program.graph) != format_graph(compiled.graph):
         raise Failure(Outcome("roundtrip", "compile", "the bundle's graph differs from the "
                                                       "compiled one"))

@@ -28,7 +28,7 @@ from dslc.runtime import params, plancache, startup
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord
-from dslc.runtime.schedule import ITEMSIZE, Layout, Program
+from dslc.runtime.schedule import ITEMSIZE, MemoryPlan, Schedule
 
 LOG = logging.getLogger("dslc.runtime")
 
@@ -40,7 +40,7 @@ class Executable:
         self.model = model
         self.dims = dims
         self.key = bucket_key(dims)
-        self.layout: Layout = model.program.layout(dims)
+        self.memory: MemoryPlan = model.program.memory_plan(dims)
         self.graphs: dict[str, Ready] = {}
         decision = model.decision()
         for step, spec, plan in self._specs():
@@ -54,7 +54,7 @@ class Executable:
                                   "kernel_cache": ready.kernel_cache})
             self.graphs[step.signature] = ready
         cupy = model.cupy
-        self.arena = cupy.empty(max(self.layout.arena, 1), dtype=cupy.uint8)
+        self.arena = cupy.empty(max(self.memory.arena, 1), dtype=cupy.uint8)
         workspace = max((r.workspace for r in self.graphs.values()), default=0)
         self.workspace = cupy.empty(max(workspace, 256), dtype=cupy.uint8)
         self.bindings = {}
@@ -68,7 +68,7 @@ class Executable:
     def _specs(self) -> list[tuple[StepRecord, Any, PlanRecord | None]]:
         """Per group signature: its first step, its spec at these dims (the bucket's, with its
         plan, or made from the graph), each checked against every step that binds it to memory
-        (`Program.check_bindings`: BundleError if a tensor would reach past its value)."""
+        (`Schedule.check_bindings`: BundleError if a tensor would reach past its value)."""
         m = self.model
         bucket = m.buckets.get(self.key)
         out: dict[str, tuple[StepRecord, Any, PlanRecord | None]] = {}
@@ -79,7 +79,7 @@ class Executable:
                 entry = bucket.graphs.get(step.signature) if bucket is not None else None
                 out[step.signature] = ((step, entry.spec, entry.plan) if entry is not None else
                                        (step, m.spec_at(step, self.dims), None))
-            m.program.check_bindings(step, out[step.signature][1], self.layout.storage,
+            m.program.check_bindings(step, out[step.signature][1], self.memory.storage,
                                      self.dims, f"group {step.name} at {self.key}")
         return list(out.values())
 
@@ -87,9 +87,9 @@ class Executable:
         """A bucket's graph, as the start-up decision says (see `dslc.runtime.startup`)."""
         m = self.model
         if action == "retime":
-            return retime(spec, plan, m.handle, self.layout.storage, m.program.nodes, where, m.log)
+            return retime(spec, plan, m.handle, self.memory.storage, m.program.nodes, where, m.log)
         if action == "retune":
-            return retune(spec, m.program.nodes, self.layout.storage, m.handle, where, m.log)
+            return retune(spec, m.program.nodes, self.memory.storage, m.handle, where, m.log)
         if action == "heuristic":
             return prepare(spec, None, m.handle, where, m.log)
         return prepare(spec, plan, m.handle, where, m.log)
@@ -118,7 +118,7 @@ class Executable:
         return ready
 
     def storage(self, name: str) -> Storage:
-        return self.layout.storage[name]
+        return self.memory.storage[name]
 
 
 class Model:
@@ -143,7 +143,7 @@ class Model:
         self.path = Path(bundle)
         # Validated records; each bucket's cuDNN tensor bounds are checked by `Executable`.
         self.bundle = bundlefile.load(self.path, bindings=False)
-        self.program = Program(self.bundle)
+        self.program = Schedule(self.bundle)
         self.manifest: dict[str, Any] = self.bundle.manifest.to_data()  # what input checks read
         self.buckets: dict[str, BucketRecord] = {b.key: b for b in self.bundle.buckets}
         self.log = log or LOG
@@ -364,8 +364,8 @@ class Model:
             ptr = refs[node.attrs["name"]].ptr
         elif base in outputs:
             ptr = outputs[base].ptr
-        elif base in exe.layout.offsets:
-            ptr = int(exe.arena.data.ptr) + exe.layout.offsets[base]
+        elif base in exe.memory.offsets:
+            ptr = int(exe.arena.data.ptr) + exe.memory.offsets[base]
         else:
             assert self._weights is not None and base in self._weights, base
             ptr = int(self._weights[base].data.ptr)

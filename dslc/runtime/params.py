@@ -24,7 +24,7 @@ from dslc import fsutil
 from dslc.core.errors import RunnerError
 from dslc.ir.graph import Node
 from dslc.ir.interp import NUMPY_DTYPES, apply_view, concrete_attrs, evaluate_node
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 
 LOG = logging.getLogger("dslc.runtime")
 Warn = Callable[[str], None]  # takes one sentence about NaN or infinite values
@@ -73,7 +73,7 @@ def _metadata(path: Path) -> dict[str, str]:
 
 
 # -- prepared weights: the load-time values computed once, in their dtype and memory layout ----
-def digest(program: Program) -> str:
+def digest(program: Schedule) -> str:
     """What prepared weights depend on: the load-time values the steps read, the nodes they are
     computed from, and their dtypes, shapes and layouts (not the plans: tuning keeps it)."""
     import hashlib
@@ -88,14 +88,14 @@ def digest(program: Program) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def prepare(program: Program, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def prepare(program: Schedule, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The bytes each load-time value has on the device (computed with the numpy oracle)."""
     values = load_time_values(program, tensors, program.weights_used())
     return {name: physical(a, memory_order(program, name, a.ndim)).reshape(-1).view(np.uint8)
             for name, a in values.items()}
 
 
-def save_prepared(path: Path, program: Program, data: Mapping[str, np.ndarray],
+def save_prepared(path: Path, program: Schedule, data: Mapping[str, np.ndarray],
                   source: str) -> None:
     from safetensors.numpy import save_file
 
@@ -104,7 +104,7 @@ def save_prepared(path: Path, program: Program, data: Mapping[str, np.ndarray],
     fsutil.atomic_write(path, lambda tmp: save_file(dict(data), tmp, metadata=meta))
 
 
-def read_prepared(path: Path, program: Program, warn: Warn | None = None,
+def read_prepared(path: Path, program: Schedule, warn: Warn | None = None,
                   ) -> dict[str, np.ndarray] | None:
     """The device bytes from a prepared weights file made for this bundle's program; None when
     `path` is a plain weights file; R0202 when it was prepared for another build, or when a value
@@ -192,7 +192,7 @@ def _log_warning(text: str) -> None:
     LOG.warning("warning[W0202]: %s", text)
 
 
-def _needed(program: Program, wanted: list[str]) -> list[Node]:
+def _needed(program: Schedule, wanted: list[str]) -> list[Node]:
     """The nodes the values `wanted` are computed from, in program order."""
     needed: set[str] = set()
     stack = list(wanted)
@@ -204,7 +204,7 @@ def _needed(program: Program, wanted: list[str]) -> list[Node]:
     return [node for node in program.graph.nodes if node.name in needed]
 
 
-def load_time_values(program: Program, tensors: Mapping[str, np.ndarray],
+def load_time_values(program: Schedule, tensors: Mapping[str, np.ndarray],
                      wanted: list[str]) -> dict[str, np.ndarray]:
     """The load-time values `wanted`, computed from the params with the numpy references."""
     values: dict[str, np.ndarray] = {}
@@ -225,12 +225,12 @@ def physical(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(order))
 
 
-def memory_order(program: Program, name: str, ndim: int) -> tuple[int, ...]:
+def memory_order(program: Schedule, name: str, ndim: int) -> tuple[int, ...]:
     layout = program.nodes[name].type.layout
     return layout.order if layout is not None else tuple(range(ndim))
 
 
-def upload(program: Program, tensors: Mapping[str, np.ndarray],
+def upload(program: Schedule, tensors: Mapping[str, np.ndarray],
            wanted: list[str]) -> dict[str, Any]:
     """Device buffers (raw bytes) of the load-time values `wanted`, in each value's layout: the
     params go up as they are, and the values computed from them are computed there, by the
@@ -276,7 +276,7 @@ def _device_bytes(cupy: Any, a: Any) -> Any:
     return cupy.asarray(a).reshape(-1).view(cupy.uint8)
 
 
-def _upload_host(program: Program, values: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def _upload_host(program: Schedule, values: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Device buffers of values computed on the host, in each value's layout."""
     import cupy
 

@@ -28,7 +28,7 @@ from dslc.runtime.records import BucketRecord, Bundle, SpecRecord, StepRecord
 
 
 @dataclass
-class Layout:
+class MemoryPlan:
     """The memory picture at one set of dim values."""
 
     dims: dict[str, int]
@@ -37,7 +37,7 @@ class Layout:
     arena: int = 0  # bytes
 
 
-class Program:
+class Schedule:
     """The dims-independent part of a bundle: graph, steps, load-time values, inputs, outputs.
     Takes the records (`dslc.runtime.bundle.load`), or a payload's plain data (validated)."""
 
@@ -104,8 +104,8 @@ class Program:
             name = self.nodes[name].inputs[0]
         return name
 
-    def layout(self, values: Mapping[str, int]) -> Layout:
-        out = Layout(dict(values))
+    def memory_plan(self, values: Mapping[str, int]) -> MemoryPlan:
+        out = MemoryPlan(dict(values))
         last: dict[str, int] = {}
         first: dict[str, int] = {}
         for i, step in enumerate(self.steps):
@@ -125,7 +125,7 @@ class Program:
         return out
 
     def peak_bytes(self, values: Mapping[str, int]) -> int:
-        return self.layout(values).arena
+        return self.memory_plan(values).arena
 
     def check_bindings(self, step: StepRecord, spec: SpecRecord | Any,
                        storage: Mapping[str, Storage], dims: Mapping[str, int],
@@ -163,7 +163,7 @@ class Program:
                                   f"{s.nbytes:,} bytes of {s.dtype})")
 
 
-def check_buckets(program: Program) -> None:
+def check_buckets(program: Schedule) -> None:
     """Every bucket's saved graphs fit the memory of what each step binds them to, and its
     memory plan stays within its arena (BundleError naming the bucket and graph)."""
     for i, bucket in enumerate(program.bundle.buckets):
@@ -173,7 +173,7 @@ def check_buckets(program: Program) -> None:
 class _Lazy(dict[str, Storage]):
     """Storage of the values asked for, at one set of dims."""
 
-    def __init__(self, program: Program, dims: Mapping[str, int]) -> None:
+    def __init__(self, program: Schedule, dims: Mapping[str, int]) -> None:
         super().__init__()
         self.program = program
         self.dims = dims
@@ -183,7 +183,7 @@ class _Lazy(dict[str, Storage]):
         return self[name]
 
 
-def check_bucket(program: Program, bucket: BucketRecord, path: str) -> None:
+def check_bucket(program: Schedule, bucket: BucketRecord, path: str) -> None:
     storage = _Lazy(program, bucket.dims)
     for step in program.steps:
         entry = bucket.graphs.get(step.signature) if step.kind == "graph" else None

@@ -21,7 +21,7 @@ from dslc.backend.device import require
 from dslc.backend.measure import tune_spec
 from dslc.backend.spec import GroupSpec
 from dslc.runtime.records import Bundle, Environment, PlanRecord
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 from dslc.tune.db import TuningDB, env_key, spec_key
 
 LOG = logging.getLogger("dslc.tune")
@@ -69,7 +69,7 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
     handle = cudnn.create_handle()
     live = environment.live(properties=True)
     env = env_key(live)
-    program = Program(bundle)
+    program = Schedule(bundle)
     names = {s.signature: s.name for s in program.steps}
     report = Report()
     plans: dict[tuple[str, str], PlanRecord] = {}
@@ -77,7 +77,7 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
     total = sum(len(b.graphs) for b in bundle.buckets)
     done = 0
     for bucket in bundle.buckets:
-        storage = program.layout(dict(bucket.dims)).storage
+        storage = program.memory_plan(dict(bucket.dims)).storage
         for signature, entry in bucket.graphs.items():
             done += 1
             group = names.get(signature, signature)
@@ -95,7 +95,7 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
     return Tuned(plans, Environment.from_data(live), report)
 
 
-def _tune_one(spec: GroupSpec, saved: PlanRecord, program: Program, storage: dict[str, Any],
+def _tune_one(spec: GroupSpec, saved: PlanRecord, program: Schedule, storage: dict[str, Any],
               handle: Any, db: TuningDB | None, env: str, over_budget: bool,
               how: tuple[float, str, str]) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
     """One graph at one size: its report row (after bucket, signature and group) and its new
