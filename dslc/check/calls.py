@@ -285,11 +285,13 @@ class CallEval(ExprEval):
         return ERROR
 
     # -- defs ------------------------------------------------------------------------------------
+    # Implemented by the elaborator, which runs def bodies (`dslc.check.defs` instantiates one).
     def apply_def(self, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
                   scope: Scope, hint: str) -> Any:
-        from dslc.check.defs import instantiate
+        raise NotImplementedError
 
-        return instantiate(self, ref, call, pos, kws, scope, hint)  # type: ignore[arg-type]
+    def run_body(self, body: tuple[ast.Stmt, ...], scope: Scope) -> Any:
+        raise NotImplementedError
 
     def frame_for(self, ref: DefRef, call: ast.Call, scope: Scope, hint: str, args_text: str,
                   ) -> Frame:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.calls import CallEval
+from dslc.check.calls import Arg, CallEval
 from dslc.check.context import ParamSpec, is_dim, is_int
-from dslc.check.defs import conform, layout_of
+from dslc.check.defs import conform, instantiate, layout_of
 from dslc.check.expansion import estimate
 from dslc.check.resolve import DefRef, suggest
 from dslc.check.values import (
@@ -70,6 +70,10 @@ class Elaborator(CallEval):
         self.lets: list[tuple[str, str, Span]] = []  # (value node, let name, span) for W0201
 
     # -- bodies ----------------------------------------------------------------------------------
+    def apply_def(self, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
+                  scope: Scope, hint: str) -> Any:
+        return instantiate(self, ref, call, pos, kws, scope, hint)
+
     def run_body(self, body: tuple[ast.Stmt, ...], scope: Scope) -> Any:
         result = None
         for stmt in body:
