@@ -11,7 +11,7 @@ import pytest
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime import bundle
 from dslc.runtime.memory import Buffer, plan_memory
-from dslc.runtime.records import Bundle
+from dslc.runtime.records import Bundle, BundleError, Environment
 from dslc.runtime.schedule import Schedule
 from tests.test_compile_deviceless import compiled
 
@@ -84,3 +84,23 @@ def test_source_date_epoch_fixes_the_build_time(monkeypatch: pytest.MonkeyPatch)
     assert first.created == "2023-11-14T22:13:20+00:00"
     assert all(e.plan.build_s is None for b in first.buckets for e in b.graphs.values())
     assert bundle.pack(first) == bundle.pack(emit_bundle.records(c))  # byte for byte
+
+
+def test_with_plans_replaces_only_the_named_plans_and_validates_them() -> None:
+    records = emit_bundle.records(compiled("mlp"))
+    bucket = records.buckets[1]
+    sig, entry = next(iter(bucket.graphs.items()))
+    where = f"buckets.{bucket.key}.graphs.{sig}.plan"
+    plan = entry.plan.updated({"engine_id": 7, "knobs": {"2": 1}, "ms": 0.25, "tuned": True}, where)
+    env = Environment.from_data({**records.environment.to_data(), "device_name": "Another GPU"})
+    out = records.with_plans({(bucket.key, sig): plan}, env)
+    assert out.buckets[1].graphs[sig].plan == plan
+    assert (plan.engine_id, dict(plan.knobs), plan.ms) == (7, {"2": 1}, 0.25)
+    assert plan.workspace == entry.plan.workspace  # fields not named are kept
+    assert out.environment.device_name == "Another GPU"
+    others = [(b.key, s, g.plan) for b in out.buckets for s, g in b.graphs.items()
+              if (b.key, s) != (bucket.key, sig)]
+    assert others == [(b.key, s, g.plan) for b in records.buckets for s, g in b.graphs.items()
+                      if (b.key, s) != (bucket.key, sig)]
+    with pytest.raises(BundleError, match=f"{where}.workspace"):
+        entry.plan.updated({"workspace": -1}, where)

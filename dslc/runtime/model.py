@@ -27,7 +27,7 @@ from dslc.runtime import bundle as bundlefile
 from dslc.runtime import params, plancache, startup
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
-from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord
+from dslc.runtime.records import BucketRecord, Environment, PlanRecord, StepRecord
 from dslc.runtime.schedule import ITEMSIZE, MemoryPlan, Schedule
 
 LOG = logging.getLogger("dslc.runtime")
@@ -268,15 +268,17 @@ class Model:
         """Prepare every bucket here (as start-up decided: re-timed, re-tuned, replayed...) and
         write the bundle with these plans and this machine's environment, atomically, to `path`
         (default: the bundle itself), so that the next start-up here restores them."""
-        data = self.bundle.to_data()
-        for bucket in data["buckets"]:
-            exe = self.executable(dict(bucket["dims"]))
-            for signature, entry in bucket["graphs"].items():
+        plans = {}
+        for bucket in self.bundle.buckets:
+            exe = self.executable(dict(bucket.dims))
+            for signature, entry in bucket.graphs.items():
                 ready = exe.graphs[signature]
-                entry["plan"] = {**entry["plan"], **plan_record(ready), "made_at_startup": ready.how}
-        data["environment"] = environment.live(properties=True)
+                plans[(bucket.key, signature)] = entry.plan.updated(
+                    {**plan_record(ready), "made_at_startup": ready.how},
+                    f"buckets.{bucket.key}.graphs.{signature}.plan")
+        live = Environment.from_data(environment.live(properties=True))
         target = Path(path) if path is not None else self.path
-        fsutil.write_bytes(target, bundlefile.pack(bundlefile.Bundle.from_data(data)))
+        fsutil.write_bytes(target, bundlefile.pack(self.bundle.with_plans(plans, live)))
         self.log.info("saved the plans of %s for this machine to %s", self.bundle.model, target)
         return target
 

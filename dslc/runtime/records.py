@@ -12,7 +12,7 @@ cuDNN tensor within the memory of the value it is bound to) is checked by
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from dslc.core.dims import bucket_key
@@ -88,6 +88,10 @@ class PlanRecord:
                 out[field.name] = (value.to_data() if isinstance(value, Candidate) else
                                    [c.to_data() for c in value] if field.name == "top" else value)
         return out
+
+    def updated(self, data: Mapping[str, Any], path: str) -> PlanRecord:
+        """This plan with the fields in `data` replaced (validated as a bundle's plan)."""
+        return PlanRecord.from_data({**self.to_data(), **data}, path)
 
     @staticmethod
     def from_data(d: Any, path: str, tuning: bool = False) -> PlanRecord:
@@ -349,6 +353,15 @@ class Bundle:
     target: str
     environment: Environment
     buckets: tuple[BucketRecord, ...]
+
+    def with_plans(self, plans: Mapping[tuple[str, str], PlanRecord],
+                   environment: Environment) -> Bundle:
+        """This bundle with other plans (by bucket key and group signature; the rest stay) and
+        the environment they were made in (what tuning and `Model.save_plans` write)."""
+        buckets = tuple(replace(b, graphs={sig: replace(g, plan=plans.get((b.key, sig), g.plan))
+                                           for sig, g in b.graphs.items()})
+                        for b in self.buckets)
+        return replace(self, buckets=buckets, environment=environment)
 
     def to_data(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -8,7 +8,6 @@ and `tuned_bundle` puts them into the bundle's records (nothing is edited in pla
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -84,22 +83,22 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
             if progress:
                 progress(f"[{done}/{total}] {bucket.key} {group}")
             spec = GroupSpec.from_data(entry.spec.to_data())
-            row, plan = _tune_one(spec, entry.plan, program, storage, handle, db, env,
+            row, plan = _tune_one(spec, program, storage, handle, db, env,
                                   time.perf_counter() - started > model_budget_s,
                                   (budget_s, search, f"{group} at {bucket.key}"))
             report.rows.append(Row(bucket.key, signature, group, *row))
             if plan is not None:
-                plans[(bucket.key, signature)] = PlanRecord.from_data(
+                plans[(bucket.key, signature)] = entry.plan.updated(
                     plan, f"buckets.{bucket.key}.graphs.{signature}.plan")
     report.seconds = time.perf_counter() - started
     return Tuned(plans, Environment.from_data(live), report)
 
 
-def _tune_one(spec: GroupSpec, saved: PlanRecord, program: Schedule, storage: dict[str, Any],
+def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
               handle: Any, db: TuningDB | None, env: str, over_budget: bool,
               how: tuple[float, str, str]) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
     """One graph at one size: its report row (after bucket, signature and group) and its new
-    plan's data (None: the saved plan stays)."""
+    plan's fields (None: the saved plan stays)."""
     from dslc.backend.graphs import build  # imports cudnn: only where tuning runs
 
     key = spec_key(spec)
@@ -107,8 +106,8 @@ def _tune_one(spec: GroupSpec, saved: PlanRecord, program: Schedule, storage: di
     if record is not None and record.get("engine_id") is not None:
         built = build(spec, handle, engine=(record["engine_id"], record["knobs"]))
         if built.has_plan:
-            plan = {**saved.to_data(), **record, "serialized": built.serialized,
-                    "workspace": built.workspace, "reused": True}
+            plan = {**record, "serialized": built.serialized, "workspace": built.workspace,
+                    "reused": True}
             return ((record.get("heuristic") or {}).get("ms"), record.get("ms"),
                     record.get("error"), "database", record.get("candidates", 0)), plan
     if over_budget:
@@ -125,17 +124,14 @@ def _tune_one(spec: GroupSpec, saved: PlanRecord, program: Schedule, storage: di
     if db is not None:
         db.put(env, key, record)
     heur = result.heuristic.ms if result.heuristic else None
-    plan = {**saved.to_data(), **record, "serialized": result.serialized,
-            "workspace": result.workspace, "reused": False}
+    plan = {**record, "serialized": result.serialized, "workspace": result.workspace,
+            "reused": False}
     return (heur, result.chosen.ms, result.chosen.error, "tuned", len(result.candidates)), plan
 
 
 def tuned_bundle(bundle: Bundle, tuned: Tuned) -> Bundle:
     """The bundle with the plans tuning chose and the environment it measured in."""
-    buckets = tuple(dataclasses.replace(b, graphs={
-        sig: dataclasses.replace(g, plan=tuned.plans.get((b.key, sig), g.plan))
-        for sig, g in b.graphs.items()}) for b in bundle.buckets)
-    return dataclasses.replace(bundle, buckets=buckets, environment=tuned.environment)
+    return bundle.with_plans(tuned.plans, tuned.environment)
 
 
 def format_report(report: Report) -> str:
