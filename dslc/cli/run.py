@@ -28,7 +28,7 @@ from dslc.cli.front import (
 from dslc.cli.paths import UsageError
 from dslc.cli.weights import checked_weights, missing_weights, runtime_warn
 from dslc.core.errors import RunnerError
-from dslc.emit.manifest import build_manifest
+from dslc.emit.manifest import manifest_record
 from dslc.ir import interp
 from dslc.pipeline import BuildOptions, Built, FrontEnd, WriteFailed, build, lower_and_fuse
 from dslc.runtime import Model
@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = checked_weights(args, out, result, convert=args.precision is not None)
     if params is None:
         return EXIT_ERRORS
-    manifest = build_manifest(model)
+    manifest = manifest_record(model, lowered)
     try:
         bind_inputs(manifest, {k: (tuple(v.shape), weights.dtype_name(v)) for k, v in args.inputs.items()})
     except RunnerError as err:
@@ -93,12 +93,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_reference_bundle(args: argparse.Namespace) -> int:
     program = Schedule(read(args.file))
-    manifest = program.payload["manifest"]
+    manifest = program.bundle.manifest
     try:
         bind_inputs(manifest, {k: (tuple(v.shape), weights.dtype_name(v)) for k, v in args.inputs.items()})
         if args.weights is None:
-            if manifest["params"]:
-                raise missing_weights(manifest["model"], [p["path"] for p in manifest["params"]])
+            if manifest.params:
+                raise missing_weights(manifest.model, [p.name for p in manifest.params])
             tensors = {}
         else:
             tensors = read_weights(args.weights, manifest, runtime_warn(args))
@@ -164,9 +164,8 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
                 return EXIT_BACKEND
             bundle = built.bundle
         model = Model(bundle, weights_file)  # NaN or infinite weights: logged once (W0202)
-        if weights_file is None and model.manifest["params"]:
-            raise missing_weights(model.manifest["model"],
-                                  [p["path"] for p in model.manifest["params"]])
+        if weights_file is None and model.manifest.params:
+            raise missing_weights(model.manifest.model, [p.name for p in model.manifest.params])
         outputs = model.run({k: _to_device(model, k, v) for k, v in args.inputs.items()})
         host = {k: v.get() for k, v in outputs.items()}  # CuPy arrays, as the inputs were
     finally:

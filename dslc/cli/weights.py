@@ -126,7 +126,7 @@ def cmd_weights_prepare(args: argparse.Namespace) -> int:
     paths.output_file(args.output, [args.bundle, args.weights])
     program = Schedule(read(args.bundle))
     try:
-        tensors = params.read(args.weights, program.payload["manifest"], runtime_warn(args))
+        tensors = params.read(args.weights, program.bundle.manifest, runtime_warn(args))
     except RunnerError as err:
         print(err, file=sys.stderr)
         return EXIT_ERRORS

@@ -16,10 +16,9 @@ from dslc import fsutil
 from dslc.backend import environment
 from dslc.compile.stage import Compiled
 from dslc.core.dims import bucket_key
-from dslc.emit.manifest import build_manifest
+from dslc.emit.manifest import manifest_record
 from dslc.runtime import bundle
 from dslc.runtime.irdata import GraphRecord
-from dslc.runtime.manifest import Manifest
 from dslc.runtime.records import (
     BucketRecord,
     Bundle,
@@ -68,7 +67,7 @@ def records(compiled: Compiled) -> Bundle:
            else environment.from_profile(compiled.target.properties_json))
     out = Bundle(model.name, model.file, VERSION,
                  _created(),
-                 Manifest.from_data(build_manifest(model), graph), graph,
+                 manifest_record(model, record=graph), graph,
                  tuple(compiled.plan.load_time), steps, compiled.target.name,
                  Environment.from_data(env), ())
     program = Schedule(out)

@@ -1,8 +1,9 @@
 """The manifest a bundle carries (what a caller gives the model and what its weights are) as typed
 records, read as untrusted data and checked against the IR it describes: each input, output and
 param is a node of the graph with the same dtype, shape and layout, and each dynamic dim is a
-symbol of the graph with the same range. `to_data()` gives the plain form the input checks
-(`dslc.runtime.inputs`) and the weight reader (`dslc.runtime.params`) take.
+symbol of the graph with the same range. The input checks (`dslc.runtime.inputs`) and the weight
+reader (`dslc.runtime.params`) read these records; `to_data()` gives the plain form the bundle
+stores.
 """
 
 from __future__ import annotations

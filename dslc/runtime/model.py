@@ -26,6 +26,7 @@ from dslc.ir.storage import Storage
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime import params, plancache, startup
 from dslc.runtime.inputs import bind_inputs
+from dslc.runtime.manifest import Manifest
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, Environment, PlanRecord, StepRecord
 from dslc.runtime.schedule import ITEMSIZE, MemoryPlan, Schedule
@@ -144,7 +145,7 @@ class Model:
         # Validated records; each bucket's cuDNN tensor bounds are checked by `Executable`.
         self.bundle = bundlefile.load(self.path, bindings=False)
         self.program = Schedule(self.bundle)
-        self.manifest: dict[str, Any] = self.bundle.manifest.to_data()  # what input checks read
+        self.manifest: Manifest = self.bundle.manifest  # what input checks and weights read
         self.buckets: dict[str, BucketRecord] = {b.key: b for b in self.bundle.buckets}
         self.log = log or LOG
         self.startup: list[dict[str, Any]] = []
@@ -241,7 +242,7 @@ class Model:
 
     def _device_weights(self) -> dict[str, Any]:
         if self._weights is None:
-            if self._host_weights is None and self.manifest["params"]:
+            if self._host_weights is None and self.manifest.params:
                 raise RunnerError("R0202", "no weights loaded: pass a safetensors file to the "
                                   "runner, or call `load_weights(path)`")
             if self._host_weights is None:  # a model without params
@@ -288,10 +289,11 @@ class Model:
 
     def _check(self, inputs: Mapping[str, Any]) -> tuple[dict[str, device.ArrayRef],
                                                           dict[str, int]]:
-        specs = {i["name"]: i for i in self.manifest["inputs"]}
+        specs = {i.name: i for i in self.manifest.inputs}
         refs = {}
         for name, obj in inputs.items():
-            refs[name] = device.as_array(obj, name, specs[name]["span"] if name in specs else None)
+            refs[name] = device.as_array(obj, name,
+                                         specs[name].span.to_data() if name in specs else None)
         dims = bind_inputs(self.manifest, {k: (r.shape, r.dtype) for k, r in refs.items()})
         for name, ref in refs.items():
             want = self.program.storage(self.program.inputs[name], dims)
@@ -301,11 +303,11 @@ class Model:
                 order = self.program.nodes[self.program.inputs[name]].type.layout
                 raise RunnerError("R0501", f"input `{name}` has strides {list(ref.strides)}, "
                                   f"expected {list(want.strides)} (layout {order}); make it "
-                                  "contiguous in that layout", specs[name]["span"])
+                                  "contiguous in that layout", specs[name].span.to_data())
             if ref.ptr % 16:  # cuDNN's kernels read 16-byte vectors
                 raise RunnerError("R0501", f"input `{name}` starts at an address that is not "
                                   "16-byte aligned (a view into another tensor?); pass a copy "
-                                  "(`x.clone()`)", specs[name]["span"])
+                                  "(`x.clone()`)", specs[name].span.to_data())
         return refs, dims
 
     def _bind(self, inputs: Mapping[str, Any]) -> tuple[dict[str, device.ArrayRef], Executable,

@@ -24,6 +24,7 @@ from dslc import fsutil
 from dslc.core.errors import RunnerError
 from dslc.ir.graph import Node
 from dslc.ir.interp import NUMPY_DTYPES, apply_view, concrete_attrs, evaluate_node
+from dslc.runtime.manifest import Manifest
 from dslc.runtime.schedule import Schedule
 
 LOG = logging.getLogger("dslc.runtime")
@@ -31,7 +32,7 @@ Warn = Callable[[str], None]  # takes one sentence about NaN or infinite values
 PREPARED = "dslc.prepared"  # the `format` of a prepared weights file's safetensors metadata
 
 
-def read(path: Path, manifest: Mapping[str, Any], warn: Warn | None = None,
+def read(path: Path, manifest: Manifest, warn: Warn | None = None,
          ) -> dict[str, np.ndarray]:
     """The model's params from a safetensors file, checked against the manifest. NaN or infinite
     values are told in one sentence, to `warn` (default: the `dslc.runtime` log, as W0202)."""
@@ -45,20 +46,20 @@ def read(path: Path, manifest: Mapping[str, Any], warn: Warn | None = None,
     except Exception as err:
         raise RunnerError("R0202", f"cannot read weights `{path}`: {err}") from err
     problems = []
-    for p in manifest["params"]:
-        a = tensors.get(p["path"])
+    for p in manifest.params:  # a param's shape is static (E0605): ints
+        a = tensors.get(p.name)
         if a is None:
-            problems.append((f"weight `{p['path']}` is missing from `{path}`", p["span"]))
-        elif list(a.shape) != list(p["shape"]):
-            problems.append((f"weight `{p['path']}` has shape {list(a.shape)}, the model declares "
-                             f"{p['shape']}", p["span"]))
-        elif a.dtype != np.dtype(NUMPY_DTYPES[p["dtype"]]):
-            problems.append((f"weight `{p['path']}` is {a.dtype}, the model declares {p['dtype']} "
-                             "(convert with `dslc weights from-torch`)", p["span"]))
+            problems.append((f"weight `{p.name}` is missing from `{path}`", p.span.to_data()))
+        elif list(a.shape) != list(p.shape):
+            problems.append((f"weight `{p.name}` has shape {list(a.shape)}, the model declares "
+                             f"{list(p.shape)}", p.span.to_data()))
+        elif a.dtype != np.dtype(NUMPY_DTYPES[p.dtype]):
+            problems.append((f"weight `{p.name}` is {a.dtype}, the model declares {p.dtype} "
+                             "(convert with `dslc weights from-torch`)", p.span.to_data()))
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise RunnerError("R0202", problems[0][0] + more, problems[0][1])
-    _warn_nonfinite(path, {p["path"]: tensors[p["path"]] for p in manifest["params"]}, warn)
+    _warn_nonfinite(path, {p.name: tensors[p.name] for p in manifest.params}, warn)
     return tensors
 
 
