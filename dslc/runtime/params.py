@@ -100,7 +100,7 @@ def save_prepared(path: Path, program: Schedule, data: Mapping[str, np.ndarray],
                   source: str) -> None:
     from safetensors.numpy import save_file
 
-    meta = {"format": PREPARED, "model": str(program.payload["model"]),
+    meta = {"format": PREPARED, "model": program.bundle.model,
             "program": digest(program), "source": source}
     fsutil.atomic_write(path, lambda tmp: save_file(dict(data), tmp, metadata=meta))
 

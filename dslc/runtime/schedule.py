@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from dslc.core.dims import DimEnv
@@ -50,11 +49,6 @@ class Schedule:
         self.load_time: set[str] = set(self.bundle.load_time)
         self.inputs = {n.attrs["name"]: n.name for n in self.graph.nodes if n.op == "input"}
         self.outputs = dict(self.graph.outputs)
-
-    @cached_property
-    def payload(self) -> dict[str, Any]:
-        """The plain data of the bundle, for code that reads it as dicts."""
-        return self.bundle.to_data()
 
     def storage(self, name: str, values: Mapping[str, int]) -> Storage:
         node = self.nodes[name]

@@ -52,7 +52,7 @@ def compile_source(text: str, outdir: Path, name: str = "case.cgraph") -> Path:
 def random_inputs(bundle: Path, dims: dict[str, int] | None = None, seed: int = 0,
                   ) -> dict[str, np.ndarray]:
     program = Schedule(read(bundle))
-    values = dict(dims or program.payload["buckets"][0]["dims"])
+    values = dict(dims or program.bundle.buckets[0].dims)
     g = rng(seed)
     out = {}
     for name, node_name in program.inputs.items():
@@ -87,7 +87,7 @@ def reference(bundle: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarr
     from dslc.runtime.params import read as read_weights
 
     program = Schedule(read(bundle))
-    weights = read_weights(bundle.with_suffix(".safetensors"), program.payload["manifest"])
+    weights = read_weights(bundle.with_suffix(".safetensors"), program.bundle.manifest)
     virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
                if n not in s.outputs}
     return interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
