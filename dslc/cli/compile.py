@@ -40,9 +40,10 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
             print(f"\r\x1b[K  {text}", end="", file=sys.stderr, flush=True)
 
     wanted = frozenset(STAGES) if "all" in args.dump else frozenset(args.dump)
-    options = BuildOptions(load_target(args.target), outdir, _buckets(args.bucket, model), wanted,
-                           _tune_options_of(args) if args.tune else None, checked, progress,
-                           _show_dump if len(wanted) > 1 else _show_text)
+    target = load_target(args.target)
+    options = BuildOptions(target, outdir, _buckets(args.bucket, model), wanted,
+                           _tune_options_of(args) if target.live and args.tune else None,
+                           checked, progress, _show_dump if len(wanted) > 1 else _show_text)
     try:
         built = build(result, options)
     except WriteFailed as err:
