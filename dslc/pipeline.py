@@ -1,21 +1,42 @@
-"""The spine of the compiler: parse -> check -> lower -> fuse -> compile -> tune -> emit.
+"""The spine of the compiler: parse -> check (`front_end`), lower -> fuse (`lower_and_fuse`),
+then compile -> tune -> emit (`build`). Each stage is one function named after it in its own
+package; this module chains them and returns what each made. The command line parses arguments
+and renders these results: it runs no stage itself.
 
-Each stage is one function named after it; this module chains them and owns nothing else.
+The back end (compile, tune, emit) needs the cuDNN frontend (the `cudnn` extra), so `build`
+imports it when it runs: `dslc check` works without it.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from dslc import fsutil, weights
 from dslc.check.checker import CheckedModel, check
-from dslc.check.types import PrecisionSpec
-from dslc.diag.diagnostic import Failed, Sink
-from dslc.fuse import FusionPlan, fuse
+from dslc.check.dump import format_checked
+from dslc.core.types import PrecisionSpec
+from dslc.diag.diagnostic import Diagnostic, Failed, Sink
+from dslc.fuse import FusionPlan, format_plan, fuse
 from dslc.ir.graph import Graph
+from dslc.ir.printer import format_graph
 from dslc.lower import lower
 from dslc.parse import ast
+from dslc.parse.dump import format_module
 from dslc.parse.loader import Program, load
+
+if TYPE_CHECKING:
+    from dslc.backend.target import Target
+    from dslc.compile.stage import Compiled
+    from dslc.tune import Report
+    from dslc.tune.db import TuningDB
+
+STAGES = ("ast", "types", "ir", "fused")  # what `--dump` writes, as N.<stage>.txt
 
 
 @dataclass
@@ -55,7 +76,126 @@ def _front_end(path: Path, options: Options, sink: Sink, program: Program) -> Fr
     return FrontEnd(program, module, model)
 
 
-def middle_end(model: CheckedModel) -> tuple[Graph, FusionPlan]:
+def lower_and_fuse(model: CheckedModel) -> tuple[Graph, FusionPlan]:
     """Checked model -> lowered IR and its fusion plan."""
     lowered = lower(model.graph)
     return lowered, fuse(lowered)
+
+
+@dataclass
+class TuneOptions:
+    db: TuningDB | None  # the tuning database (None: none)
+    budget_s: float = 20.0  # measuring per graph
+    model_budget_s: float = 900.0  # for the whole model; the rest keep their plan
+    search: str = "heuristics"  # or "exhaustive": also the engine x knob space
+
+
+@dataclass
+class BuildOptions:
+    target: Target
+    outdir: Path
+    buckets: list[dict[str, int]] | None = None  # None: every bucket of the model
+    dumps: frozenset[str] = frozenset()  # stages whose text is written (`STAGES`)
+    tune: TuneOptions | None = None  # measure plans on a live target (None: the heuristics')
+    weights: Mapping[str, np.ndarray] | None = None  # checked; written beside the bundle
+    progress: Callable[[str], None] | None = None  # "compiling [3/9] ...", "tuning ..."
+    show: Callable[[str, str], None] | None = None  # each dump (file name, text) once written
+
+
+@dataclass
+class Built:
+    """What `build` made: each stage's result, and where the artifacts are. A group no engine
+    and no fallback kernel runs ends the build with E0801 in `diagnostics` (nothing written)."""
+
+    lowered: Graph
+    plan: FusionPlan
+    diagnostics: Sink = field(default_factory=Sink)
+    compiled: Compiled | None = None
+    tuning: Report | None = None
+    bundle: Path | None = None
+    seconds: float = 0.0  # compile, tune and emit
+
+
+class WriteFailed(Exception):
+    """An artifact could not be written (the previous one is kept: writes are atomic)."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(f"cannot write `{path}`: {error}")
+        self.path = path
+        self.error = error
+
+
+def build(front: FrontEnd, options: BuildOptions) -> Built:
+    """Checked model -> lowered, fused, compiled, tuned (on a live target, if asked) and emitted:
+    the stage dumps asked for, then the bundle, its runner and its weights, written together."""
+    from dslc.compile.stage import CompileFailure, compile_model
+
+    assert front.model is not None
+    model = front.model
+    lowered, plan = lower_and_fuse(model)
+    out = Built(lowered, plan)
+    _dump(front, out, options)
+    started = time.perf_counter()
+    progress = options.progress
+    try:
+        compiled = compile_model(model, lowered, plan, options.target,
+                                 progress and (lambda text: progress(f"compiling {text}")),
+                                 options.buckets)
+    except CompileFailure as err:
+        node = lowered.by_name()[err.node]
+        out.diagnostics.report(Diagnostic("E0801", f"no cuDNN engine supports `{node.op}` here",
+                                          node.span, err.reason,
+                                          notes=(f"target: {options.target.name}",)))
+        return out
+    out.compiled = compiled
+    out.bundle = _emit(compiled, out, options)
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+def _dump(front: FrontEnd, out: Built, options: BuildOptions) -> None:
+    model, module = front.model, front.module
+    assert model is not None and module is not None
+    texts = {"ast": lambda: format_module(module), "types": lambda: format_checked(model),
+             "ir": lambda: format_graph(out.lowered, with_source=True),
+             "fused": lambda: format_plan(out.plan)}
+    for number, stage in enumerate(STAGES, start=1):
+        if stage in options.dumps:
+            text, name = texts[stage](), f"{number}.{stage}.txt"
+            path = options.outdir / name
+            _write(path, fsutil.write_text, path, text)
+            if options.show:
+                options.show(name, text)
+
+
+def _emit(compiled: Compiled, out: Built, options: BuildOptions) -> Path:
+    """Tune (on a live target, if asked), then write the bundle, runner and weights once."""
+    from dslc import tune
+    from dslc.emit import bundle as emit_bundle
+    from dslc.emit.runner import render
+
+    records = emit_bundle.records(compiled)
+    how, progress = options.tune, options.progress
+    if options.target.live and how is not None:
+        tuned = tune.tune(records, how.db, how.budget_s, how.model_budget_s, how.search,
+                          progress and (lambda text: progress(f"tuning {text}")))
+        records, out.tuning = tune.tuned_bundle(records, tuned), tuned.report
+    name, outdir = compiled.model.name, options.outdir
+    runner = render(compiled, f"{name}.bundle", f"{name}_runner")
+    beside: list[tuple[Path, Callable[[str], object]]] = [
+        (outdir / f"{name}_runner.py", lambda tmp: Path(tmp).write_text(runner, encoding="utf-8"))]
+    if options.weights is not None:
+        beside.append((outdir / f"{name}.safetensors", weights.writer(options.weights)))
+    # The bundle, its runner and its weights replaced together: a failed build keeps the
+    # previous set (the bundle goes last; see fsutil.replace_together for what a crash can do).
+    path = outdir / f"{name}.bundle"
+    _write(outdir, emit_bundle.write_with, path, records, beside)
+    return path
+
+
+def _write(path: Path, write: Callable[..., object], *args: object) -> None:
+    """`write(*args)`; a failure names `path` (WriteFailed)."""
+    try:
+        write(*args)
+    except OSError as err:
+        raise WriteFailed(path, err) from err

@@ -53,7 +53,7 @@ def writer(tensors: Mapping[str, np.ndarray], metadata: dict[str, str] | None = 
     return lambda tmp: save_file(arrays, tmp, metadata)
 
 
-def _dtype_name(a: np.ndarray) -> str:
+def dtype_name(a: np.ndarray) -> str:
     for name, dt in NUMPY_DTYPES.items():
         if a.dtype == np.dtype(dt):
             return name
@@ -78,7 +78,7 @@ def validate(tensors: Mapping[str, np.ndarray], params: tuple[ParamSpec, ...], s
                 "R0202", f"weight `{p.path}` has shape {list(a.shape)} in {source}, but the "
                 f"model declares {list(p.shape)}", p.span, "declared here"))
             continue
-        have = _dtype_name(a)
+        have = dtype_name(a)
         if have != p.dtype:
             floats = np.issubdtype(a.dtype, np.floating) or have in ("bf16", "f8e4m3", "f8e5m2")
             if not (convert and floats):

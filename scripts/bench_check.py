@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dslc.diag.diagnostic import Sink  # noqa: E402
+from dslc.parse.grammar import lark_parser  # noqa: E402
 from dslc.parse.loader import load  # noqa: E402
-from dslc.parse.parser import lark_parser  # noqa: E402
 from dslc.pipeline import FrontEnd, Options, front_end  # noqa: E402
 
 TARGET_S = 1.0
@@ -184,7 +184,7 @@ def cli_command(path: Path) -> list[str]:
             "check", str(path)]
 
 
-STARTUP = "import dslc.cli; from dslc.parse.parser import lark_parser; lark_parser()"
+STARTUP = "import dslc.cli; from dslc.parse.grammar import lark_parser; lark_parser()"
 
 
 def cold_cli(path: Path | None) -> None:

@@ -126,7 +126,7 @@ def main() -> int:
         ms_torch_graph = timed(torch_cuda_graph(net, x), args.iters)
         exe = model.executable({"N": batch})
         # Activation memory of both (weights excluded: torch's were allocated before the reset).
-        ours_bytes = exe.layout.arena + int(exe.workspace.nbytes) + batch * 1000 * 4
+        ours_bytes = exe.memory.arena + int(exe.workspace.nbytes) + batch * 1000 * 4
         rows.append({"batch": batch, "dslc_ms": ms_ours, "dslc_graph_ms": ms_ours_graph,
                      "torch_ms": ms_torch, "torch_graph_ms": ms_torch_graph,
                      "dslc_first_call_s": first_s, "rel_error_vs_torch": err,

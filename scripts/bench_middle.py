@@ -24,7 +24,7 @@ from dslc.diag.diagnostic import Sink  # noqa: E402
 from dslc.fuse import fuse  # noqa: E402
 from dslc.ir import interp  # noqa: E402
 from dslc.lower import lower  # noqa: E402
-from dslc.pipeline import Options, front_end, middle_end  # noqa: E402
+from dslc.pipeline import Options, front_end, lower_and_fuse  # noqa: E402
 from dslc.weights import random_weights  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def main() -> int:
 
     resnet = front_end(ROOT / "models" / "resnet50.cgraph", Options(), Sink()).model
     assert resnet is not None
-    graph, rplan = middle_end(resnet)
+    graph, rplan = lower_and_fuse(resnet)
     weights = random_weights(resnet.params, seed=0)
     image = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float16)
     run_s = []

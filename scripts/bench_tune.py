@@ -55,8 +55,8 @@ def compile_and_tune(source: Path, outdir: Path, bucket: dict[str, int] | None, 
     """Compile (every bucket, or just `bucket`) with the heuristics' plans, kept under
     `untuned/`, then tune a copy into `tuned/`."""
     from dslc.emit import bundle as emit_bundle
-    from dslc.runtime.bundle import read
-    from dslc.tune import format_report, tune_payload
+    from dslc.runtime.bundle import load
+    from dslc.tune import format_report, tune, tuned_bundle
     from tests.gpu.common import compile_file
 
     start = time.perf_counter()
@@ -65,9 +65,10 @@ def compile_and_tune(source: Path, outdir: Path, bucket: dict[str, int] | None, 
     tuned = outdir / "tuned" / untuned.name
     tuned.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(untuned.with_suffix(".safetensors"), tuned.with_suffix(".safetensors"))
-    payload = read(untuned)
-    report = tune_payload(payload, db, budget_s=budget_s, model_budget_s=model_budget_s)
-    emit_bundle.write(tuned, payload)
+    records = load(untuned)
+    done = tune(records, db, budget_s=budget_s, model_budget_s=model_budget_s)
+    report = done.report
+    emit_bundle.write(tuned, tuned_bundle(records, done))
     table = format_report(report)
     print(table)
     (outdir / "tune_report.txt").write_text(table + "\n")

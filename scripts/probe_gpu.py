@@ -27,7 +27,7 @@ def pool(out: Path) -> dict[str, Any]:
     import torch
     from bench_gpu import timed
 
-    from dslc.runtime import kernels
+    from dslc.backend import kernels
 
     rows: dict[str, Any] = {}
     for n, c, hw in ((256, 64, 112), (32, 64, 112), (8, 96, 57)):
@@ -107,7 +107,7 @@ t = time.perf_counter(); cupy.cuda.runtime.free(0); r['context'] = time.perf_cou
 t = time.perf_counter(); import cudnn; r['import cudnn'] = time.perf_counter() - t
 t = time.perf_counter(); h = cudnn.create_handle(); r['cudnn handle'] = time.perf_counter() - t
 from dslc.runtime import Model
-from dslc.compile import graphs
+from dslc.backend import graphs
 m = Model(sys.argv[1])
 blobs = [g['plan']['serialized'] for b in m.payload['buckets'] for g in b['graphs'].values()]
 if preload:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from dslc.ir import interp
-from dslc.pipeline import middle_end
+from dslc.pipeline import lower_and_fuse
 from tests.helpers import check_source, precision_tolerance, rel_error, rng, rounding_depth
 
 CONV_BN = """import "std/nn.cgraph"
@@ -59,7 +59,7 @@ def _weights(model: Any, key: str) -> dict[str, np.ndarray]:
 
 
 def _run(model: Any, x: np.ndarray, weights: dict[str, np.ndarray]) -> np.ndarray:
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     assert not any(n.op == "batchnorm" for n in lowered.nodes)  # folded away
     [y] = interp.run(lowered, {"x": x}, weights, model.env, virtual=plan.virtual()).values()
     return y

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from dslc.backend.kernels import DTYPES as KERNEL_DTYPES
+from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.compile.target import load_target
-from dslc.pipeline import middle_end
-from dslc.runtime.kernels import DTYPES as KERNEL_DTYPES
+from dslc.pipeline import lower_and_fuse
 from tests.helpers import check_source
 
 CNN = """import "std/nn.cgraph"
@@ -34,7 +34,7 @@ model small_cnn {
 def test_a_cnn_with_pooling_upsampling_and_concat_compiles_deviceless(dtype: str,
                                                                      tmp_path: Path) -> None:
     model = check_source(CNN.replace("DTYPE", dtype), tmp_path).model
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     compiled = compile_model(model, lowered, plan, load_target("h200"))
     nodes = compiled.graph.by_name()
     kernels = Counter(nodes[s.group.nodes[0]].op for s in compiled.steps if s.kind == "kernel")

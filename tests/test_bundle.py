@@ -11,8 +11,8 @@ import pytest
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime import bundle
 from dslc.runtime.memory import Buffer, plan_memory
-from dslc.runtime.records import Bundle
-from dslc.runtime.schedule import Program
+from dslc.runtime.records import Bundle, BundleError, Environment
+from dslc.runtime.schedule import Schedule
 from tests.test_compile_deviceless import compiled
 
 
@@ -23,7 +23,7 @@ def test_bundle_round_trips(tmp_path: Path) -> None:
     emit_bundle.write(path, data)
     assert bundle.read(path) == data
     assert bundle.load(path) == Bundle.from_data(data)
-    program = Program(bundle.load(path))
+    program = Schedule(bundle.load(path))
     assert [s.name for s in program.steps] == [s.group.name for s in c.steps]
     assert program.graph == c.graph  # the IR survives the trip, dims and all
 
@@ -74,3 +74,33 @@ def test_memory_plan_never_overlaps_live_values() -> None:
                 a, b = offsets[x.name], offsets[y.name]
                 assert a + x.size <= b or b + y.size <= a, (x, y)
     assert peak >= max(b.size for b in buffers)
+
+
+def test_source_date_epoch_fixes_the_build_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1700000000 s after 1970-01-01 is 2023-11-14 22:13:20 UTC (derived by hand from the epoch).
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    c = compiled("mlp")
+    first = emit_bundle.records(c)
+    assert first.created == "2023-11-14T22:13:20+00:00"
+    assert all(e.plan.build_s is None for b in first.buckets for e in b.graphs.values())
+    assert bundle.pack(first) == bundle.pack(emit_bundle.records(c))  # byte for byte
+
+
+def test_with_plans_replaces_only_the_named_plans_and_validates_them() -> None:
+    records = emit_bundle.records(compiled("mlp"))
+    bucket = records.buckets[1]
+    sig, entry = next(iter(bucket.graphs.items()))
+    where = f"buckets.{bucket.key}.graphs.{sig}.plan"
+    plan = entry.plan.updated({"engine_id": 7, "knobs": {"2": 1}, "ms": 0.25, "tuned": True}, where)
+    env = Environment.from_data({**records.environment.to_data(), "device_name": "Another GPU"})
+    out = records.with_plans({(bucket.key, sig): plan}, env)
+    assert out.buckets[1].graphs[sig].plan == plan
+    assert (plan.engine_id, dict(plan.knobs), plan.ms) == (7, {"2": 1}, 0.25)
+    assert plan.workspace == entry.plan.workspace  # fields not named are kept
+    assert out.environment.device_name == "Another GPU"
+    others = [(b.key, s, g.plan) for b in out.buckets for s, g in b.graphs.items()
+              if (b.key, s) != (bucket.key, sig)]
+    assert others == [(b.key, s, g.plan) for b in records.buckets for s, g in b.graphs.items()
+                      if (b.key, s) != (bucket.key, sig)]
+    with pytest.raises(BundleError, match=f"{where}.workspace"):
+        entry.plan.updated({"workspace": -1}, where)

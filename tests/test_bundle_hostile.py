@@ -21,15 +21,15 @@ import msgpack
 import numpy as np
 import pytest
 
-from dslc.compile.spec import group_spec
+from dslc.backend.spec import group_spec
+from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.compile.target import load_target
 from dslc.emit import bundle as emit_bundle
-from dslc.fuse.plan import make_group
-from dslc.pipeline import middle_end
+from dslc.ir.groups import make_group
+from dslc.pipeline import lower_and_fuse
 from dslc.runtime import bundle, plancache
 from dslc.runtime.records import Bundle, BundleError
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 from tests.helpers import check_source, model_snippet, run_cli
 from tests.test_compile_deviceless import compiled
 
@@ -121,12 +121,12 @@ def _runs_on_cpu(path: Path, tmp_path: Path, run: bool) -> tuple[list[str], bool
     if r.code not in (0, 2) or (r.code == 2 and r.stderr.count("\n") != 1):
         problems.append(f"inspect: exit {r.code}: {r.stderr.strip()[:300]}")
     try:
-        program = Program(bundle.load(path))
+        program = Schedule(bundle.load(path))
     except BundleError:
         return problems, True
     try:
         for b in program.bundle.buckets:
-            program.layout(b.dims)
+            program.memory_plan(b.dims)
     except BundleError:
         pass
     if run:
@@ -214,7 +214,7 @@ def test_a_saved_scalar_that_is_not_the_graph_constant_is_refused(tmp_path: Path
     """A constant passed to cuDNN by value is the graph's constant."""
     model = check_source(model_snippet("  input x: [4, 64]\n  output y = relu(x * 0.5 + x)"),
                          tmp_path).model
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     data = emit_bundle.payload(compile_model(model, lowered, plan, load_target("h200")))
     tensor = next(t for b in data["buckets"] for g in b["graphs"].values()
                   for t in g["spec"]["tensors"] if t["role"] == "scalar")
@@ -294,9 +294,9 @@ def test_unknown_and_missing_fields_are_refused(tmp_path: Path) -> None:
 def test_a_size_between_buckets_is_checked_as_a_saved_one() -> None:
     """What the runtime does before it builds a graph at a size no bucket has (`Executable`):
     the spec made from the graph passes; one that reaches further is refused."""
-    program = Program(Bundle.from_data(_payload("resnet18")))
+    program = Schedule(Bundle.from_data(_payload("resnet18")))
     dims = {"N": 5}
-    layout = program.layout(dims)
+    layout = program.memory_plan(dims)
     specs = {}
     for step in program.steps:
         if step.kind == "graph":

@@ -9,11 +9,11 @@ from functools import cache
 
 import pytest
 
+from dslc.backend.target import load_target
 from dslc.compile.stage import Compiled, compile_model
-from dslc.compile.target import load_target
 from dslc.diag.diagnostic import Sink
-from dslc.fuse.plan import FusionPlan, make_group
-from dslc.pipeline import Options, front_end, middle_end
+from dslc.ir.groups import FusionPlan, make_group
+from dslc.pipeline import Options, front_end, lower_and_fuse
 from tests.conftest import ROOT
 from tests.helpers import check_source
 
@@ -24,7 +24,7 @@ MODELS = ["mlp", "resnet18", "resnet50", "encoder", "unet"]
 def compiled(name: str) -> Compiled:
     result = front_end(ROOT / "models" / f"{name}.cgraph", Options(), Sink())
     assert result.model is not None
-    lowered, plan = middle_end(result.model)
+    lowered, plan = lower_and_fuse(result.model)
     return compile_model(result.model, lowered, plan, load_target("h200"))
 
 
@@ -69,7 +69,7 @@ model m {
   output y = layer_norm(matmul(x, w)) as "ln"
 }"""
     model = check_source(src, tmp_path).model
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     runs = [n.name for n in lowered.nodes if n.op in ("matmul", "layernorm")]
     fused = make_group(lowered, runs, "by hand")
     hand = FusionPlan(lowered, (fused,), plan.load_time, plan.views)
@@ -82,7 +82,7 @@ model m {
 def test_exhaustive_search_space_covers_every_engine_and_kernel_config() -> None:
     """`--search exhaustive` candidates from the real library, deviceless: the mlp's matmul group
     offers several engines, each with its kernel configurations, interleaved by engine."""
-    from dslc.compile.graphs import knob_space, make_graph
+    from dslc.backend.graphs import knob_space, make_graph
 
     c = compiled("mlp")
     spec = next(iter(c.specs.values()))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dslc.emit.manifest import build_manifest
+from dslc.emit.manifest import manifest_record
 from dslc.ir import interp
 from dslc.runtime.inputs import bind_inputs
 from tests.helpers import check_source, run_cli
@@ -28,7 +28,7 @@ def test_p_plus_t_is_solved_once_t_is_known(order: str, tmp_path: Path) -> None:
     text = _source(A, B) if order == "a first" else _source(B, A)
     model = check_source(text, tmp_path).model
     shapes = {"a": ((2, 4), "f32"), "b": ((7, 4), "f32")}
-    assert bind_inputs(build_manifest(model), shapes) == {"T": 2, "P": 5}
+    assert bind_inputs(manifest_record(model), shapes) == {"T": 2, "P": 5}
     arrays = {"a": np.ones((2, 4), np.float32), "b": np.ones((7, 4), np.float32)}
     assert interp.bind_dims(model.graph, arrays) == {"T": 2, "P": 5}
 

@@ -1,4 +1,4 @@
-"""Property tests of the symbolic dim arithmetic (`dslc.check.dims`) and of shape-pattern
+"""Property tests of the symbolic dim arithmetic (`dslc.core.dims`) and of shape-pattern
 unification through the checker.
 
 Random dims are polynomials over a few symbols with ranges and alignments (built with
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dslc.check import dims
-from dslc.check.dims import Dim, DimEnv, SymInfo
+from dslc.core import dims
+from dslc.core.dims import Dim, DimEnv, SymInfo
 from tests.helpers import Checked, check_source, model_snippet
 
 SETTINGS = settings(deadline=None, max_examples=100,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dslc.diag.diagnostic import Sink
-from dslc.parse.parser import grammar_text
+from dslc.parse.grammar import grammar_text
 from dslc.pipeline import Options, front_end
 from tests.conftest import ROOT
 

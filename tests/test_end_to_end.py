@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from dslc.check.checker import CheckedModel
-from dslc.check.types import PrecisionSpec
+from dslc.core.types import PrecisionSpec
 from dslc.diag.diagnostic import Sink
 from dslc.ir import interp
-from dslc.pipeline import Options, front_end, middle_end
+from dslc.pipeline import Options, front_end, lower_and_fuse
 from dslc.weights import random_weights
 from tests import torch_models
 from tests.helpers import note_seed, precision_tolerance, rel_error, rng, rounding_depth
@@ -73,7 +73,7 @@ def _inputs(model: CheckedModel, name: str) -> dict[str, np.ndarray]:
 
 def _ours(model: CheckedModel, inputs: Mapping[str, np.ndarray],
           weights: Mapping[str, np.ndarray]) -> np.ndarray:
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     [out] = interp.run(lowered, inputs, weights, model.env, virtual=plan.virtual()).values()
     return out
 

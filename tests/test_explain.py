@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -101,6 +102,12 @@ def test_explanation_exists_with_title(code: str) -> None:
     first = text.splitlines()[0]
     assert first == f"# {code}: {CODES[code].title}", f"{code}.md starts with {first!r}"
     assert codes.explanation(code) == text
+
+
+def test_the_code_type_lists_every_registered_code() -> None:
+    # mypy checks codes against `CodeId`; the registry's titles must name the same codes.
+    table = {line.split(" ", 1)[0] for line in codes._TABLE.strip().splitlines()}
+    assert set(get_args(codes.CodeId)) == table == set(CODES)
 
 
 def test_no_explanation_without_a_code() -> None:

@@ -14,7 +14,8 @@ import torch
 from dslc.check.checker import CheckedModel
 from dslc.diag.diagnostic import Sink
 from dslc.fuse import FusionPlan, format_plan
-from dslc.pipeline import Options, front_end, middle_end
+from dslc.fuse.patterns import EPILOGUE, PATTERNS
+from dslc.pipeline import Options, front_end, lower_and_fuse
 from tests import torch_models
 from tests.conftest import ROOT
 
@@ -27,7 +28,7 @@ def _model(name: str) -> CheckedModel:
 
 
 def _plan(name: str) -> FusionPlan:
-    return middle_end(_model(name))[1]
+    return lower_and_fuse(_model(name))[1]
 
 
 def _ops_of(name: str, op: str, rank: int | None = None) -> int:
@@ -137,3 +138,20 @@ def test_groups_are_in_dependency_order() -> None:
             for value in g.inputs:
                 assert value in produced, f"{name}: group {g.name} reads %{value} too early"
             produced |= set(g.nodes)
+
+
+def test_pattern_table_takes_its_ops_from_the_op_table() -> None:
+    # Written out by hand from what cuDNN fuses: the anchors of each pattern, and the epilogue
+    # ops (cuDNN's pointwise modes, bias, scale, identity; no comparisons, select or copies).
+    unary = {"relu", "leaky_relu", "clamp", "gelu", "gelu_tanh", "silu", "swish", "sigmoid",
+             "tanh", "elu", "softplus", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "reciprocal",
+             "sin", "cos", "erf", "floor", "ceil"}
+    binary = {"add", "sub", "mul", "div", "max", "min", "pow"}
+    assert unary | binary | {"bias_add", "scale_mul", "cast"} == EPILOGUE
+    reductions = {"reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_amax",
+                  "reduce_prod", "reduce_l1", "reduce_l2"}
+    assert {p.name: set(p.anchors) for p in PATTERNS} == {
+        "sdpa": {"sdpa"}, "conv_epilogue": {"conv", "conv_transpose"},
+        "matmul_epilogue": {"matmul"},
+        "norm_epilogue": {"layernorm", "rmsnorm", "instancenorm", "batchnorm"},
+        "reduce_epilogue": reductions, "pointwise": EPILOGUE}

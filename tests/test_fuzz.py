@@ -34,7 +34,7 @@ from dslc.diag.codes import CODES
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.diag.render import render, render_human
 from dslc.diag.span import SourceMap, Span
-from dslc.parse.parser import lark_parser
+from dslc.parse.grammar import lark_parser
 from dslc.pipeline import Options, front_end
 from tests.conftest import ROOT
 from tests.helpers import note_seed

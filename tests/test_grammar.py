@@ -9,7 +9,8 @@ from lark import Lark
 
 from dslc.diag.diagnostic import Sink
 from dslc.parse import ast
-from dslc.parse.parser import grammar_text, parse_text
+from dslc.parse.grammar import grammar_text
+from dslc.parse.parser import parse_text
 from dslc.parse.syntax import CATALOGUE
 
 

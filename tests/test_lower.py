@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dslc.check.types import PrecisionSpec
+from dslc.core.types import PrecisionSpec
 from dslc.diag.diagnostic import Sink
 from dslc.ir.printer import format_graph
 from dslc.ir.verify import verify

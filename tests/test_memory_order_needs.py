@@ -8,15 +8,15 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.compile.target import load_target
-from dslc.pipeline import middle_end
+from dslc.pipeline import lower_and_fuse
 from tests.helpers import check_source
 
 
 def _compiled(text: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     model = check_source(text, tmp_path).model
-    lowered, plan = middle_end(model)
+    lowered, plan = lower_and_fuse(model)
     return compile_model(model, lowered, plan, load_target("h200"))
 
 
@@ -108,7 +108,7 @@ def test_an_epilogue_that_writes_another_memory_order_runs_outside_the_conv_grap
   output y = relu(bias_add(c, b, axis=1))
 }
 """, tmp_path).model
-    _, plan = middle_end(model)
+    _, plan = lower_and_fuse(model)
     by_anchor = {g.nodes[-1]: g for g in plan.groups}
     conv_group = next(g for g in plan.groups if g.pattern == "conv_epilogue")
     assert "y" not in conv_group.nodes

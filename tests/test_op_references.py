@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dslc.check.types import PrecisionSpec, TensorType
+from dslc.core.types import PrecisionSpec, TensorType
 from dslc.diag.span import Span
 from dslc.ir.graph import Attrs, Node
 from dslc.ir.interp import NUMPY_DTYPES, evaluate_node

@@ -17,7 +17,7 @@ from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedInput, Unexp
 
 from dslc.diag.records import quick_init
 from dslc.parse import lalr
-from dslc.parse.parser import grammar_text, tables
+from dslc.parse.grammar import grammar_text, tables
 from tests.conftest import ROOT
 from tests.test_fuzz import Mutator, corpus, corpus_pool
 

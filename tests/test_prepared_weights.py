@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from dslc.runtime import Model, RunnerError
 from dslc.runtime import bundle as bundle_file
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 from tests.helpers import run_cli
 
 
@@ -29,7 +29,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return out / "resnet18.bundle", raw, prepared
 
 
-def _params_of(program: Program, name: str) -> set[str]:
+def _params_of(program: Schedule, name: str) -> set[str]:
     """The param paths a value is computed from."""
     node = program.nodes[name]
     if node.op == "param":
@@ -37,7 +37,7 @@ def _params_of(program: Program, name: str) -> set[str]:
     return set().union(*(_params_of(program, i) for i in node.inputs)) if node.inputs else set()
 
 
-def _expected(program: Program, name: str, raw: dict[str, np.ndarray]) -> torch.Tensor:
+def _expected(program: Schedule, name: str, raw: dict[str, np.ndarray]) -> torch.Tensor:
     """A prepared value worked out with PyTorch from the raw weights: a conv weight folded with
     its batchnorm (w * gamma / sqrt(var + eps)), the batchnorm's shift (beta - mean * gamma /
     sqrt(var + eps)), or a param as it is; in the value's dtype and memory order."""
@@ -72,7 +72,7 @@ def test_prepared_weights_hold_the_load_time_values_in_device_bytes(
     rounding to f16)."""
     bundle, raw_path, prepared = built
     Model(bundle, prepared)  # accepted as this bundle's
-    program = Program(bundle_file.read(bundle))
+    program = Schedule(bundle_file.read(bundle))
     raw = load_file(str(raw_path))
     data = load_file(str(prepared))
     assert set(data) == set(program.weights_used())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dslc.runtime.errors import RunnerError
+from dslc.core.errors import RunnerError
 from tests.conftest import ROOT
 from tests.helpers import run_cli
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from dslc.core.errors import RunnerError
 from dslc.diag.diagnostic import Sink
-from dslc.emit.manifest import build_manifest
+from dslc.emit.manifest import manifest_record
 from dslc.pipeline import Options, front_end
-from dslc.runtime.errors import RunnerError
 from dslc.runtime.inputs import bind_inputs
+from dslc.runtime.manifest import Manifest
 from tests.conftest import ROOT
 from tests.helpers import check_source
 
@@ -45,12 +46,12 @@ DERIVED_ONLY = """model only_derived {
 
 
 @pytest.fixture(scope="module")
-def manifests(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def manifests(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Manifest]:
     out = {}
     for name, text in (("m", SOURCE), ("derived", DERIVED_ONLY)):
         checked = check_source(text, tmp_path_factory.mktemp(name))
         assert not checked.diagnostics, [d.message for d in checked.diagnostics]
-        out[name] = build_manifest(checked.model)
+        out[name] = manifest_record(checked.model)
     return out
 
 
@@ -60,7 +61,7 @@ def good(s: int = 4, t: int = 3) -> dict[str, tuple[tuple[int, ...], str]]:
             "d": ((s * t,), "f16"), "e": ((t, 4), "bf16")}
 
 
-def refused(manifest: dict[str, Any], given: dict[str, Any]) -> RunnerError:
+def refused(manifest: Manifest, given: dict[str, Any]) -> RunnerError:
     with pytest.raises(RunnerError) as err:
         bind_inputs(manifest, given)
     assert "\n" not in str(err.value)
@@ -73,18 +74,18 @@ def line_of(err: RunnerError) -> int:
 
 
 @pytest.mark.parametrize("s, t", [(2, 1), (4, 3), (64, 8), (30, 7)])
-def test_dims_are_read_off_the_shapes(manifests: dict[str, Any], s: int, t: int) -> None:
+def test_dims_are_read_off_the_shapes(manifests: dict[str, Manifest], s: int, t: int) -> None:
     assert bind_inputs(manifests["m"], good(s, t)) == {"S": s, "T": t}
 
 
 @pytest.mark.parametrize("size, s", [(5, 2), (9, 4), (129, 64)])
-def test_a_dim_is_solved_from_a_linear_size(manifests: dict[str, Any], size: int, s: int) -> None:
+def test_a_dim_is_solved_from_a_linear_size(manifests: dict[str, Manifest], size: int, s: int) -> None:
     """`2 * S + 1` given 9 binds S = 4 (no other input names S)."""
     assert bind_inputs(manifests["derived"], {"b": ((size,), "f32")}) == {"S": s}
 
 
 @pytest.mark.parametrize("name, dtype", [("a", "f32"), ("b", "bf16"), ("e", "f16"), ("d", "i8")])
-def test_a_wrong_dtype_is_r0401(manifests: dict[str, Any], name: str, dtype: str) -> None:
+def test_a_wrong_dtype_is_r0401(manifests: dict[str, Manifest], name: str, dtype: str) -> None:
     given = good()
     given[name] = (given[name][0], dtype)
     err = refused(manifests["m"], given)
@@ -94,20 +95,20 @@ def test_a_wrong_dtype_is_r0401(manifests: dict[str, Any], name: str, dtype: str
     assert line_of(err) == {"a": 5, "b": 6, "d": 8, "e": 9}[name]
 
 
-def test_r0401_is_reported_before_the_shape_is_looked_at(manifests: dict[str, Any]) -> None:
+def test_r0401_is_reported_before_the_shape_is_looked_at(manifests: dict[str, Manifest]) -> None:
     given = good()
     given["a"] = ((1, 2, 3), "f32")  # wrong rank and wrong dtype: the dtype is named
     assert refused(manifests["m"], given).code == "R0401"
 
 
-def test_a_missing_input_is_r0201(manifests: dict[str, Any]) -> None:
+def test_a_missing_input_is_r0201(manifests: dict[str, Manifest]) -> None:
     given = good()
     del given["c"]
     err = refused(manifests["m"], given)
     assert (err.code, err.message, line_of(err)) == ("R0201", "input `c` is missing", 7)
 
 
-def test_an_unexpected_input_is_r0201_naming_the_inputs(manifests: dict[str, Any]) -> None:
+def test_an_unexpected_input_is_r0201_naming_the_inputs(manifests: dict[str, Manifest]) -> None:
     err = refused(manifests["m"], {**good(), "f": ((1,), "f16")})
     assert err.code == "R0201"
     assert err.message == "`m` has no input `f`; its inputs are a, b, c, d, e"
@@ -123,14 +124,14 @@ def test_an_unexpected_input_is_r0201_naming_the_inputs(manifests: dict[str, Any
     ("d", (13,), "input `d` has size 13 on axis 0, expected S * T = 12", 8),
     ("e", (2, 4), "input `e` has size 2 on axis 0, expected T = 3", 9),
 ])
-def test_a_wrong_shape_is_r0301(manifests: dict[str, Any], name: str, shape: tuple[int, ...],
+def test_a_wrong_shape_is_r0301(manifests: dict[str, Manifest], name: str, shape: tuple[int, ...],
                                 message: str, line: int) -> None:
     err = refused(manifests["m"], {**good(), name: (shape, good()[name][1])})
     assert (err.code, err.message, line_of(err)) == ("R0301", message, line)
 
 
 def test_a_size_no_value_of_the_dim_gives_is_r0301_in_one_sentence(
-        manifests: dict[str, Any]) -> None:
+        manifests: dict[str, Manifest]) -> None:
     """10 is 2 * S + 1 for no integer S, and no other input binds S: the message names the
     expected size without a value (it once said `= None`)."""
     err = refused(manifests["derived"], {"b": ((10,), "f32")})
@@ -140,7 +141,7 @@ def test_a_size_no_value_of_the_dim_gives_is_r0301_in_one_sentence(
 
 @pytest.mark.parametrize("s, t, dim, value", [(66, 3, "S", 66), (0, 3, "S", 0), (4, 9, "T", 9),
                                               (4, 0, "T", 0)])
-def test_a_dim_outside_its_range_is_r0601(manifests: dict[str, Any], s: int, t: int, dim: str,
+def test_a_dim_outside_its_range_is_r0601(manifests: dict[str, Manifest], s: int, t: int, dim: str,
                                           value: int) -> None:
     err = refused(manifests["m"], good(s, t))
     lo, hi, line = {"S": (2, 64, 3), "T": (1, 8, 4)}[dim]
@@ -148,17 +149,17 @@ def test_a_dim_outside_its_range_is_r0601(manifests: dict[str, Any], s: int, t: 
     assert err.message == f"dim `{dim}` is {value}, outside {lo}..{hi}"
 
 
-def test_a_dim_solved_from_a_derived_size_is_range_checked(manifests: dict[str, Any]) -> None:
+def test_a_dim_solved_from_a_derived_size_is_range_checked(manifests: dict[str, Manifest]) -> None:
     err = refused(manifests["derived"], {"b": ((201,), "f32")})  # S = 100 > 64
     assert (err.code, err.message) == ("R0601", "dim `S` is 100, outside 2..64")
 
 
-def test_a_dim_off_its_alignment_is_r0602(manifests: dict[str, Any]) -> None:
+def test_a_dim_off_its_alignment_is_r0602(manifests: dict[str, Manifest]) -> None:
     err = refused(manifests["m"], good(5, 3))
     assert (err.code, err.message, line_of(err)) == ("R0602", "dim `S` is 5, not a multiple of 2", 3)
 
 
-def test_a_dim_solved_from_a_derived_size_is_alignment_checked(manifests: dict[str, Any]) -> None:
+def test_a_dim_solved_from_a_derived_size_is_alignment_checked(manifests: dict[str, Manifest]) -> None:
     err = refused(manifests["derived"], {"b": ((11,), "f32")})  # S = 5
     assert (err.code, err.message, line_of(err)) == ("R0602", "dim `S` is 5, not a multiple of 2", 3)
 
@@ -167,19 +168,19 @@ def test_example_models_bind_their_buckets() -> None:
     """Each bucket of the encoder, given as shapes, binds back to itself; one off fails."""
     result = front_end(ROOT / "models" / "encoder.cgraph", Options(), Sink())
     assert result.model is not None
-    manifest = build_manifest(result.model)
-    assert manifest["buckets"]
-    for bucket in manifest["buckets"]:
+    manifest = manifest_record(result.model)
+    assert manifest.buckets
+    for bucket in manifest.buckets:
         b, s = bucket["B"], bucket["S"]
         assert bind_inputs(manifest, {"tokens": ((b, s, 768), "bf16")}) == {"B": b, "S": s}
     err = refused(manifest, {"tokens": ((1, 12, 768), "bf16")})
     assert (err.code, err.message) == ("R0602", "dim `S` is 12, not a multiple of 8")
 
 
-# -- R0501: where the runtime takes device arrays (`dslc.runtime.device.as_array`) -------------
+# -- R0501: where the runtime takes device arrays (`dslc.backend.device.as_array`) -------------
 def test_a_cpu_torch_tensor_is_r0501() -> None:
     torch = pytest.importorskip("torch")
-    from dslc.runtime.device import as_array
+    from dslc.backend.device import as_array
 
     span = {"file": "m.cgraph", "line": 5, "col": 3}
     with pytest.raises(RunnerError) as err:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from dslc.check import dims
+from dslc.core import dims
 from tests.helpers import check_source, model_snippet
 
 SETTINGS = settings(deadline=None, max_examples=50,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dslc.runtime.errors import RunnerError
+from dslc.core.errors import RunnerError
 from dslc.runtime.startup import decide
 
 TUNED = {"live": True, "cudnn_backend": 92100, "cudnn_frontend": "1.16.0", "cuda_runtime": 12090,

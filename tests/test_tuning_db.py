@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from dslc.compile.spec import group_spec
+from dslc.backend.spec import group_spec
 from dslc.tune.db import TuningDB, env_key, spec_key
 from tests.test_compile_deviceless import compiled
 

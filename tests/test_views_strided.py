@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from dslc.check import dims
+from dslc.core import dims
 from dslc.ir import interp
 from dslc.ir.graph import Graph
-from dslc.pipeline import Options, middle_end
+from dslc.pipeline import Options, lower_and_fuse
 from tests.helpers import check_source
 
 # Every example model that plans views (mlp plans none: its matmuls read the weights as stored).
@@ -30,7 +30,7 @@ def _lowered(path: Path) -> tuple[Graph, object, list[dict[str, int]]]:
     sink = Sink()
     result = front_end(path, Options(backend="reference"), sink)
     assert result.model is not None, [d.message for d in sink.diagnostics]
-    lowered, _ = middle_end(result.model)
+    lowered, _ = lower_and_fuse(result.model)
     return lowered, result.model.env, [dict(b) for b in result.model.buckets]
 
 
@@ -76,7 +76,7 @@ def _graph(text: str) -> Graph:
 
     with tempfile.TemporaryDirectory() as d:
         checked = check_source(text, Path(d))
-        lowered, _ = middle_end(checked.model)
+        lowered, _ = lower_and_fuse(checked.model)
     return lowered
 
 
@@ -85,7 +85,7 @@ def _run(text: str, x: np.ndarray) -> np.ndarray:
 
     with tempfile.TemporaryDirectory() as d:
         checked = check_source(text, Path(d))
-        lowered, plan = middle_end(checked.model)
+        lowered, plan = lower_and_fuse(checked.model)
     out = interp.run(lowered, {"x": x}, {}, checked.model.env, virtual=plan.virtual(),
                      check_views=True)
     return next(iter(out.values()))

@@ -6,12 +6,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from dslc.check import dims
-from dslc.check.dims import DimEnv
 from dslc.check.exprs import ExprEval
 from dslc.check.resolve import DefRef, suggest
-from dslc.check.types import PrecisionSpec, TensorType, format_type, is_float
 from dslc.check.values import ERROR, DType, Frame, ListVal, Scope, TensorVal, TupleVal, kind_of
+from dslc.core import dims
+from dslc.core.dims import DimEnv
+from dslc.core.types import PrecisionSpec, TensorType, format_type, is_float
+from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.ops import OPS
@@ -69,7 +70,7 @@ class OpCtx:
     def precision_origin(self, key: str) -> Span | None:
         return self.scope.precision_origin.get(key)
 
-    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+    def error(self, code: CodeId, message: str, at: str | None = None, label: str = "",
               labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
               help: tuple[str, ...] = ()) -> None:
         span = self.func_span if at is None else self.span(at)
@@ -284,11 +285,13 @@ class CallEval(ExprEval):
         return ERROR
 
     # -- defs ------------------------------------------------------------------------------------
+    # Implemented by the elaborator, which runs def bodies (`dslc.check.defs` instantiates one).
     def apply_def(self, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
                   scope: Scope, hint: str) -> Any:
-        from dslc.check.defs import instantiate
+        raise NotImplementedError
 
-        return instantiate(self, ref, call, pos, kws, scope, hint)  # type: ignore[arg-type]
+    def run_body(self, body: tuple[ast.Stmt, ...], scope: Scope) -> Any:
+        raise NotImplementedError
 
     def frame_for(self, ref: DefRef, call: ast.Call, scope: Scope, hint: str, args_text: str,
                   ) -> Frame:

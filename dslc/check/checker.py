@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslc.check.context import ParamSpec, TooLarge
-from dslc.check.dims import DimEnv
 from dslc.check.elaborate import DimDecl, Elaborator, IOSpec, model_metadata
 from dslc.check.exprs import MAX_NESTING
 from dslc.check.resolve import Resolved, resolve
-from dslc.check.types import PrecisionSpec
+from dslc.core.dims import DimEnv
+from dslc.core.types import PrecisionSpec
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.diag.records import collector_paused
 from dslc.diag.span import Span

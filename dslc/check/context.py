@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.dims import DimEnv, Poly, interval
 from dslc.check.expansion import chain_text
 from dslc.check.resolve import DefRef, Resolved
-from dslc.check.types import BITS, Layout, PrecisionSpec, TensorType, format_type
 from dslc.check.values import Frame, TensorVal
+from dslc.core.dims import DimEnv, Poly, interval
+from dslc.core.types import BITS, Layout, PrecisionSpec, TensorType, format_type
+from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
 from dslc.ir.graph import Attrs, Node
@@ -82,7 +83,7 @@ class Context:
         self._suffix: dict[str, int] = {}  # see `unique`
 
     # -- diagnostics ---------------------------------------------------------------------------
-    def report(self, code: str, message: str, span: Span, label: str = "",
+    def report(self, code: CodeId, message: str, span: Span, label: str = "",
                labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
                help: tuple[str, ...] = (), frame: Frame | None = None) -> None:
         chain = frame.chain() if frame is not None else []

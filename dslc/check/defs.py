@@ -5,24 +5,21 @@ layout copy an ascription asks for."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dslc.check import dims
+from dslc.check.calls import Arg, CallEval
 from dslc.check.context import is_dim
 from dslc.check.expansion import estimate
 from dslc.check.exprs import MAX_NESTING
 from dslc.check.resolve import DefRef, suggest
-from dslc.check.types import FAMILIES, FP8, Layout, TensorType, format_type
 from dslc.check.values import ERROR, Binding, DType, ListVal, Scope, TensorVal, TupleVal, kind_of, show
+from dslc.core import dims
+from dslc.core.types import FAMILIES, FP8, Layout, TensorType, format_type
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.ops.pointwise import SCALING_OPS
 from dslc.parse import ast
 
-if TYPE_CHECKING:
-    from dslc.check.elaborate import Elaborator
-
-Arg = tuple[Any, Span]
 DEF_LEVELS = 2  # nesting levels a def body adds (its frames: instantiate, run_body, stmt, let...)
 _SCALAR_OK = {
     "int": lambda v: is_dim(v),
@@ -37,7 +34,7 @@ def signature(d: ast.Def, sources: Any) -> str:
     return sources.snippet(d.header_span).rstrip(" {")
 
 
-def instantiate(el: Elaborator, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
+def instantiate(el: CallEval, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
                 scope: Scope, hint: str) -> Any:
     d = ref.node
     name = d.name.name
@@ -116,7 +113,7 @@ def _a(kind: str) -> str:
     return "an int" if kind == "int" else f"a {kind}"
 
 
-def _bind(el: Elaborator, d: ast.Def, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
+def _bind(el: CallEval, d: ast.Def, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
           tensors: list[ast.DefParam], scope: Scope) -> dict[str, Arg] | None:
     name = d.name.name
     given: dict[str, Arg] = {}
@@ -167,7 +164,7 @@ def _bind(el: Elaborator, d: ast.Def, call: ast.Call, pos: list[Arg], kws: dict[
     return given
 
 
-def _match(el: Elaborator, p: ast.DefParam, value: TensorVal, span: Span, inner: Scope,
+def _match(el: CallEval, p: ast.DefParam, value: TensorVal, span: Span, inner: Scope,
            caller: Scope, def_name: str) -> Any:
     """Unify a tensor argument with its parameter's pattern; binds the pattern's new names."""
     pattern = p.type
@@ -223,7 +220,7 @@ def _match(el: Elaborator, p: ast.DefParam, value: TensorVal, span: Span, inner:
     return value
 
 
-def layout_of(el: Elaborator, tag: ast.Ident, rank: int, scope: Scope) -> Layout | None:
+def layout_of(el: CallEval, tag: ast.Ident, rank: int, scope: Scope) -> Layout | None:
     """A layout tag checked against the rank (E0501)."""
     layout = Layout.from_tag(tag.name)
     if layout is None:
@@ -244,7 +241,7 @@ def layout_of(el: Elaborator, tag: ast.Ident, rank: int, scope: Scope) -> Layout
     return layout
 
 
-def _relayout(el: Elaborator, value: TensorVal, tag: ast.Ident, span: Span, scope: Scope) -> Any:
+def _relayout(el: CallEval, value: TensorVal, tag: ast.Ident, span: Span, scope: Scope) -> Any:
     layout = layout_of(el, tag, value.type.rank, scope)
     if layout is None:
         return ERROR
@@ -255,7 +252,7 @@ def _relayout(el: Elaborator, value: TensorVal, tag: ast.Ident, span: Span, scop
                        f"{value.node}.{tag.name.lower()}")
 
 
-def conform(el: Elaborator, value: Any, t: ast.TensorTypeExpr, scope: Scope, what: str,
+def conform(el: CallEval, value: Any, t: ast.TensorTypeExpr, scope: Scope, what: str,
             fresh: bool = False, default_dtype: str | None = None,
             default_layout: Layout | None = None) -> Any:
     """Check `value` against the written type `t`. A different dtype or layout is a conversion:

@@ -4,8 +4,8 @@ type, instance path and source line."""
 from __future__ import annotations
 
 from dslc.check.checker import CheckedModel
-from dslc.check.dims import format_dim
-from dslc.check.types import format_type
+from dslc.core.dims import format_dim
+from dslc.core.types import format_type
 from dslc.ir.printer import format_graph
 
 

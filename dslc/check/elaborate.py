@@ -8,14 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check import dims
-from dslc.check.calls import CallEval
+from dslc.check.calls import Arg, CallEval
 from dslc.check.context import ParamSpec, is_dim, is_int
-from dslc.check.defs import conform, layout_of
-from dslc.check.dims import SymInfo
+from dslc.check.defs import conform, instantiate, layout_of
 from dslc.check.expansion import estimate
 from dslc.check.resolve import DefRef, suggest
-from dslc.check.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
 from dslc.check.values import (
     ERROR,
     Absent,
@@ -28,6 +25,9 @@ from dslc.check.values import (
     TupleVal,
     kind_of,
 )
+from dslc.core import dims
+from dslc.core.dims import SymInfo
+from dslc.core.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.parse import ast
@@ -70,6 +70,10 @@ class Elaborator(CallEval):
         self.lets: list[tuple[str, str, Span]] = []  # (value node, let name, span) for W0201
 
     # -- bodies ----------------------------------------------------------------------------------
+    def apply_def(self, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
+                  scope: Scope, hint: str) -> Any:
+        return instantiate(self, ref, call, pos, kws, scope, hint)
+
     def run_body(self, body: tuple[ast.Stmt, ...], scope: Scope) -> Any:
         result = None
         for stmt in body:

@@ -7,9 +7,7 @@ import operator
 from fractions import Fraction
 from typing import Any
 
-from dslc.check import dims
 from dslc.check.context import Context, is_dim, is_int
-from dslc.check.types import TensorType
 from dslc.check.values import (
     ERROR,
     Absent,
@@ -22,6 +20,8 @@ from dslc.check.values import (
     kind_of,
     show,
 )
+from dslc.core import dims
+from dslc.core.types import TensorType
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 from dslc.ops.pointwise import OPERATOR_OPS

@@ -19,7 +19,7 @@ from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
 from dslc.ops import OPS
 from dslc.parse import ast
-from dslc.parse.loader import Program
+from dslc.parse.loader import STD_ROOT, Program
 
 
 @dataclass(frozen=True)
@@ -399,8 +399,6 @@ class _Body:
 @cache
 def _std_defs() -> dict[str, str]:
     """Def names of the bundled library, for "add this import" hints."""
-    from dslc.parse.loader import STD_ROOT
-
     out: dict[str, str] = {}
     for path in sorted(STD_ROOT.glob("*.cgraph")):
         for name in re.findall(r"^def\s+([A-Za-z_][A-Za-z0-9_]*)", path.read_text(), re.M):

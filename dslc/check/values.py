@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dslc.check.dims import Poly, format_dim
-from dslc.check.types import PrecisionSpec, TensorType, format_type
+from dslc.core.dims import Poly, format_dim
+from dslc.core.types import PrecisionSpec, TensorType, format_type
 from dslc.diag.records import quick_init
 from dslc.diag.span import Span
 from dslc.parse import ast

@@ -15,8 +15,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from dslc.cli import backend as backend
-from dslc.cli import build as build
+from dslc.backend.target import TargetError
+from dslc.cli import compile as compile_commands
+from dslc.cli import run as run_commands
+from dslc.cli import weights as weights_commands
 from dslc.cli.front import (
     EXIT_BACKEND,
     EXIT_ERRORS,
@@ -30,12 +32,11 @@ from dslc.cli.front import (
     cmd_params,
 )
 from dslc.cli.paths import UsageError, describe
-from dslc.compile.target import TargetError
+from dslc.core.errors import RunnerError
 from dslc.diag.diagnostic import Failed
 from dslc.parse.loader import ReadError
 from dslc.pipeline import front_end
 from dslc.runtime.bundle import BundleError
-from dslc.runtime.errors import RunnerError
 from dslc.weights import WeightError
 
 __all__ = ["front_end", "main"]
@@ -69,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ops", help="list the built-in operations and their signatures")
     p.add_argument("--family", help="only this family (conv, matmul, pointwise, ...)")
     p.set_defaults(run=cmd_ops)
-    build.add_commands(sub)
-    backend.add_commands(sub, add_diag_options)
+    run_commands.add_commands(sub)
+    weights_commands.add_commands(sub)
+    compile_commands.add_commands(sub, add_diag_options)
     return parser
 
 

@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from dslc.core.types import DTYPES, PrecisionSpec
 from dslc.diag import codes
 from dslc.diag.diagnostic import Sink
 from dslc.diag.render import render
 from dslc.diag.span import SourceMap, printable
+from dslc.ops import OPS
 from dslc.pipeline import FrontEnd, Options, front_end
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERNAL = 0, 1, 2, 3, 4
@@ -151,8 +153,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    from dslc.ops import OPS
-
     family = None
     for op in sorted(OPS.values(), key=lambda o: (o.family, o.name)):
         if args.family and op.family != args.family:
@@ -163,3 +163,23 @@ def cmd_ops(args: argparse.Namespace) -> int:
         print(f"  {op.signature()}")
         print(f"      {op.summary}")
     return EXIT_OK
+
+
+def parse_precision(text: str) -> PrecisionSpec:
+    """`f32` (all three) or `io=f16,intermediate=f32,compute=f32`."""
+    if "=" not in text:
+        if text not in DTYPES:
+            raise argparse.ArgumentTypeError(f"not a dtype: {text}")
+        return PrecisionSpec(text, text, text)
+    values = {"io": "f32", "intermediate": "f32", "compute": "f32"}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in values or value.strip() not in DTYPES:
+            raise argparse.ArgumentTypeError(f"bad precision setting `{part}`")
+        values[key.strip()] = value.strip()
+    return PrecisionSpec(**values)
+
+
+def sources(result: FrontEnd) -> list[Path]:
+    """The `.cgraph` files a model was read from (its imports too): inputs no output may replace."""
+    return [Path(p) for p in result.program.modules]

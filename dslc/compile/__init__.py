@@ -1,2 +1,2 @@
-"""Compile: fused groups -> cuDNN graphs and plans (`stage.compile_model`). Only
-`dslc.compile.graphs` and `dslc.compile.target` import cudnn, and only when used."""
+"""Compile: fused groups -> cuDNN graphs and plans (`stage.compile_model`), through
+`dslc.backend` (the only package that imports cudnn)."""

@@ -12,16 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dslc.backend.graphs import Built, GraphError, build
+from dslc.backend.kernels import DTYPES as KERNEL_DTYPES
+from dslc.backend.spec import GroupSpec, SpecError, group_spec
+from dslc.backend.target import Target
 from dslc.check.checker import CheckedModel
-from dslc.compile.graphs import Built, GraphError, build
-from dslc.compile.spec import GroupSpec, SpecError, group_spec
-from dslc.compile.target import Target
-from dslc.fuse.plan import FusionPlan, Group, make_group
+from dslc.core.dims import bucket_key
 from dslc.ir.graph import Graph, Node
+from dslc.ir.groups import FusionPlan, Group, make_group
 from dslc.ir.interp import ITEMSIZE
 from dslc.ir.views import aligned
 from dslc.ops import OPS
-from dslc.runtime.kernels import DTYPES as KERNEL_DTYPES
 
 
 @dataclass
@@ -53,10 +54,6 @@ class CompileFailure(Exception):
         super().__init__(reason)
         self.node = node
         self.reason = reason
-
-
-def bucket_key(bucket: dict[str, int]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(bucket.items())) or "static"
 
 
 Progress = Callable[[str], None]

@@ -9,11 +9,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
+from typing import Literal, get_args
+
+# Every registered code, as a type: a code written where a `CodeId` is expected (a diagnostic,
+# a runner error, a type rule's error) is checked by mypy against this list, so a typo or an
+# unregistered code fails the type check, not a user. `_TABLE` below gives each its title.
+CodeId = Literal[
+    "E0101", "E0102", "E0103", "E0104", "E0105", "E0106", "E0201", "E0202", "E0203",
+    "E0204", "E0205", "E0206", "E0207", "E0208", "E0209", "E0210", "E0301", "E0302",
+    "E0303", "E0304", "E0305", "E0306", "E0401", "E0402", "E0403", "E0501", "E0502",
+    "E0503", "E0601", "E0602", "E0603", "E0604", "E0605", "E0606", "E0607", "E0701",
+    "E0702", "E0703", "E0704", "E0705", "E0801", "E0802", "W0201", "W0202", "W0301",
+    "W0302", "W0401", "W0501", "W0602", "R0201", "R0202", "R0301", "R0401", "R0501",
+    "R0601", "R0602", "R0801", "R0802", "R0803",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Code:
-    code: str
+    code: CodeId
     title: str
 
     @property
@@ -86,12 +100,10 @@ R0803 a model that cannot be captured as a CUDA graph
 # Codes dslc no longer reports; they stay registered so `dslc explain` still answers for them.
 # E0502, E0503: an op that needs another memory order, or a reshape that is no view, reads a
 # row-major copy of its input (as numpy and PyTorch do) instead of failing the build.
-RETIRED = frozenset({"E0502", "E0503"})
+RETIRED: frozenset[CodeId] = frozenset({"E0502", "E0503"})
 
-CODES: dict[str, Code] = {}
-for _line in _TABLE.strip().splitlines():
-    _code, _title = _line.split(" ", 1)
-    CODES[_code] = Code(_code, _title)
+_TITLES = dict(line.split(" ", 1) for line in _TABLE.strip().splitlines())
+CODES: dict[str, Code] = {code: Code(code, _TITLES[code]) for code in get_args(CodeId)}
 
 
 def lookup(code: str) -> Code | None:

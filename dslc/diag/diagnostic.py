@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from dslc.diag.codes import CODES
+from dslc.diag.codes import CODES, CodeId
 from dslc.diag.span import Span
 
 
@@ -21,7 +21,7 @@ class Label:
 
 @dataclass(frozen=True, slots=True)
 class Diagnostic:
-    code: str
+    code: CodeId
     message: str
     span: Span
     label: str = ""  # text under the primary span

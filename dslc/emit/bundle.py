@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from dslc import fsutil
+from dslc.backend import environment
 from dslc.compile.stage import Compiled
-from dslc.emit.manifest import build_manifest
-from dslc.runtime import bundle, environment
+from dslc.core.dims import bucket_key
+from dslc.emit.manifest import manifest_record
+from dslc.runtime import bundle
 from dslc.runtime.irdata import GraphRecord
-from dslc.runtime.manifest import Manifest
 from dslc.runtime.records import (
     BucketRecord,
     Bundle,
@@ -25,9 +27,8 @@ from dslc.runtime.records import (
     PlanRecord,
     SpecRecord,
     StepRecord,
-    bucket_key,
 )
-from dslc.runtime.schedule import Program, check_buckets
+from dslc.runtime.schedule import Schedule, check_buckets
 
 VERSION = "0.1.0"
 
@@ -37,7 +38,22 @@ def _plan(compiled: Compiled, key: tuple[str, str]) -> PlanRecord:
     return PlanRecord(b.engine_id, dict(b.knobs), b.workspace, b.serialized, note=b.note,
                       candidates=b.candidates, tuned=False,
                       built_on_device=compiled.target.live and b.has_plan,
-                      build_s=round(b.build_s, 4))
+                      build_s=None if _fixed_clock() else round(b.build_s, 4))
+
+
+def _fixed_clock() -> str | None:
+    """SOURCE_DATE_EPOCH (seconds since 1970, as in reproducible builds): where set, the bundle
+    records that time and no measured build times, so two builds of one source compare byte for
+    byte."""
+    fixed = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    return fixed if fixed.isdigit() else None
+
+
+def _created() -> str:
+    fixed = _fixed_clock()
+    when = (datetime.datetime.fromtimestamp(int(fixed), datetime.UTC) if fixed
+            else datetime.datetime.now(datetime.UTC))
+    return when.isoformat(timespec="seconds")
 
 
 def records(compiled: Compiled) -> Bundle:
@@ -50,11 +66,11 @@ def records(compiled: Compiled) -> Bundle:
     env = (environment.live(properties=True) if compiled.target.live
            else environment.from_profile(compiled.target.properties_json))
     out = Bundle(model.name, model.file, VERSION,
-                 datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                 Manifest.from_data(build_manifest(model), graph), graph,
+                 _created(),
+                 manifest_record(model, record=graph), graph,
                  tuple(compiled.plan.load_time), steps, compiled.target.name,
                  Environment.from_data(env), ())
-    program = Program(out)
+    program = Schedule(out)
     nodes = program.nodes
     buckets = []
     for b in compiled.buckets:
@@ -63,20 +79,20 @@ def records(compiled: Compiled) -> Bundle:
                                                        f"buckets.{key}.{sig}", nodes),
                                   _plan(compiled, (k, sig)))
                   for (k, sig) in compiled.specs if k == key}
-        layout = program.layout(b)
-        buckets.append(BucketRecord(key, dict(b), graphs, layout.offsets, layout.arena))
+        memory = program.memory_plan(b)
+        buckets.append(BucketRecord(key, dict(b), graphs, memory.offsets, memory.arena))
     return dataclasses.replace(out, buckets=tuple(buckets))
 
 
 def payload(compiled: Compiled) -> dict[str, Any]:
-    """The bundle's plain data (what `dslc.tune.tune_payload` edits before `write`)."""
+    """The bundle's plain data (as a reader of the file sees it)."""
     return records(compiled).to_data()
 
 
 def write(path: Path, data: Bundle | Mapping[str, Any]) -> None:
     """Validate (BundleError: a bug in whoever made `data`), then write atomically."""
     record = data if isinstance(data, Bundle) else Bundle.from_data(data)
-    check_buckets(Program(record))
+    check_buckets(Schedule(record))
     fsutil.write_bytes(path, bundle.pack(record))
 
 
@@ -85,6 +101,6 @@ def write_with(path: Path, data: Bundle | Mapping[str, Any],
     """The bundle and the files made with it, replaced together (`fsutil.replace_together`): a
     failed write leaves the previous set, and the bundle is replaced last."""
     record = data if isinstance(data, Bundle) else Bundle.from_data(data)
-    check_buckets(Program(record))
+    check_buckets(Schedule(record))
     packed = bundle.pack(record)
     fsutil.replace_together([(path, lambda tmp: Path(tmp).write_bytes(packed)), *beside])

@@ -1,25 +1,18 @@
 """The model manifest as plain data (msgpack- and JSON-friendly): inputs, outputs, params, dims,
 each with its source span, so the runtime can check what it is given without the compiler and
-point its errors at the `.cgraph` source."""
+point its errors at the `.cgraph` source; `manifest_record` gives it as the runtime's record."""
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
 from dslc.check.checker import CheckedModel
-from dslc.check.dims import Dim, Poly
-from dslc.check.types import TensorType
+from dslc.core.types import TensorType
 from dslc.diag.span import Span
-
-
-def dim_data(d: Dim) -> Any:
-    """An int, or {"terms": [[[[symbol, power], ...], numerator, denominator], ...]}."""
-    if isinstance(d, int):
-        return d
-    assert isinstance(d, Poly)
-    return {"terms": [[[list(m) for m in mono], Fraction(c).numerator, Fraction(c).denominator]
-                      for mono, c in d.terms]}
+from dslc.ir.graph import Graph
+from dslc.ir.serial import dim_data
+from dslc.runtime.irdata import GraphRecord
+from dslc.runtime.manifest import Manifest
 
 
 def span_data(s: Span) -> dict[str, Any]:
@@ -47,3 +40,11 @@ def build_manifest(model: CheckedModel) -> dict[str, Any]:
                  for d in model.dims if d.dynamic],
         "buckets": [dict(b) for b in model.buckets],
     }
+
+
+def manifest_record(model: CheckedModel, graph: Graph | None = None,
+                    record: GraphRecord | None = None) -> Manifest:
+    """The manifest as the runtime reads it, checked against the graph it describes (`record`, or
+    `graph`, or the model's checked graph)."""
+    return Manifest.from_data(build_manifest(model),
+                              record or GraphRecord.of(graph or model.graph, model.env))

@@ -15,8 +15,8 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from dslc.check.types import format_type
 from dslc.compile.stage import Compiled
+from dslc.core.types import format_type
 
 RESERVED = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | {"self", "Model",
                                                                                  "Path", "Any"}

@@ -5,8 +5,8 @@ it. Every op not fused with its neighbours gets the reason in the plan."""
 from __future__ import annotations
 
 from dslc.fuse.patterns import FALLBACK_REASONS, PATTERNS, FusionPattern
-from dslc.fuse.plan import FusionPlan, Group, format_plan, make_group
 from dslc.ir.graph import Graph, Node
+from dslc.ir.groups import FusionPlan, Group, format_plan, make_group
 from dslc.lower.canonical import load_time
 
 NOT_RUN = ("input", "param", "scalar", "view")

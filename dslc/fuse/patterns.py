@@ -1,5 +1,6 @@
 """The fusion pattern table, in priority order: an anchor op, the pointwise ops that may follow
-it inside one cuDNN graph, and a support check that names what cuDNN cannot take."""
+it inside one cuDNN graph, and a support check that names what cuDNN cannot take. Which ops are
+anchors and epilogues is the op table's word (`OpDef.fusion`); a pattern names roles, not ops."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ from dataclasses import dataclass
 
 from dslc.ir.graph import Node
 from dslc.ir.views import same_memory
-from dslc.ops.pointwise import BINARY, UNARY
-from dslc.ops.reduce import REDUCTIONS
+from dslc.ops import OPS
+from dslc.ops.opdef import FusionRole
+
+
+def _ops(role: FusionRole, family: str | None = None) -> frozenset[str]:
+    """The ops of the op table with this fusion role (and family)."""
+    return frozenset(op.name for op in OPS.values()
+                     if op.fusion == role and family in (None, op.family))
+
 
 # Pointwise ops that cuDNN runs as an epilogue (its pointwise modes, `bias`, `scale`, identity).
-EPILOGUE = frozenset({*UNARY, *BINARY, "bias_add", "scale_mul", "cast"})
+EPILOGUE = _ops("epilogue")
 FALLBACK_REASONS = {
     "maxpool": "cuDNN's resample node (pooling) is not exposed by the Python frontend; "
                "a fallback kernel runs it",
@@ -65,18 +73,15 @@ def _matmul_epilogue(nodes: list[Node]) -> str | None:
 
 PATTERNS: tuple[FusionPattern, ...] = (
     # Attention: one flash-attention graph; cuDNN SDPA takes no epilogue.
-    FusionPattern("sdpa", frozenset({"sdpa"}), frozenset(), _float_io),
+    FusionPattern("sdpa", _ops("anchor", "attention"), frozenset(), _float_io),
     # conv + bias + scale + residual add + activation: the classic conv epilogue.
-    FusionPattern("conv_epilogue", frozenset({"conv", "conv_transpose"}), EPILOGUE,
-                  _one_memory_order),
+    FusionPattern("conv_epilogue", _ops("anchor", "conv"), EPILOGUE, _one_memory_order),
     # matmul + bias + activation (+ residual add): projections and MLPs.
-    FusionPattern("matmul_epilogue", frozenset({"matmul"}), EPILOGUE, _matmul_epilogue),
+    FusionPattern("matmul_epilogue", _ops("anchor", "matmul"), EPILOGUE, _matmul_epilogue),
     # norm + pointwise: layernorm / rmsnorm / instancenorm / batchnorm and what follows.
-    FusionPattern("norm_epilogue", frozenset({"layernorm", "rmsnorm", "instancenorm",
-                                              "batchnorm"}), EPILOGUE,
-                  _one_memory_order),
+    FusionPattern("norm_epilogue", _ops("norm"), EPILOGUE, _one_memory_order),
     # reduction + pointwise on the reduced value.
-    FusionPattern("reduce_epilogue", frozenset(REDUCTIONS), EPILOGUE, _one_memory_order),
+    FusionPattern("reduce_epilogue", _ops("reduce"), EPILOGUE, _one_memory_order),
     # what is left of pointwise chains: one graph per chain.
     FusionPattern("pointwise", EPILOGUE, EPILOGUE, _float_io),
 )

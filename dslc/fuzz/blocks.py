@@ -4,7 +4,7 @@ defs of residual blocks, called once or stacked with `repeat` (`as "layers.{i}"`
 
 from __future__ import annotations
 
-from dslc.check.types import TensorType
+from dslc.core.types import TensorType
 from dslc.fuzz.families import flat_rows, is_float, size, static, tame
 from dslc.fuzz.program import Expr, Stmt
 from dslc.fuzz.state import Gen

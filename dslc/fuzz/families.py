@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dslc.check import dims
-from dslc.check.types import FLOATS
+from dslc.core import dims
+from dslc.core.types import FLOATS
 from dslc.fuzz.program import Expr
 from dslc.fuzz.state import Gen
 

@@ -4,7 +4,7 @@ same program, fewer or smaller choices a smaller one."""
 
 from __future__ import annotations
 
-from dslc.check import dims
+from dslc.core import dims
 from dslc.fuzz import blocks, families, shapes
 from dslc.fuzz.choices import Choices
 from dslc.fuzz.program import Program

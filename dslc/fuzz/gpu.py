@@ -69,8 +69,8 @@ def _run(prog: Program, seed: int) -> Outcome:
 
 
 def _compile(model: Any, tmp: Path) -> tuple[Path, list[tuple[str, tuple[str, ...]]]]:
+    from dslc.backend.target import load_target
     from dslc.compile.stage import compile_model
-    from dslc.compile.target import load_target
     from dslc.emit import bundle as emit_bundle
 
     global _TARGET
@@ -87,8 +87,8 @@ def _same_groups(model: Any, steps: list[tuple[str, tuple[str, ...]]]) -> None:
     """Deviceless for the H200 profile: the same groups, except where the GPU split a group that
     got no plan there (the deviceless build cannot know; each half must still be a group's
     part)."""
+    from dslc.backend.target import load_target
     from dslc.compile.stage import compile_model
-    from dslc.compile.target import load_target
 
     lowered, plan = _lower(model.graph, model.env)
     deviceless = compile_model(model, lowered, plan, load_target("h200"))
@@ -101,17 +101,17 @@ def _same_groups(model: Any, steps: list[tuple[str, tuple[str, ...]]]) -> None:
 
 def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
              weights: dict[str, np.ndarray]) -> Outcome:
+    from dslc.core.errors import RunnerError
     from dslc.runtime import Model
     from dslc.runtime.bundle import read
-    from dslc.runtime.errors import RunnerError
-    from dslc.runtime.schedule import Program as BundleProgram
+    from dslc.runtime.schedule import Schedule
     from dslc.weights import save
 
     save(tmp / "fuzz.safetensors", weights)
     model = Model(bundle, tmp / "fuzz.safetensors", plan_cache=None)
     device_inputs = _to_device(inputs, model)
     plain = _to_host(model.run(device_inputs))
-    program = BundleProgram(read(bundle))
+    program = Schedule(read(bundle))
     virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
     want = interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
     dtype = _narrowest(program)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dslc.check.context import ParamSpec
-from dslc.check.types import PrecisionSpec
+from dslc.core.types import PrecisionSpec
 from dslc.diag.diagnostic import Sink
 from dslc.fuzz.program import Program
 from dslc.ir import interp
@@ -186,7 +186,7 @@ def make_inputs(specs: Any, run_dims: dict[str, int], declared: Any, seed: int,
                 ) -> dict[str, np.ndarray]:
     """Normal random inputs in each input's declared dtype (so the f32 run and the declared run
     read the same values)."""
-    from dslc.check import dims
+    from dslc.core import dims
 
     rng = np.random.default_rng(seed)
     dtypes = {i.name: i.type.dtype for i in declared.inputs}
@@ -270,18 +270,18 @@ def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
               weights: dict[str, np.ndarray]) -> None:
     """Deviceless compile at the declared precision; the bundle written and read back must hold
     the same graph, and running it must give the same bits as running the compiled graph."""
+    from dslc.backend.target import load_target
     from dslc.compile.stage import compile_model
-    from dslc.compile.target import load_target
     from dslc.emit import bundle as emit_bundle
     from dslc.ir.printer import format_graph
     from dslc.runtime.bundle import read
-    from dslc.runtime.schedule import Program as BundleProgram
+    from dslc.runtime.schedule import Schedule
 
     lowered, plan = _lower(model.graph, model.env)
     compiled = compile_model(model, lowered, plan, load_target("h200"))
     path = tmp / "fuzz.bundle"
     emit_bundle.write(path, emit_bundle.payload(compiled))
-    program = BundleProgram(read(path))
+    program = Schedule(read(path))
     if format_graph(program.graph) != format_graph(compiled.graph):
         raise Failure(Outcome("roundtrip", "compile", "the bundle's graph differs from the "
                                                       "compiled one"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dslc.check.dims import Dim, format_dim
-from dslc.check.types import TensorType
+from dslc.core.dims import Dim, format_dim
+from dslc.core.types import TensorType
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dslc.check import dims
+from dslc.core import dims
 from dslc.fuzz.families import is_float, size, static, tame
 from dslc.fuzz.program import Expr
 from dslc.fuzz.state import Gen

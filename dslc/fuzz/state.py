@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dslc.check import dims
-from dslc.check.dims import DimEnv, SymInfo
-from dslc.check.types import Layout, PrecisionSpec, TensorType
+from dslc.core import dims
+from dslc.core.dims import DimEnv, SymInfo
+from dslc.core.types import Layout, PrecisionSpec, TensorType
 from dslc.diag.span import Span
 from dslc.fuzz.choices import Choices
 from dslc.fuzz.program import DynDim, Expr, Input, ParamDecl, Program, Stmt
@@ -44,8 +44,6 @@ class Stats:
 
     def table(self) -> str:
         """The coverage of a run: each op's count, and the op pairs (fusion candidates) hit."""
-        from dslc.ops import OPS
-
         rows = [f"{'op':<16}{'count':>8}{'rejected':>10}"]
         for op in sorted({*OPS, *self.ops}):
             rows.append(f"{op:<16}{self.ops[op]:>8}{self.rejected[op]:>10}")

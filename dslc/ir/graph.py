@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.types import PrecisionSpec, TensorType
+from dslc.core.types import PrecisionSpec, TensorType
 from dslc.diag.span import Span
 
 
@@ -74,6 +74,13 @@ class Graph:
 
 
 FLOAT_STORAGE = ("f32", "f16", "bf16")
+
+
+def compute_dtype(node: Node) -> str:
+    """The dtype an op computes in: its own `compute` attribute where it has one (an op that
+    needs a wider one than the model's precision), else its precision's. The interpreter, the
+    verifier and cuDNN's graph specs all use this."""
+    return str(node.attrs.get("compute", node.precision.compute))
 
 
 def stored_dtype(node: Node, virtual: bool) -> str:

@@ -16,10 +16,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from dslc.check import dims
-from dslc.check.dims import DimEnv, Poly
-from dslc.check.types import is_float
-from dslc.ir.graph import Graph, Node, stored_dtype
+from dslc.core import dims
+from dslc.core.dims import DimEnv, Poly
+from dslc.core.types import is_float
+from dslc.ir.graph import Graph, Node, compute_dtype, stored_dtype
 
 NUMPY_DTYPES: dict[str, Any] = {
     "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
@@ -167,8 +167,7 @@ def evaluate_node(node: Node, operands: list[np.ndarray], attrs: Mapping[str, An
     """One op: operands to the compute dtype, the numpy reference, the result to `storage`."""
     if node.op == "view":
         return apply_view(operands[0], attrs["steps"])
-    compute = str(attrs.get("compute", node.precision.compute))
-    math = _MATH.get(compute, np.float32)
+    math = _MATH.get(compute_dtype(node), np.float32)
     # Integers are widened (i8 x i8 accumulates in i32 on the GPU; int64 here is exact).
     xs = [x.astype(math, copy=False) if is_float(_dtype_name(x)) else
           x.astype(np.int64, copy=False) if np.issubdtype(x.dtype, np.integer) else x

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dslc.check.dims import Poly, format_dim
-from dslc.check.types import format_type
+from dslc.core.dims import Poly, format_dim
+from dslc.core.types import format_type
 from dslc.ir.graph import Graph, Node
 
 

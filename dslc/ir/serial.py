@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from dslc.check.dims import Dim, DimEnv, Poly, make
-from dslc.check.types import Layout, PrecisionSpec, TensorType
+from dslc.core.dims import Dim, DimEnv, Poly, SymInfo, make
+from dslc.core.types import Layout, PrecisionSpec, TensorType
 from dslc.diag.span import Span
 from dslc.ir.graph import Attrs, Graph, Node
 
@@ -81,8 +81,6 @@ def graph_data(g: Graph, env: DimEnv) -> dict[str, Any]:
 
 
 def graph_from(d: Mapping[str, Any]) -> tuple[Graph, DimEnv]:
-    from dslc.check.dims import SymInfo
-
     env = DimEnv()
     for name, (lo, hi, align) in d["syms"].items():
         env.add(SymInfo(name, lo, hi, align))

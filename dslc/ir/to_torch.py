@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dslc.check import dims as dimlib
-from dslc.check.dims import DimEnv, Poly
-from dslc.check.types import FP8, is_float
+from dslc.core import dims as dimlib
+from dslc.core.dims import DimEnv, Poly
+from dslc.core.types import FP8, is_float
 from dslc.ir.graph import Graph, Node
 from dslc.ir.torch_ops import OPS, OWN_OPERAND_DTYPES, OpFn
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dslc.check.dims import DimEnv
-from dslc.check.types import TensorType, format_shape, format_type
-from dslc.ir.graph import Graph, Node
+from dslc.core.dims import DimEnv
+from dslc.core.types import TensorType, format_shape, format_type
+from dslc.ir.graph import Graph, Node, compute_dtype
 from dslc.ir.views import view_layout, view_shape
 from dslc.ops import OPS
 from dslc.ops.opdef import Args, Kind, SilentCtx
@@ -84,8 +84,7 @@ def retype_problems(node: Node, types: dict[str, TensorType], ops: dict[str, str
         if p.kind is Kind.OPT_TENSOR:
             values.setdefault(p.name, None)
     # The graph was checked already: only its shapes are compared (no cuDNN limits).
-    ctx = SilentCtx(env, node.precision, producers, node.span,
-                    str(node.attrs.get("compute", node.precision.compute)))
+    ctx = SilentCtx(env, node.precision, producers, node.span, compute_dtype(node))
     result = op.infer(ctx, Args(values))
     if ctx.errors:
         return ctx.errors[:1]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from dslc.check import dims
-from dslc.check.dims import Dim
-from dslc.check.types import Layout
+from dslc.core import dims
+from dslc.core.dims import Dim
+from dslc.core.types import Layout
 
 Step = tuple[Any, ...]  # ("transpose", perm) | ("reshape", shape) | ("slice", starts, ends)
 

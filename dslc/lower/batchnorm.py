@@ -3,7 +3,7 @@ and shift. Either way its arithmetic on params becomes a load-time subgraph (see
 
 from __future__ import annotations
 
-from dslc.check.types import PrecisionSpec, TensorType
+from dslc.core.types import PrecisionSpec, TensorType
 from dslc.ir.graph import Node
 from dslc.lower.rewrite import Rewriter
 

@@ -3,7 +3,7 @@ ops and scalar arithmetic folded, dead values removed; and which values are load
 
 from __future__ import annotations
 
-from dslc.check.types import TensorType
+from dslc.core.types import TensorType
 from dslc.ir.graph import Graph, Node
 from dslc.lower.rewrite import Rewriter
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from dslc.check.types import PrecisionSpec, TensorType
+from dslc.core.types import PrecisionSpec, TensorType
 from dslc.ir.graph import Attrs, Graph, Node
 
 

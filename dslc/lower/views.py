@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dslc.check.types import Layout, TensorType
+from dslc.core.types import Layout, TensorType
 from dslc.ir import views
 from dslc.ir.graph import Attrs, Node
 from dslc.ir.interp import ITEMSIZE
 from dslc.ir.verify import effective_type
 from dslc.lower.rewrite import Rewriter
+from dslc.ops import OPS
 from dslc.ops.opdef import Kind
 
 VIEW_OPS = ("reshape", "transpose", "slice")
@@ -144,8 +145,6 @@ def copy_for_layout_rules(rw: Rewriter, node: Node) -> Node:
     """An op that needs a memory order its operand does not have (a layernorm over axes that are
     not innermost, an sdpa operand whose last axis is not contiguous: `OpDef.needs`) reads a
     row-major copy of it, and writes its result row-major too."""
-    from dslc.ops import OPS  # here: importing dslc.ops registers every op
-
     op = OPS.get(node.op)
     if op is None or op.needs is None:
         return node

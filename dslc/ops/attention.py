@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from dslc.check import dims
-from dslc.check.types import TensorType
+from dslc.core import dims
+from dslc.core.types import TensorType
 from dslc.diag.diagnostic import Label
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from dslc.check import dims
-from dslc.check.dims import Dim
-from dslc.check.types import BITS, FP8, TensorType, format_shape, format_type, is_float, is_int
+from dslc.core import dims
+from dslc.core.dims import Dim
+from dslc.core.types import BITS, FP8, TensorType, format_shape, format_type, is_float, is_int
 from dslc.diag.diagnostic import Label
 from dslc.ops.opdef import InferCtx
 

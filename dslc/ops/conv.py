@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dslc.check import dims
-from dslc.check.dims import Dim
-from dslc.check.types import FP8, TensorType, is_float
+from dslc.core import dims
+from dslc.core.dims import Dim
+from dslc.core.types import FP8, TensorType, is_float
 from dslc.ops import common
 from dslc.ops import reference_conv as ref
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param

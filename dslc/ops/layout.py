@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from dslc.check import dims
-from dslc.check.dims import Dim
-from dslc.check.types import Layout, TensorType, format_shape
+from dslc.core import dims
+from dslc.core.dims import Dim
+from dslc.core.types import Layout, TensorType, format_shape
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
 

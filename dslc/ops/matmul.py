@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from dslc.check import dims
-from dslc.check.types import FP8, TensorType
+from dslc.core import dims
+from dslc.core.types import FP8, TensorType
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dslc.check.types import TensorType
+from dslc.core.types import TensorType
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 

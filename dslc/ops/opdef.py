@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from dslc.check.dims import Dim, DimEnv
-from dslc.check.types import PrecisionSpec, TensorType
+from dslc.core.dims import Dim, DimEnv
+from dslc.core.types import PrecisionSpec, TensorType
+from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
 
@@ -87,7 +88,7 @@ class InferCtx(Protocol):
     @property
     def compute(self) -> str: ...
 
-    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+    def error(self, code: CodeId, message: str, at: str | None = None, label: str = "",
               labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
               help: tuple[str, ...] = ()) -> None: ...
 
@@ -123,7 +124,7 @@ class SilentCtx:
     def compute(self) -> str:
         return self._compute
 
-    def error(self, code: str, message: str, at: str | None = None, label: str = "",
+    def error(self, code: CodeId, message: str, at: str | None = None, label: str = "",
               labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
               help: tuple[str, ...] = ()) -> None:
         if not code.startswith("W"):
@@ -202,6 +203,12 @@ NeedsFn = Callable[[Mapping[str, TensorType]], str | None]
 RefFn = Callable[[list[np.ndarray], Mapping[str, Any]], np.ndarray]
 
 
+# An op's place in the fusion patterns: an anchor (conv, matmul, sdpa: a pattern of its family),
+# a pointwise epilogue after an anchor, a norm or reduction anchor, a view (no kernel), or none
+# (it runs on its own).
+FusionRole = Literal["anchor", "epilogue", "norm", "reduce", "view", "none"]
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
@@ -211,7 +218,7 @@ class OpDef:
     returns: str  # the result's shape in signature notation, for `dslc ops`
     summary: str
     scalars_as_tensors: bool = False  # a compile-time number may stand for a tensor operand
-    fusion: str = "none"  # anchor | epilogue | norm | reduce | view | none
+    fusion: FusionRole = "none"  # its place in the fusion patterns (`dslc.fuse.patterns`)
     reference: RefFn | None = None
     lower: LowerFn | None = None  # None: no cuDNN graph node (a fallback kernel runs it)
     needs: NeedsFn | None = None  # a memory order its operands must have (lowering copies)

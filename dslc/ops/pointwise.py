@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from dslc.check import dims
-from dslc.check.types import DTYPES, FP8, TensorType
+from dslc.core import dims
+from dslc.core.types import DTYPES, FP8, TensorType
 from dslc.ops import common
 from dslc.ops.opdef import REQUIRED, Args, InferCtx, Kind, LowerCtx, LowerFn, OpDef, Param, RefFn
 
@@ -345,12 +345,12 @@ def _ops() -> list[OpDef]:
     for name, spelling in COMPARE.items():
         out.append(OpDef(name, "pointwise", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
                          _binary_rule(name, False, True), "bool broadcast(a, b)", f"a {spelling} b",
-                         scalars_as_tensors=True, fusion="epilogue", reference=_binary_ref(name),
+                         scalars_as_tensors=True, reference=_binary_ref(name),
                          lower=_lower_binary(name)))
     out.append(OpDef("select", "pointwise",
                      (Param("mask", Kind.TENSOR), Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)),
                      _select, "broadcast(mask, a, b)", "a where mask else b",
-                     scalars_as_tensors=True, fusion="epilogue",
+                     scalars_as_tensors=True,
                      reference=lambda xs, a: np.where(xs[0].astype(bool), xs[1], xs[2]),
                      lower=lambda ctx, xs, a: ctx.g.binary_select(input0=xs[1], input1=xs[2],
                                                                   mask=xs[0])))
@@ -366,7 +366,7 @@ def _ops() -> list[OpDef]:
                      reference=lambda xs, a: xs[0],  # the caller rounds to the new dtype
                      lower=_lower_identity))
     out.append(OpDef("contiguous", "pointwise", (Param("x", Kind.TENSOR),), _contiguous,
-                     "shape of x", "copy into a new layout", fusion="epilogue",
+                     "shape of x", "copy into a new layout",
                      reference=lambda xs, a: xs[0], lower=_lower_identity))
     return out
 

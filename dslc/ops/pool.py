@@ -5,9 +5,9 @@ Pooling output: O = floor((S + 2 * pad - window) / stride) + 1, as PyTorch (no c
 
 from __future__ import annotations
 
-from dslc.check import dims
-from dslc.check.dims import Dim
-from dslc.check.types import TensorType
+from dslc.core import dims
+from dslc.core.dims import Dim
+from dslc.core.types import TensorType
 from dslc.ops import common
 from dslc.ops import reference_conv as ref
 from dslc.ops.conv import conv_out_size, spatial_rank

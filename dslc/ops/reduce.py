@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dslc.check.types import TensorType
+from dslc.core.types import TensorType
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 
@@ -115,6 +115,6 @@ OPS = [
 ] + [
     OpDef("genstats", "reduce", (Param("x", Kind.TENSOR),), _genstats,
           "(f32[1, C, 1...], f32[1, C, 1...])", "per-channel sum and sum of squares",
-          fusion="reduce", reference=_genstats_ref,
+          reference=_genstats_ref,
           lower=lambda ctx, xs, a: ctx.g.genstats(input=xs[0])[int(a.get("output", 0))]),
 ]

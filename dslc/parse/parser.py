@@ -12,46 +12,22 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
-from lark import Lark, UnexpectedInput
+from lark import UnexpectedInput
 
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.diag.span import Span
 from dslc.parse import ast
-from dslc.parse.lalr import Tables, Tok, parse
+from dslc.parse.grammar import tables
+from dslc.parse.lalr import Tok, parse
+from dslc.parse.syntax import report_syntax_error
 
-GRAMMAR_NAME = "cgraph.lark"
 MAX_INT = 2**63 - 1  # integer literals are 64-bit, as every size and attribute in cuDNN
-
-
-def grammar_text() -> str:
-    """The grammar: packaged inside the wheel as `dslc/grammar/`, or `grammar/` in a checkout."""
-    packaged = resources.files("dslc").joinpath("grammar", GRAMMAR_NAME)
-    if packaged.is_file():
-        return packaged.read_text(encoding="utf-8")
-    return (Path(__file__).resolve().parents[2] / "grammar" / GRAMMAR_NAME).read_text(encoding="utf-8")
-
-
-@cache
-def lark_parser() -> Lark:
-    # cache=True keeps the LALR tables in the temp folder: building them costs ~0.2 s a process.
-    return Lark(grammar_text(), parser="lalr", lexer="contextual", maybe_placeholders=True,
-                cache=True)
-
-
-@cache
-def tables() -> Tables:
-    return Tables.from_lark(lark_parser())
 
 
 def parse_text(text: str, file: str, sink: Sink, path: str = "") -> ast.Module | None:
     """Parse `text` (displayed as `file`); report a syntax error and return None on failure."""
-    from dslc.parse.syntax import report_syntax_error
-
     builder = _Builder(file, text)
     try:
         version, decls = parse(tables(), text, builder)

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 from lark import Token, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from dslc.check.types import DTYPES
+from dslc.core.types import DTYPES
+from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
+from dslc.parse.grammar import lark_parser
 
 _NAMED = {
     "NAME": "identifier",
@@ -32,8 +34,6 @@ _EXPRESSION = {"(", "[", "-", "identifier", "integer", "float", "string", "true"
 
 
 def _spelling(terminal: str) -> str:
-    from dslc.parse.parser import lark_parser
-
     if terminal in _NAMED:
         return _NAMED[terminal]
     try:
@@ -120,7 +120,7 @@ class Mistake:
     """A known mistake: `matches` recognises it, `message`/`label`/`help` explain it."""
 
     name: str
-    code: str
+    code: CodeId
     matches: Callable[[ErrorSite], bool]
     message: Callable[[ErrorSite], str]
     label: Callable[[ErrorSite], str]

@@ -2,7 +2,7 @@
 restore (or replay, or heuristics), the memory plan, execution and CUDA graphs. Needs no GPU to
 import; running does (R0801 otherwise). Never imports the front end (lark) or jinja2."""
 
-from dslc.runtime.errors import RunnerError
+from dslc.core.errors import RunnerError
 from dslc.runtime.model import Captured, Model
 
 __all__ = ["Captured", "Model", "RunnerError"]

@@ -31,6 +31,7 @@ import msgpack
 
 from dslc.fsutil import UnreadableFile, read_limited
 from dslc.runtime.records import Bundle, BundleError
+from dslc.runtime.schedule import Schedule, check_buckets
 
 __all__ = ["MAGIC", "MAX_BYTES", "SCHEMA_VERSION", "Bundle", "BundleError", "load", "pack",
            "read", "unpack"]
@@ -96,13 +97,11 @@ def unpack_payload(data: bytes, source: str = "the bundle") -> Mapping[str, Any]
 def unpack(data: bytes, source: str = "the bundle", bindings: bool = True) -> Bundle:
     """The payload's records, validated whole (BundleError naming the field otherwise);
     `bindings=False` leaves each bucket's tensor bounds to the caller (`check_bucket`)."""
-    from dslc.runtime.schedule import Program, check_buckets
-
     payload = unpack_payload(data, source)
     try:
         bundle = Bundle.from_data(payload)
         if bindings:
-            check_buckets(Program(bundle))
+            check_buckets(Schedule(bundle))
     except BundleError as err:
         raise BundleError(f"{source} is not a valid bundle: {err}") from err
     except RecursionError as err:  # data nested past what any bundle holds

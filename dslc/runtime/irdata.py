@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from dslc.check.dims import Dim, DimEnv, Poly, SymInfo
-from dslc.check.types import DTYPES, FAMILIES
+from dslc.core.dims import Dim, DimEnv, Poly, SymInfo
+from dslc.core.types import DTYPES, FAMILIES
 from dslc.ir.graph import Graph
 from dslc.ir.serial import dim_from, graph_data, graph_from
 from dslc.runtime import fields as f

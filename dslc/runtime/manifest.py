@@ -1,8 +1,9 @@
 """The manifest a bundle carries (what a caller gives the model and what its weights are) as typed
 records, read as untrusted data and checked against the IR it describes: each input, output and
 param is a node of the graph with the same dtype, shape and layout, and each dynamic dim is a
-symbol of the graph with the same range. `to_data()` gives the plain form the input checks
-(`dslc.runtime.inputs`) and the weight reader (`dslc.runtime.params`) take.
+symbol of the graph with the same range. The input checks (`dslc.runtime.inputs`) and the weight
+reader (`dslc.runtime.params`) read these records; `to_data()` gives the plain form the bundle
+stores.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.dims import Dim
-from dslc.check.types import DTYPES
+from dslc.core.dims import Dim
+from dslc.core.types import DTYPES
 from dslc.ir.serial import dim_data
 from dslc.runtime import fields as f
 from dslc.runtime.fields import MAX_DIM, MAX_RANK

@@ -14,15 +14,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dslc import fsutil
+from dslc.backend import device, environment
+from dslc.backend.kernels import KERNELS, run_kernel
+from dslc.backend.spec import GroupSpec, group_spec
+from dslc.core.dims import bucket_key
+from dslc.core.errors import RunnerError
+from dslc.ir.groups import make_group
 from dslc.ir.interp import concrete_attrs
+from dslc.ir.storage import Storage
 from dslc.runtime import bundle as bundlefile
-from dslc.runtime import device, plancache, startup
-from dslc.runtime.errors import RunnerError
+from dslc.runtime import params, plancache, startup
 from dslc.runtime.inputs import bind_inputs
-from dslc.runtime.kernels import KERNELS, run_kernel
+from dslc.runtime.manifest import Manifest
 from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
-from dslc.runtime.records import BucketRecord, PlanRecord, StepRecord, bucket_key
-from dslc.runtime.schedule import ITEMSIZE, Layout, Program, Storage
+from dslc.runtime.records import BucketRecord, Environment, PlanRecord, StepRecord
+from dslc.runtime.schedule import ITEMSIZE, MemoryPlan, Schedule
 
 LOG = logging.getLogger("dslc.runtime")
 
@@ -34,7 +41,7 @@ class Executable:
         self.model = model
         self.dims = dims
         self.key = bucket_key(dims)
-        self.layout: Layout = model.program.layout(dims)
+        self.memory: MemoryPlan = model.program.memory_plan(dims)
         self.graphs: dict[str, Ready] = {}
         decision = model.decision()
         for step, spec, plan in self._specs():
@@ -48,7 +55,7 @@ class Executable:
                                   "kernel_cache": ready.kernel_cache})
             self.graphs[step.signature] = ready
         cupy = model.cupy
-        self.arena = cupy.empty(max(self.layout.arena, 1), dtype=cupy.uint8)
+        self.arena = cupy.empty(max(self.memory.arena, 1), dtype=cupy.uint8)
         workspace = max((r.workspace for r in self.graphs.values()), default=0)
         self.workspace = cupy.empty(max(workspace, 256), dtype=cupy.uint8)
         self.bindings = {}
@@ -62,7 +69,7 @@ class Executable:
     def _specs(self) -> list[tuple[StepRecord, Any, PlanRecord | None]]:
         """Per group signature: its first step, its spec at these dims (the bucket's, with its
         plan, or made from the graph), each checked against every step that binds it to memory
-        (`Program.check_bindings`: BundleError if a tensor would reach past its value)."""
+        (`Schedule.check_bindings`: BundleError if a tensor would reach past its value)."""
         m = self.model
         bucket = m.buckets.get(self.key)
         out: dict[str, tuple[StepRecord, Any, PlanRecord | None]] = {}
@@ -73,7 +80,7 @@ class Executable:
                 entry = bucket.graphs.get(step.signature) if bucket is not None else None
                 out[step.signature] = ((step, entry.spec, entry.plan) if entry is not None else
                                        (step, m.spec_at(step, self.dims), None))
-            m.program.check_bindings(step, out[step.signature][1], self.layout.storage,
+            m.program.check_bindings(step, out[step.signature][1], self.memory.storage,
                                      self.dims, f"group {step.name} at {self.key}")
         return list(out.values())
 
@@ -81,9 +88,9 @@ class Executable:
         """A bucket's graph, as the start-up decision says (see `dslc.runtime.startup`)."""
         m = self.model
         if action == "retime":
-            return retime(spec, plan, m.handle, self.layout.storage, m.program.nodes, where, m.log)
+            return retime(spec, plan, m.handle, self.memory.storage, m.program.nodes, where, m.log)
         if action == "retune":
-            return retune(spec, m.program, self.layout.storage, m.handle, where, m.log)
+            return retune(spec, m.program.nodes, self.memory.storage, m.handle, where, m.log)
         if action == "heuristic":
             return prepare(spec, None, m.handle, where, m.log)
         return prepare(spec, plan, m.handle, where, m.log)
@@ -113,7 +120,7 @@ class Executable:
         return ready
 
     def storage(self, name: str) -> Storage:
-        return self.layout.storage[name]
+        return self.memory.storage[name]
 
 
 class Model:
@@ -138,8 +145,8 @@ class Model:
         self.path = Path(bundle)
         # Validated records; each bucket's cuDNN tensor bounds are checked by `Executable`.
         self.bundle = bundlefile.load(self.path, bindings=False)
-        self.program = Program(self.bundle)
-        self.manifest: dict[str, Any] = self.bundle.manifest.to_data()  # what input checks read
+        self.program = Schedule(self.bundle)
+        self.manifest: Manifest = self.bundle.manifest  # what input checks and weights read
         self.buckets: dict[str, BucketRecord] = {b.key: b for b in self.bundle.buckets}
         self.log = log or LOG
         self.startup: list[dict[str, Any]] = []
@@ -184,8 +191,6 @@ class Model:
     def decision(self) -> startup.Decision:
         """What start-up does with the saved plans here (decided once, logged)."""
         if self._decision is None:
-            from dslc.runtime import environment
-
             self.cupy  # noqa: B018 - R0801 without a GPU
             self._live = environment.live()
             self._decision = startup.decide(self.bundle.environment.to_data(), self._live,
@@ -193,21 +198,16 @@ class Model:
             self.log.info("start-up of %s: %s", self.bundle.model, self._decision.explain())
         return self._decision
 
-    def spec_from(self, data: Mapping[str, Any]) -> Any:
-        from dslc.compile.spec import GroupSpec
-
+    def spec_from(self, data: Mapping[str, Any]) -> GroupSpec:
         return GroupSpec.from_data(data)
 
-    def spec_at(self, step: Any, dims: dict[str, int]) -> Any:
-        from dslc.compile.spec import group_spec
-        from dslc.fuse.plan import make_group
-
+    def spec_at(self, step: StepRecord, dims: dict[str, int]) -> GroupSpec:
         group = make_group(self.program.graph, list(step.nodes), step.pattern)
         return group_spec(self.program.graph, group, dims, self.program.env)
 
     def kernel_cache(self, signature: str) -> Any:
         if signature not in self._kernel_caches:
-            from dslc.compile.graphs import new_kernel_cache
+            from dslc.backend.graphs import new_kernel_cache
 
             self._kernel_caches[signature] = new_kernel_cache()
         return self._kernel_caches[signature]
@@ -224,8 +224,6 @@ class Model:
         """Read and check the weights now (R0202); they go to the GPU at the first call, where
         the load-time values are computed (so a runner imports and loads without a GPU).
         Weights prepared for this bundle (`dslc weights prepare`) hold those values already."""
-        from dslc.runtime import params
-
         prepared = params.read_prepared(Path(path), self.program)
         self._prepared = prepared is not None
         self._host_weights = prepared if prepared is not None else \
@@ -234,13 +232,11 @@ class Model:
 
     def _device_weights(self) -> dict[str, Any]:
         if self._weights is None:
-            if self._host_weights is None and self.manifest["params"]:
+            if self._host_weights is None and self.manifest.params:
                 raise RunnerError("R0202", "no weights loaded: pass a safetensors file to the "
                                   "runner, or call `load_weights(path)`")
             if self._host_weights is None:  # a model without params
                 self._host_weights = {}
-            from dslc.runtime import params
-
             self.cupy  # noqa: B018 - R0801 without a GPU
             if self._prepared:
                 self._weights = {k: self.cupy.asarray(v) for k, v in self._host_weights.items()}
@@ -263,18 +259,17 @@ class Model:
         """Prepare every bucket here (as start-up decided: re-timed, re-tuned, replayed...) and
         write the bundle with these plans and this machine's environment, atomically, to `path`
         (default: the bundle itself), so that the next start-up here restores them."""
-        from dslc import fsutil
-        from dslc.runtime import environment
-
-        data = self.bundle.to_data()
-        for bucket in data["buckets"]:
-            exe = self.executable(dict(bucket["dims"]))
-            for signature, entry in bucket["graphs"].items():
+        plans = {}
+        for bucket in self.bundle.buckets:
+            exe = self.executable(dict(bucket.dims))
+            for signature, entry in bucket.graphs.items():
                 ready = exe.graphs[signature]
-                entry["plan"] = {**entry["plan"], **plan_record(ready), "made_at_startup": ready.how}
-        data["environment"] = environment.live(properties=True)
+                plans[(bucket.key, signature)] = entry.plan.updated(
+                    {**plan_record(ready), "made_at_startup": ready.how},
+                    f"buckets.{bucket.key}.graphs.{signature}.plan")
+        live = Environment.from_data(environment.live(properties=True))
         target = Path(path) if path is not None else self.path
-        fsutil.write_bytes(target, bundlefile.pack(bundlefile.Bundle.from_data(data)))
+        fsutil.write_bytes(target, bundlefile.pack(self.bundle.with_plans(plans, live)))
         self.log.info("saved the plans of %s for this machine to %s", self.bundle.model, target)
         return target
 
@@ -284,10 +279,11 @@ class Model:
 
     def _check(self, inputs: Mapping[str, Any]) -> tuple[dict[str, device.ArrayRef],
                                                           dict[str, int]]:
-        specs = {i["name"]: i for i in self.manifest["inputs"]}
+        specs = {i.name: i for i in self.manifest.inputs}
         refs = {}
         for name, obj in inputs.items():
-            refs[name] = device.as_array(obj, name, specs[name]["span"] if name in specs else None)
+            refs[name] = device.as_array(obj, name,
+                                         specs[name].span.to_data() if name in specs else None)
         dims = bind_inputs(self.manifest, {k: (r.shape, r.dtype) for k, r in refs.items()})
         for name, ref in refs.items():
             want = self.program.storage(self.program.inputs[name], dims)
@@ -297,11 +293,11 @@ class Model:
                 order = self.program.nodes[self.program.inputs[name]].type.layout
                 raise RunnerError("R0501", f"input `{name}` has strides {list(ref.strides)}, "
                                   f"expected {list(want.strides)} (layout {order}); make it "
-                                  "contiguous in that layout", specs[name]["span"])
+                                  "contiguous in that layout", specs[name].span.to_data())
             if ref.ptr % 16:  # cuDNN's kernels read 16-byte vectors
                 raise RunnerError("R0501", f"input `{name}` starts at an address that is not "
                                   "16-byte aligned (a view into another tensor?); pass a copy "
-                                  "(`x.clone()`)", specs[name]["span"])
+                                  "(`x.clone()`)", specs[name].span.to_data())
         return refs, dims
 
     def _bind(self, inputs: Mapping[str, Any]) -> tuple[dict[str, device.ArrayRef], Executable,
@@ -362,8 +358,8 @@ class Model:
             ptr = refs[node.attrs["name"]].ptr
         elif base in outputs:
             ptr = outputs[base].ptr
-        elif base in exe.layout.offsets:
-            ptr = int(exe.arena.data.ptr) + exe.layout.offsets[base]
+        elif base in exe.memory.offsets:
+            ptr = int(exe.arena.data.ptr) + exe.memory.offsets[base]
         else:
             assert self._weights is not None and base in self._weights, base
             ptr = int(self._weights[base].data.ptr)

@@ -20,17 +20,19 @@ from typing import Any
 
 import numpy as np
 
+from dslc import fsutil
+from dslc.core.errors import RunnerError
 from dslc.ir.graph import Node
 from dslc.ir.interp import NUMPY_DTYPES, apply_view, concrete_attrs, evaluate_node
-from dslc.runtime.errors import RunnerError
-from dslc.runtime.schedule import Program
+from dslc.runtime.manifest import Manifest
+from dslc.runtime.schedule import Schedule
 
 LOG = logging.getLogger("dslc.runtime")
 Warn = Callable[[str], None]  # takes one sentence about NaN or infinite values
 PREPARED = "dslc.prepared"  # the `format` of a prepared weights file's safetensors metadata
 
 
-def read(path: Path, manifest: Mapping[str, Any], warn: Warn | None = None,
+def read(path: Path, manifest: Manifest, warn: Warn | None = None,
          ) -> dict[str, np.ndarray]:
     """The model's params from a safetensors file, checked against the manifest. NaN or infinite
     values are told in one sentence, to `warn` (default: the `dslc.runtime` log, as W0202)."""
@@ -44,20 +46,20 @@ def read(path: Path, manifest: Mapping[str, Any], warn: Warn | None = None,
     except Exception as err:
         raise RunnerError("R0202", f"cannot read weights `{path}`: {err}") from err
     problems = []
-    for p in manifest["params"]:
-        a = tensors.get(p["path"])
+    for p in manifest.params:  # a param's shape is static (E0605): ints
+        a = tensors.get(p.name)
         if a is None:
-            problems.append((f"weight `{p['path']}` is missing from `{path}`", p["span"]))
-        elif list(a.shape) != list(p["shape"]):
-            problems.append((f"weight `{p['path']}` has shape {list(a.shape)}, the model declares "
-                             f"{p['shape']}", p["span"]))
-        elif a.dtype != np.dtype(NUMPY_DTYPES[p["dtype"]]):
-            problems.append((f"weight `{p['path']}` is {a.dtype}, the model declares {p['dtype']} "
-                             "(convert with `dslc weights from-torch`)", p["span"]))
+            problems.append((f"weight `{p.name}` is missing from `{path}`", p.span.to_data()))
+        elif list(a.shape) != list(p.shape):
+            problems.append((f"weight `{p.name}` has shape {list(a.shape)}, the model declares "
+                             f"{list(p.shape)}", p.span.to_data()))
+        elif a.dtype != np.dtype(NUMPY_DTYPES[p.dtype]):
+            problems.append((f"weight `{p.name}` is {a.dtype}, the model declares {p.dtype} "
+                             "(convert with `dslc weights from-torch`)", p.span.to_data()))
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise RunnerError("R0202", problems[0][0] + more, problems[0][1])
-    _warn_nonfinite(path, {p["path"]: tensors[p["path"]] for p in manifest["params"]}, warn)
+    _warn_nonfinite(path, {p.name: tensors[p.name] for p in manifest.params}, warn)
     return tensors
 
 
@@ -72,7 +74,7 @@ def _metadata(path: Path) -> dict[str, str]:
 
 
 # -- prepared weights: the load-time values computed once, in their dtype and memory layout ----
-def digest(program: Program) -> str:
+def digest(program: Schedule) -> str:
     """What prepared weights depend on: the load-time values the steps read, the nodes they are
     computed from, and their dtypes, shapes and layouts (not the plans: tuning keeps it)."""
     import hashlib
@@ -87,25 +89,23 @@ def digest(program: Program) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def prepare(program: Program, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def prepare(program: Schedule, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The bytes each load-time value has on the device (computed with the numpy oracle)."""
     values = load_time_values(program, tensors, program.weights_used())
     return {name: physical(a, memory_order(program, name, a.ndim)).reshape(-1).view(np.uint8)
             for name, a in values.items()}
 
 
-def save_prepared(path: Path, program: Program, data: Mapping[str, np.ndarray],
+def save_prepared(path: Path, program: Schedule, data: Mapping[str, np.ndarray],
                   source: str) -> None:
     from safetensors.numpy import save_file
 
-    from dslc import fsutil
-
-    meta = {"format": PREPARED, "model": str(program.payload["model"]),
+    meta = {"format": PREPARED, "model": program.bundle.model,
             "program": digest(program), "source": source}
     fsutil.atomic_write(path, lambda tmp: save_file(dict(data), tmp, metadata=meta))
 
 
-def read_prepared(path: Path, program: Program, warn: Warn | None = None,
+def read_prepared(path: Path, program: Schedule, warn: Warn | None = None,
                   ) -> dict[str, np.ndarray] | None:
     """The device bytes from a prepared weights file made for this bundle's program; None when
     `path` is a plain weights file; R0202 when it was prepared for another build, or when a value
@@ -193,7 +193,7 @@ def _log_warning(text: str) -> None:
     LOG.warning("warning[W0202]: %s", text)
 
 
-def _needed(program: Program, wanted: list[str]) -> list[Node]:
+def _needed(program: Schedule, wanted: list[str]) -> list[Node]:
     """The nodes the values `wanted` are computed from, in program order."""
     needed: set[str] = set()
     stack = list(wanted)
@@ -205,7 +205,7 @@ def _needed(program: Program, wanted: list[str]) -> list[Node]:
     return [node for node in program.graph.nodes if node.name in needed]
 
 
-def load_time_values(program: Program, tensors: Mapping[str, np.ndarray],
+def load_time_values(program: Schedule, tensors: Mapping[str, np.ndarray],
                      wanted: list[str]) -> dict[str, np.ndarray]:
     """The load-time values `wanted`, computed from the params with the numpy references."""
     values: dict[str, np.ndarray] = {}
@@ -226,19 +226,19 @@ def physical(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(order))
 
 
-def memory_order(program: Program, name: str, ndim: int) -> tuple[int, ...]:
+def memory_order(program: Schedule, name: str, ndim: int) -> tuple[int, ...]:
     layout = program.nodes[name].type.layout
     return layout.order if layout is not None else tuple(range(ndim))
 
 
-def upload(program: Program, tensors: Mapping[str, np.ndarray],
+def upload(program: Schedule, tensors: Mapping[str, np.ndarray],
            wanted: list[str]) -> dict[str, Any]:
     """Device buffers (raw bytes) of the load-time values `wanted`, in each value's layout: the
     params go up as they are, and the values computed from them are computed there, by the
     ops' references on CuPy in f32, each result rounded to its dtype as the numpy path does."""
     import cupy
 
-    from dslc.runtime.device import CUPY_DTYPES, decode, encode, run_reference
+    from dslc.backend.device import CUPY_DTYPES, decode, encode, run_reference
 
     nodes = _needed(program, wanted)
     if any(n.type.dtype not in (*CUPY_DTYPES, "bf16") for n in nodes):
@@ -277,7 +277,7 @@ def _device_bytes(cupy: Any, a: Any) -> Any:
     return cupy.asarray(a).reshape(-1).view(cupy.uint8)
 
 
-def _upload_host(program: Program, values: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def _upload_host(program: Schedule, values: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Device buffers of values computed on the host, in each value's layout."""
     import cupy
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from dslc import fsutil
 from dslc.runtime.records import BundleError, PlanRecord
 
 LOG = logging.getLogger("dslc.runtime")
@@ -43,8 +44,6 @@ def path_for(root: Path, spec_data: dict[str, Any], env: dict[str, Any]) -> Path
 
 
 def load(path: Path) -> PlanRecord | None:
-    from dslc import fsutil
-
     try:
         plan = PlanRecord.from_data(msgpack.unpackb(fsutil.read_limited(path, MAX_BYTES),
                                                     raw=False, strict_map_key=False), "plan")
@@ -58,8 +57,6 @@ def load(path: Path) -> PlanRecord | None:
 
 
 def store(path: Path, plan: dict[str, Any]) -> None:
-    from dslc import fsutil
-
     try:
         fsutil.write_bytes(path, msgpack.packb(plan, use_bin_type=True))
     except OSError as err:  # a read-only cache folder costs speed, not correctness

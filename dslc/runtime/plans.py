@@ -9,14 +9,12 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dslc.runtime.errors import RunnerError
+from dslc.backend.spec import GroupSpec
+from dslc.core.errors import RunnerError
 from dslc.runtime.fields import MAX_BYTES
 from dslc.runtime.records import PlanRecord
-
-if TYPE_CHECKING:  # importing the compiler costs a cold start ~20 ms
-    from dslc.compile.spec import GroupSpec
 
 
 @dataclass
@@ -49,7 +47,7 @@ def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
     """The graph for `spec`: from its recorded plan if there is one (serialized, else its
     engine and knobs at this very size), else built from the heuristics' choice (with cuDNN's
     `kernel_cache`, shared by the sizes of one group graph, when given)."""
-    from dslc.compile import graphs as cbuild
+    from dslc.backend import graphs as cbuild
 
     start = time.perf_counter()
     reasons = []
@@ -102,9 +100,9 @@ def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str,
            nodes: Mapping[str, Any], where: str, log: logging.Logger) -> Ready:
     """The driver changed: rebuild the saved top candidates, check each against the reference,
     time them here, keep the fastest."""
-    from dslc.compile import graphs as cbuild
-    from dslc.runtime.device import require
-    from dslc.tune.measure import TOLERANCE, Bench, check_and_time
+    from dslc.backend import graphs as cbuild
+    from dslc.backend.device import require
+    from dslc.backend.measure import TOLERANCE, Bench, check_and_time
 
     cupy, _ = require()
     start = time.perf_counter()
@@ -135,14 +133,14 @@ def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str,
                  built.engine_id, built.knobs)
 
 
-def retune(spec: GroupSpec, program: Any, storage: dict[str, Any], handle: Any, where: str,
-           log: logging.Logger, budget_s: float = 20.0) -> Ready:
+def retune(spec: GroupSpec, nodes: Mapping[str, Any], storage: dict[str, Any], handle: Any,
+           where: str, log: logging.Logger, budget_s: float = 20.0) -> Ready:
     """The GPU changed: measure the candidates here (checked against the reference)."""
-    from dslc.compile import graphs as cbuild
-    from dslc.tune import tune_spec
+    from dslc.backend import graphs as cbuild
+    from dslc.backend.measure import tune_spec
 
     start = time.perf_counter()
-    result = tune_spec(spec, program, storage, handle, budget_s)
+    result = tune_spec(spec, nodes, storage, handle, budget_s)
     if result.chosen is None or result.serialized is None:
         log.info("%s: re-tuning found no valid plan; heuristics", where)
         return prepare(spec, None, handle, where, log)

@@ -12,10 +12,11 @@ cuDNN tensor within the memory of the value it is bound to) is checked by
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from dslc.check.types import DTYPES
+from dslc.core.dims import bucket_key
+from dslc.core.types import DTYPES
 from dslc.runtime import fields as f
 from dslc.runtime.fields import (
     MAX_BYTES,
@@ -27,15 +28,10 @@ from dslc.runtime.fields import (
 from dslc.runtime.irdata import GraphRecord
 from dslc.runtime.manifest import Manifest
 
-__all__ = ["Bundle", "BundleError", "PlanRecord", "StepRecord", "bucket_key"]
+__all__ = ["Bundle", "BundleError", "PlanRecord", "StepRecord"]
 
 ENGINE = (0, 2**31 - 1)  # a cuDNN engine id
 ROLES = ("input", "output", "virtual", "scalar")
-
-
-def bucket_key(dims: Mapping[str, int]) -> str:
-    """How a bucket (dim values) is named: `N=32`, `H=64,N=8`, or `static`."""
-    return ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
 
 
 @dataclass(frozen=True)
@@ -92,6 +88,10 @@ class PlanRecord:
                 out[field.name] = (value.to_data() if isinstance(value, Candidate) else
                                    [c.to_data() for c in value] if field.name == "top" else value)
         return out
+
+    def updated(self, data: Mapping[str, Any], path: str) -> PlanRecord:
+        """This plan with the fields in `data` replaced (validated as a bundle's plan)."""
+        return PlanRecord.from_data({**self.to_data(), **data}, path)
 
     @staticmethod
     def from_data(d: Any, path: str, tuning: bool = False) -> PlanRecord:
@@ -165,7 +165,7 @@ class OpRecord:
 
 @dataclass(frozen=True)
 class SpecRecord:
-    """A group graph at concrete sizes in cuDNN's form (`dslc.compile.spec.GroupSpec` as data):
+    """A group graph at concrete sizes in cuDNN's form (`dslc.backend.spec.GroupSpec` as data):
     what a plan is built from and restored for."""
 
     signature: str
@@ -304,7 +304,7 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class Environment:
-    """Where a bundle was compiled or tuned (see `dslc.runtime.environment`)."""
+    """Where a bundle was compiled or tuned (see `dslc.backend.environment`)."""
 
     cudnn_backend: int | None = None
     cudnn_frontend: str | None = None
@@ -353,6 +353,15 @@ class Bundle:
     target: str
     environment: Environment
     buckets: tuple[BucketRecord, ...]
+
+    def with_plans(self, plans: Mapping[tuple[str, str], PlanRecord],
+                   environment: Environment) -> Bundle:
+        """This bundle with other plans (by bucket key and group signature; the rest stay) and
+        the environment they were made in (what tuning and `Model.save_plans` write)."""
+        buckets = tuple(replace(b, graphs={sig: replace(g, plan=plans.get((b.key, sig), g.plan))
+                                           for sig, g in b.graphs.items()})
+                        for b in self.buckets)
+        return replace(self, buckets=buckets, environment=environment)
 
     def to_data(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

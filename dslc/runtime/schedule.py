@@ -13,43 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
-from dslc.check.dims import DimEnv
+from dslc.core.dims import DimEnv
 from dslc.ir.graph import Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
 from dslc.ir.serial import plain
+from dslc.ir.storage import Storage
 from dslc.ir.views import layout_strides
 from dslc.runtime.fields import MAX_BYTES, MAX_DIM, MAX_ELEMENTS, BundleError
 from dslc.runtime.memory import Buffer, plan_memory
 from dslc.runtime.records import BucketRecord, Bundle, SpecRecord, StepRecord
 
 
-@dataclass(frozen=True)
-class Storage:
-    """Where a value's elements are: shape and strides (elements), and its base."""
-
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    dtype: str
-    base: str  # the value that owns the memory (itself, unless a view)
-    offset: int  # elements from the base's first element
-
-    @property
-    def nbytes(self) -> int:
-        return self.span * ITEMSIZE[self.dtype]
-
-    @property
-    def span(self) -> int:
-        """Elements from the first to one past the last that it reaches."""
-        if not self.shape or 0 in self.shape:
-            return 0 if 0 in self.shape else 1
-        return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True))
-
-
 @dataclass
-class Layout:
+class MemoryPlan:
     """The memory picture at one set of dim values."""
 
     dims: dict[str, int]
@@ -58,7 +36,7 @@ class Layout:
     arena: int = 0  # bytes
 
 
-class Program:
+class Schedule:
     """The dims-independent part of a bundle: graph, steps, load-time values, inputs, outputs.
     Takes the records (`dslc.runtime.bundle.load`), or a payload's plain data (validated)."""
 
@@ -71,11 +49,6 @@ class Program:
         self.load_time: set[str] = set(self.bundle.load_time)
         self.inputs = {n.attrs["name"]: n.name for n in self.graph.nodes if n.op == "input"}
         self.outputs = dict(self.graph.outputs)
-
-    @cached_property
-    def payload(self) -> dict[str, Any]:
-        """The plain data of the bundle, for code that reads it as dicts."""
-        return self.bundle.to_data()
 
     def storage(self, name: str, values: Mapping[str, int]) -> Storage:
         node = self.nodes[name]
@@ -125,8 +98,8 @@ class Program:
             name = self.nodes[name].inputs[0]
         return name
 
-    def layout(self, values: Mapping[str, int]) -> Layout:
-        out = Layout(dict(values))
+    def memory_plan(self, values: Mapping[str, int]) -> MemoryPlan:
+        out = MemoryPlan(dict(values))
         last: dict[str, int] = {}
         first: dict[str, int] = {}
         for i, step in enumerate(self.steps):
@@ -146,7 +119,7 @@ class Program:
         return out
 
     def peak_bytes(self, values: Mapping[str, int]) -> int:
-        return self.layout(values).arena
+        return self.memory_plan(values).arena
 
     def check_bindings(self, step: StepRecord, spec: SpecRecord | Any,
                        storage: Mapping[str, Storage], dims: Mapping[str, int],
@@ -184,7 +157,7 @@ class Program:
                                   f"{s.nbytes:,} bytes of {s.dtype})")
 
 
-def check_buckets(program: Program) -> None:
+def check_buckets(program: Schedule) -> None:
     """Every bucket's saved graphs fit the memory of what each step binds them to, and its
     memory plan stays within its arena (BundleError naming the bucket and graph)."""
     for i, bucket in enumerate(program.bundle.buckets):
@@ -194,7 +167,7 @@ def check_buckets(program: Program) -> None:
 class _Lazy(dict[str, Storage]):
     """Storage of the values asked for, at one set of dims."""
 
-    def __init__(self, program: Program, dims: Mapping[str, int]) -> None:
+    def __init__(self, program: Schedule, dims: Mapping[str, int]) -> None:
         super().__init__()
         self.program = program
         self.dims = dims
@@ -204,7 +177,7 @@ class _Lazy(dict[str, Storage]):
         return self[name]
 
 
-def check_bucket(program: Program, bucket: BucketRecord, path: str) -> None:
+def check_bucket(program: Schedule, bucket: BucketRecord, path: str) -> None:
     storage = _Lazy(program, bucket.dims)
     for step in program.steps:
         entry = bucket.graphs.get(step.signature) if step.kind == "graph" else None

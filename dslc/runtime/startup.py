@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dslc.runtime.errors import RunnerError
+from dslc.core.errors import RunnerError
 
 RANK = {"restore": 0, "replay": 1, "retime": 2, "retune": 3}
 FIELD_ACTION = {"cudnn_backend": "replay", "cudnn_frontend": "replay", "cuda_runtime": "replay",

@@ -2,7 +2,8 @@
 keep the fastest that is correct; results go to the bundle and to the tuning database, which
 later builds (of this model or any other with the same groups) reuse.
 
-`tune_payload` is what `dslc tune BUNDLE` and `dslc compile` on a GPU run.
+`tune` is what `dslc tune BUNDLE` and `dslc compile` on a GPU run: it returns plan records,
+and `tuned_bundle` puts them into the bundle's records (nothing is edited in place).
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dslc.compile.spec import GroupSpec
-from dslc.runtime import environment
-from dslc.runtime.schedule import Program
+from dslc.backend import environment
+from dslc.backend.device import require
+from dslc.backend.measure import tune_spec
+from dslc.backend.spec import GroupSpec
+from dslc.runtime.records import Bundle, Environment, PlanRecord
+from dslc.runtime.schedule import Schedule
 from dslc.tune.db import TuningDB, env_key, spec_key
-from dslc.tune.measure import TOLERANCE, Bench, TuneResult, tune_graph
 
 LOG = logging.getLogger("dslc.tune")
 
@@ -46,89 +49,89 @@ class Report:
         return math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else 1.0
 
 
-def _gpu() -> tuple[Any, Any]:
-    from dslc.runtime.device import require
+@dataclass(frozen=True)
+class Tuned:
+    """What tuning chose: a plan record per (bucket key, group signature) it measured or found in
+    the database, and the environment it measured in."""
 
-    return require()
-
-
-def tune_spec(spec: GroupSpec, program: Program, storage: dict[str, Any], handle: Any,
-              budget_s: float, search: str = "heuristics") -> TuneResult:
-    """Measure the candidates of one graph (`search="exhaustive"` adds the library's engine x
-    knob space after the heuristics' list; the time budget bounds how much of it is tried)."""
-    from dslc.compile.graphs import knob_space, make_graph
-
-    cupy, _ = _gpu()
-    bench = Bench(spec, program.nodes, storage, cupy)
-    extra = knob_space(make_graph(spec, handle)) if search == "exhaustive" else []
-    return tune_graph(lambda: make_graph(spec, handle), spec, bench, handle, budget_s,
-                      TOLERANCE.get(spec.io, 2e-2), extra)
+    plans: Mapping[tuple[str, str], PlanRecord]
+    environment: Environment
+    report: Report
 
 
-def tune_payload(payload: dict[str, Any], db: TuningDB | None = None, budget_s: float = 20.0,
-                 model_budget_s: float = 600.0, search: str = "heuristics",
-                 progress: Callable[[str], None] | None = None) -> Report:
-    """Tune every (bucket, graph) of a bundle in place; returns the per-graph report."""
-    from dslc.compile.graphs import build
-
-    _, cudnn = _gpu()
+def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
+         model_budget_s: float = 600.0, search: str = "heuristics",
+         progress: Callable[[str], None] | None = None) -> Tuned:
+    """Measure every (bucket, graph) of a bundle on this GPU; the bundle is not changed
+    (`tuned_bundle` makes the tuned one)."""
+    _, cudnn = require()
     handle = cudnn.create_handle()
     live = environment.live(properties=True)
     env = env_key(live)
-    program = Program(payload)
+    program = Schedule(bundle)
     names = {s.signature: s.name for s in program.steps}
     report = Report()
+    plans: dict[tuple[str, str], PlanRecord] = {}
     started = time.perf_counter()
-    total = sum(len(b["graphs"]) for b in payload["buckets"])
+    total = sum(len(b.graphs) for b in bundle.buckets)
     done = 0
-    for bucket in payload["buckets"]:
-        storage = program.layout(bucket["dims"]).storage
-        for signature, entry in bucket["graphs"].items():
+    for bucket in bundle.buckets:
+        storage = program.memory_plan(dict(bucket.dims)).storage
+        for signature, entry in bucket.graphs.items():
             done += 1
-            spec = GroupSpec.from_data(entry["spec"])
-            key = spec_key(spec)
             group = names.get(signature, signature)
             if progress:
-                progress(f"[{done}/{total}] {bucket['key']} {group}")
-            plan = entry["plan"]
-            record = db.get(env, key) if db is not None else None
-            if record is not None and record.get("engine_id") is not None:
-                built = build(spec, handle, engine=(record["engine_id"], record["knobs"]))
-                if built.has_plan:
-                    plan.update(record)
-                    plan.update(serialized=built.serialized, workspace=built.workspace,
-                                reused=True)
-                    report.rows.append(Row(bucket["key"], signature, group,
-                                           (record.get("heuristic") or {}).get("ms"),
-                                           record.get("ms"), record.get("error"), "database",
-                                           record.get("candidates", 0)))
-                    continue
-            if time.perf_counter() - started > model_budget_s:
-                report.rows.append(Row(bucket["key"], signature, group, None, None, None,
-                                       "untimed (over budget)"))
-                continue
-            try:
-                result = tune_spec(spec, program, storage, handle, budget_s, search)
-            except Exception as err:
-                LOG.warning("%s at %s: tuning failed (%s); the saved plan stays", group,
-                            bucket["key"], err)
-                report.rows.append(Row(bucket["key"], signature, group, None, None, None, "failed"))
-                continue
-            if result.chosen is None:
-                report.rows.append(Row(bucket["key"], signature, group, None, None, None, "failed",
-                                       len(result.candidates)))
-                continue
-            record = result.record()
-            plan.update(record)
-            plan.update(serialized=result.serialized, workspace=result.workspace, reused=False)
-            if db is not None:
-                db.put(env, key, record)
-            heur = result.heuristic.ms if result.heuristic else None
-            report.rows.append(Row(bucket["key"], signature, group, heur, result.chosen.ms,
-                                   result.chosen.error, "tuned", len(result.candidates)))
-    payload["environment"] = live
+                progress(f"[{done}/{total}] {bucket.key} {group}")
+            spec = GroupSpec.from_data(entry.spec.to_data())
+            row, plan = _tune_one(spec, program, storage, handle, db, env,
+                                  time.perf_counter() - started > model_budget_s,
+                                  (budget_s, search, f"{group} at {bucket.key}"))
+            report.rows.append(Row(bucket.key, signature, group, *row))
+            if plan is not None:
+                plans[(bucket.key, signature)] = entry.plan.updated(
+                    plan, f"buckets.{bucket.key}.graphs.{signature}.plan")
     report.seconds = time.perf_counter() - started
-    return report
+    return Tuned(plans, Environment.from_data(live), report)
+
+
+def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
+              handle: Any, db: TuningDB | None, env: str, over_budget: bool,
+              how: tuple[float, str, str]) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
+    """One graph at one size: its report row (after bucket, signature and group) and its new
+    plan's fields (None: the saved plan stays)."""
+    from dslc.backend.graphs import build  # imports cudnn: only where tuning runs
+
+    key = spec_key(spec)
+    record = db.get(env, key) if db is not None else None
+    if record is not None and record.get("engine_id") is not None:
+        built = build(spec, handle, engine=(record["engine_id"], record["knobs"]))
+        if built.has_plan:
+            plan = {**record, "serialized": built.serialized, "workspace": built.workspace,
+                    "reused": True}
+            return ((record.get("heuristic") or {}).get("ms"), record.get("ms"),
+                    record.get("error"), "database", record.get("candidates", 0)), plan
+    if over_budget:
+        return (None, None, None, "untimed (over budget)"), None
+    budget_s, search, where = how
+    try:
+        result = tune_spec(spec, program.nodes, storage, handle, budget_s, search)
+    except Exception as err:
+        LOG.warning("%s: tuning failed (%s); the saved plan stays", where, err)
+        return (None, None, None, "failed"), None
+    if result.chosen is None:
+        return (None, None, None, "failed", len(result.candidates)), None
+    record = result.record()
+    if db is not None:
+        db.put(env, key, record)
+    heur = result.heuristic.ms if result.heuristic else None
+    plan = {**record, "serialized": result.serialized, "workspace": result.workspace,
+            "reused": False}
+    return (heur, result.chosen.ms, result.chosen.error, "tuned", len(result.candidates)), plan
+
+
+def tuned_bundle(bundle: Bundle, tuned: Tuned) -> Bundle:
+    """The bundle with the plans tuning chose and the environment it measured in."""
+    return bundle.with_plans(tuned.plans, tuned.environment)
 
 
 def format_report(report: Report) -> str:

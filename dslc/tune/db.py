@@ -28,7 +28,7 @@ from typing import Any
 from filelock import FileLock
 
 from dslc import fsutil
-from dslc.compile.spec import GroupSpec
+from dslc.backend.spec import GroupSpec
 from dslc.runtime.records import BundleError, PlanRecord
 
 VERSION = 1

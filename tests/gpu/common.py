@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
-from dslc.compile.target import load_target
 from dslc.diag.diagnostic import Sink
 from dslc.emit import bundle as emit_bundle
 from dslc.ir import interp
-from dslc.pipeline import Options, front_end, middle_end
+from dslc.pipeline import Options, front_end, lower_and_fuse
 from dslc.runtime.bundle import read
-from dslc.runtime.schedule import Program
+from dslc.runtime.schedule import Schedule
 from dslc.weights import random_weights, save
 from tests.helpers import note_seed, rng
 
@@ -32,7 +32,7 @@ def compile_file(path: Path, outdir: Path, bucket: dict[str, int] | None = None)
     sink = Sink()
     result = front_end(path, Options(), sink)
     assert result.model is not None, [d.message for d in sink.diagnostics]
-    lowered, plan = middle_end(result.model)
+    lowered, plan = lower_and_fuse(result.model)
     compiled = compile_model(result.model, lowered, plan, load_target("device"),
                              buckets=[bucket] if bucket else None)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -51,8 +51,8 @@ def compile_source(text: str, outdir: Path, name: str = "case.cgraph") -> Path:
 
 def random_inputs(bundle: Path, dims: dict[str, int] | None = None, seed: int = 0,
                   ) -> dict[str, np.ndarray]:
-    program = Program(read(bundle))
-    values = dict(dims or program.payload["buckets"][0]["dims"])
+    program = Schedule(read(bundle))
+    values = dict(dims or program.bundle.buckets[0].dims)
     g = rng(seed)
     out = {}
     for name, node_name in program.inputs.items():
@@ -65,7 +65,7 @@ def to_device(arrays: dict[str, np.ndarray], bundle: Path) -> dict[str, Any]:
     """Device arrays in each input's declared layout (torch: it has bf16)."""
     import torch
 
-    program = Program(read(bundle))
+    program = Schedule(read(bundle))
     out = {}
     for name, a in arrays.items():
         node = program.nodes[program.inputs[name]]
@@ -86,13 +86,13 @@ def to_host(outputs: dict[str, Any]) -> dict[str, np.ndarray]:
 def reference(bundle: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     from dslc.runtime.params import read as read_weights
 
-    program = Program(read(bundle))
-    weights = read_weights(bundle.with_suffix(".safetensors"), program.payload["manifest"])
+    program = Schedule(read(bundle))
+    weights = read_weights(bundle.with_suffix(".safetensors"), program.bundle.manifest)
     virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
                if n not in s.outputs}
     return interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
 
 
 def output_dtype(bundle: Path, name: str) -> str:
-    program = Program(read(bundle))
+    program = Schedule(read(bundle))
     return str(program.nodes[program.outputs[name]].type.dtype)

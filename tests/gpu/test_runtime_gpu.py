@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dslc.runtime.errors import RunnerError
+from dslc.core.errors import RunnerError
 from tests.gpu.common import (
     TOLERANCE,
     compile_source,

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dslc.backend.measure import NOISE
+from dslc.core.errors import RunnerError
 from dslc.emit import bundle as emit_bundle
-from dslc.runtime.bundle import read
-from dslc.runtime.errors import RunnerError
-from dslc.tune import tune_payload
+from dslc.runtime.bundle import load, read
+from dslc.tune import tune, tuned_bundle
 from dslc.tune.db import TuningDB
-from dslc.tune.measure import NOISE
 from tests.conftest import ROOT
 from tests.gpu.common import TOLERANCE, compile_file, random_inputs, reference, rel_error, to_device, to_host
 
@@ -31,10 +31,10 @@ BUCKET = {"N": 16}
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     outdir = tmp_path_factory.mktemp("tuned")
     bundle = compile_file(ROOT / "models" / "mlp.cgraph", outdir, BUCKET)
-    payload = read(bundle)
-    report = tune_payload(payload, TuningDB(outdir / "db.json"), budget_s=3.0)
-    emit_bundle.write(bundle, payload)
-    return bundle, report
+    records = load(bundle)
+    done = tune(records, TuningDB(outdir / "db.json"), budget_s=3.0)
+    emit_bundle.write(bundle, tuned_bundle(records, done))
+    return bundle, done.report
 
 
 def _run(bundle: Path, inputs: dict[str, np.ndarray], **options: Any) -> tuple[Any, dict]:
@@ -125,10 +125,11 @@ def test_error_policy_refuses_a_changed_gpu(tuned: tuple[Path, Any], tmp_path: P
 
 def test_database_serves_a_second_build(tuned: tuple[Path, Any], tmp_path: Path) -> None:
     bundle = compile_file(ROOT / "models" / "mlp.cgraph", tmp_path, BUCKET)
-    payload = read(bundle)
-    report = tune_payload(payload, TuningDB(tuned[0].parent / "db.json"), budget_s=3.0)
+    records = load(bundle)
+    done = tune(records, TuningDB(tuned[0].parent / "db.json"), budget_s=3.0)
+    report = done.report
     assert report.rows and all(r.source == "database" for r in report.rows)
-    emit_bundle.write(bundle, payload)
+    emit_bundle.write(bundle, tuned_bundle(records, done))
     inputs = random_inputs(bundle, BUCKET, seed=13)
     _check(bundle, _run(bundle, inputs)[1], inputs)
 

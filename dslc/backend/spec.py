@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.dims import DimEnv
-from dslc.check.types import Layout
-from dslc.fuse.plan import Group
-from dslc.ir.graph import Graph, Node, stored_dtype
+from dslc.core.dims import DimEnv
+from dslc.core.types import Layout
+from dslc.ir.graph import Graph, Node, compute_dtype, stored_dtype
+from dslc.ir.groups import Group
 from dslc.ir.interp import concrete
 from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides
@@ -286,7 +286,7 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
                                   role))
     ops = tuple(OpSpec(name, nodes[name].op, nodes[name].inputs,
                        {k: concrete(v, values, env) for k, v in nodes[name].attrs.items()},
-                       str(nodes[name].attrs.get("compute", nodes[name].precision.compute)))
+                       compute_dtype(nodes[name]))
                 for name in group.nodes)
     _broadcastable(tensors, ops, group.anchor)
     return GroupSpec(group.signature, tuple(tensors), ops, anchor.precision.io,

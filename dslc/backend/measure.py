@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dslc.compile.spec import GroupSpec
+from dslc.backend.device import decode, encode, require, run_reference
+from dslc.backend.spec import GroupSpec
 from dslc.ir.graph import Node
-from dslc.runtime.device import decode, encode, run_reference
-from dslc.runtime.schedule import ITEMSIZE, Storage
+from dslc.ir.interp import ITEMSIZE
+from dslc.ir.storage import Storage
 
 NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to replace it
 TOLERANCE = {"f32": 5e-3, "f16": 2e-2, "bf16": 4e-2}
@@ -189,7 +190,7 @@ def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: 
                ) -> TuneResult:
     """Build every candidate of `make()` (the heuristics' list, plus `extra` (engine_id, knobs)
     pairs), check each against the reference, time the valid ones, pick the fastest."""
-    from dslc.compile.graphs import HEURISTICS, _knobs_in, knobs_out
+    from dslc.backend.graphs import HEURISTICS, _knobs_in, knobs_out
 
     cupy = bench.cupy
     started = time.perf_counter()
@@ -246,3 +247,16 @@ def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: 
     out.seconds = time.perf_counter() - started
     return out
 
+
+
+def tune_spec(spec: GroupSpec, nodes: Mapping[str, Node], storage: Mapping[str, Storage],
+              handle: Any, budget_s: float, search: str = "heuristics") -> TuneResult:
+    """Measure the candidates of one graph (`search="exhaustive"` adds the library's engine x
+    knob space after the heuristics' list; the time budget bounds how much of it is tried)."""
+    from dslc.backend.graphs import knob_space, make_graph
+
+    cupy, _ = require()
+    bench = Bench(spec, nodes, storage, cupy)
+    extra = knob_space(make_graph(spec, handle)) if search == "exhaustive" else []
+    return tune_graph(lambda: make_graph(spec, handle), spec, bench, handle, budget_s,
+                      TOLERANCE.get(spec.io, 2e-2), extra)

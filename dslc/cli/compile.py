@@ -1,116 +1,87 @@
-"""The backend commands: `compile` (bundle + runner, and the stage dumps), `inspect BUNDLE`,
-`run --backend cudnn`, `target capture`."""
+"""The commands that make and read bundles: `compile` (bundle + runner, and the stage dumps),
+`tune BUNDLE`, `inspect BUNDLE`, `target capture`."""
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from dslc import fsutil, weights
-from dslc.check.dump import format_checked
+from dslc import fsutil
+from dslc.backend import environment
+from dslc.backend.target import capture, live_device_available, load_target
 from dslc.cli import paths
-from dslc.cli.build import UsageError, checked_weights, missing_weights, sources
-from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked
-from dslc.diag.diagnostic import Diagnostic, Sink
-from dslc.fuse import format_plan
-from dslc.ir.printer import format_graph
-from dslc.parse.dump import format_module
-from dslc.pipeline import FrontEnd, middle_end
-
-STAGES = ("ast", "types", "ir", "fused")
-
-
-def _dumps(result: FrontEnd, lowered: Any, plan: Any, outdir: Path, wanted: list[str]) -> None:
-    assert result.model is not None and result.module is not None
-    model, module = result.model, result.module
-    stages = set(STAGES) if "all" in wanted else set(wanted)
-    texts = {"ast": lambda: format_module(module), "types": lambda: format_checked(model),
-             "ir": lambda: format_graph(lowered, with_source=True),
-             "fused": lambda: format_plan(plan)}
-    for number, stage in enumerate(STAGES, start=1):
-        if stage in stages:
-            text = texts[stage]()
-            with paths.writing(outdir / f"{number}.{stage}.txt"):
-                fsutil.write_text(outdir / f"{number}.{stage}.txt", text)
-            if len(stages) > 1:
-                print(f"==> {number}.{stage}.txt <==")
-            print(text, end="")
+from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked, parse_precision, sources
+from dslc.cli.paths import UsageError
+from dslc.cli.weights import checked_weights
+from dslc.core.errors import RunnerError
+from dslc.pipeline import STAGES, BuildOptions, Built, FrontEnd, TuneOptions, WriteFailed, build
+from dslc.runtime import startup
+from dslc.runtime.bundle import load
+from dslc.runtime.schedule import Schedule
+from dslc.tune import format_report, tune, tuned_bundle
+from dslc.tune.db import TuningDB
 
 
 def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Output) -> int:
-    """Front end done: lower, fuse, compile, and write the bundle and runner into `outdir`."""
-    from dslc.compile.stage import CompileFailure, compile_model
-    from dslc.compile.target import load_target
-    from dslc.emit import bundle as emit_bundle
-    from dslc.emit.runner import render
-
+    """Front end done: build into `outdir` (`pipeline.build`) and say what was made."""
     assert result.model is not None
     model = result.model
-    lowered, plan = middle_end(model)
-    if args.dump:
-        _dumps(result, lowered, plan, outdir, args.dump)
     checked = None
     if args.weights is not None:
         checked = checked_weights(args, out, result, convert=args.precision is not None)
         if checked is None:
             return EXIT_ERRORS
-    target = load_target(args.target)
-    started = time.perf_counter()
     quiet = args.quiet
 
     def progress(text: str) -> None:
         if not quiet and sys.stderr.isatty():
-            print(f"\r\x1b[K  compiling {text}", end="", file=sys.stderr, flush=True)
+            print(f"\r\x1b[K  {text}", end="", file=sys.stderr, flush=True)
 
-    buckets = _buckets(args.bucket, model)
+    wanted = frozenset(STAGES) if "all" in args.dump else frozenset(args.dump)
+    target = load_target(args.target)
+    options = BuildOptions(target, outdir, _buckets(args.bucket, model), wanted,
+                           _tune_options_of(args) if target.live and args.tune else None,
+                           checked, progress, _show_dump if len(wanted) > 1 else _show_text)
     try:
-        compiled = compile_model(model, lowered, plan, target, progress, buckets)
-    except CompileFailure as err:
-        node = lowered.by_name()[err.node]
-        sink = Sink()
-        sink.report(Diagnostic("E0801", f"no cuDNN engine supports `{node.op}` here", node.span,
-                               err.reason, notes=(f"target: {target.name}",)))
-        out.diagnostics(sink, result.program.sources)
-        return EXIT_BACKEND
+        built = build(result, options)
+    except WriteFailed as err:
+        raise UsageError(f"cannot write `{err.path}`: {paths.describe(err.error)}") from err
     finally:
         if not quiet and sys.stderr.isatty():
             print("\r\x1b[K", end="", file=sys.stderr)
-    payload = emit_bundle.payload(compiled)
-    if target.live and args.tune:
-        report = _tune(payload, args, quiet)
-        if not quiet:
-            from dslc.tune import format_report
+    if built.compiled is None:
+        out.diagnostics(built.diagnostics, result.program.sources)
+        return EXIT_BACKEND
+    if built.tuning is not None and not quiet:
+        print(format_report(built.tuning), file=sys.stderr)
+    out.info(_summary(args.file, built, len(model.buckets)))
+    return EXIT_OK
 
-            print(format_report(report), file=sys.stderr)
-    name = model.name
-    runner = render(compiled, f"{name}.bundle", f"{name}_runner")
-    beside: list[tuple[Path, Callable[[str], object]]] = [
-        (outdir / f"{name}_runner.py", lambda tmp: Path(tmp).write_text(runner, encoding="utf-8"))]
-    if checked is not None:
-        beside.append((outdir / f"{name}.safetensors", weights.writer(checked)))
-    # The bundle, its runner and its weights replaced together: a failed build keeps the
-    # previous set (the bundle goes last; see fsutil.replace_together for what a crash can do).
-    with paths.writing(outdir):
-        emit_bundle.write_with(outdir / f"{name}.bundle", payload, beside)
+
+def _show_dump(name: str, text: str) -> None:
+    print(f"==> {name} <==")
+    print(text, end="")
+
+
+def _show_text(name: str, text: str) -> None:
+    print(text, end="")
+
+
+def _summary(source: Path, built: Built, buckets: int) -> str:
+    compiled = built.compiled
+    assert compiled is not None and built.bundle is not None
     graphs = sum(1 for s in compiled.steps if s.kind == "graph")
     kernels = len(compiled.steps) - graphs
-    built = sum(1 for b in compiled.builds.values() if b.has_plan)
+    made = sum(1 for b in compiled.builds.values() if b.has_plan)
     split = sum(1 for s in compiled.steps if s.reason.startswith("split"))
     plural = "" if kernels == 1 else "s"
     splits = f", {split} split" if split else ""
-    out.info(f"compiled {args.file} for {target.name}: {len(compiled.steps)} steps ({graphs} cuDNN "
-             f"graphs, {kernels} fallback kernel{plural}{splits}), "
-             f"{len(compiled.builds)} graphs over {len(model.buckets)} buckets, {built} plans "
-             f"built, in {time.perf_counter() - started:.1f} s -> {outdir}/")
-    return EXIT_OK
+    return (f"compiled {source} for {compiled.target.name}: {len(compiled.steps)} steps ({graphs} "
+            f"cuDNN graphs, {kernels} fallback kernel{plural}{splits}), {len(compiled.builds)} "
+            f"graphs over {buckets} buckets, {made} plans built, in {built.seconds:.1f} s -> "
+            f"{built.bundle.parent}/")
 
 
 def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
@@ -130,36 +101,34 @@ def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
     return chosen
 
 
-def _tune(payload: dict[str, Any], args: argparse.Namespace, quiet: bool) -> Any:
-    from dslc.tune import tune_payload
-    from dslc.tune.db import TuningDB
+def _tune_options_of(args: argparse.Namespace) -> TuneOptions:
+    db = None if args.tuning_db == "none" else TuningDB(Path(args.tuning_db) if args.tuning_db
+                                                        else None)
+    return TuneOptions(db, args.budget, args.model_budget, args.search)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune a bundle (compiled deviceless, or elsewhere) on this GPU; written back atomically."""
+    from dslc.emit import bundle as emit_bundle  # imports cudnn: only where tuning runs
+
+    target = args.output or args.bundle  # in place unless told otherwise
+    paths.output_file(target, [_tuning_db(args)], option="-o" if args.output else "")
+    records = load(args.bundle)
+    how = _tune_options_of(args)
+    quiet = args.quiet
 
     def progress(text: str) -> None:
         if not quiet and sys.stderr.isatty():
             print(f"\r\x1b[K  tuning {text}", end="", file=sys.stderr, flush=True)
 
-    db = None if args.tuning_db == "none" else TuningDB(Path(args.tuning_db) if args.tuning_db
-                                                        else None)
     try:
-        return tune_payload(payload, db, args.budget, args.model_budget, args.search, progress)
+        tuned = tune(records, how.db, how.budget_s, how.model_budget_s, how.search, progress)
     finally:
         if not quiet and sys.stderr.isatty():
             print("\r\x1b[K", end="", file=sys.stderr)
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    """Tune a bundle (compiled deviceless, or elsewhere) on this GPU; written back atomically."""
-    from dslc.emit import bundle as emit_bundle
-    from dslc.runtime.bundle import read
-    from dslc.tune import format_report
-
-    target = args.output or args.bundle  # in place unless told otherwise
-    paths.output_file(target, [_tuning_db(args)], option="-o" if args.output else "")
-    payload = read(args.bundle)
-    report = _tune(payload, args, args.quiet)
     with paths.writing(target):
-        emit_bundle.write(target, payload)
-    print(format_report(report))
+        emit_bundle.write(target, tuned_bundle(records, tuned))
+    print(format_report(tuned.report))
     print(f"wrote {target}", file=sys.stderr)
     return EXIT_OK
 
@@ -208,13 +177,10 @@ def _target_file(spec: str | None) -> Path | None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from dslc.runtime.bundle import load
-    from dslc.runtime.schedule import Program
-
     bundle = load(args.bundle)  # validated records
     if args.env:
         return _inspect_env(bundle.environment.to_data(), args.on_mismatch)
-    program = Program(bundle)
+    program = Schedule(bundle)
     env = bundle.environment
     print(f"model {bundle.model}  (from {bundle.source}, dslc {bundle.dslc_version}, "
           f"{bundle.created})")
@@ -246,10 +212,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_env(recorded: dict[str, Any], policy: str) -> int:
-    from dslc.compile.target import live_device_available
-    from dslc.runtime import environment, startup
-    from dslc.runtime.errors import RunnerError
-
     if recorded.get("live"):
         print(f"bundle tuned on: {recorded.get('device_name')}, cuDNN {recorded.get('cudnn_backend')}"
               f" (frontend {recorded.get('cudnn_frontend')}), CUDA {recorded.get('cuda_runtime')}, "
@@ -278,65 +240,7 @@ def _inspect_env(recorded: dict[str, Any], policy: str) -> int:
     return EXIT_OK
 
 
-def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
-    """`dslc run --backend cudnn`: a bundle, or a `.cgraph` file compiled for this GPU first."""
-    from dslc.runtime import Model
-
-    bundle = args.file
-    weights_file = args.weights_file
-    tmp = Path(tempfile.mkdtemp(prefix="dslc-run-"))
-    try:
-        if result is not None:
-            assert result.model is not None
-            found = checked_weights(args, Output(args.error_format, args.color), result,
-                                    convert=args.precision is not None, finite=False)
-            if found is None:
-                return EXIT_ERRORS
-            if args.precision is not None and weights_file is not None:
-                weights_file = tmp / "weights.safetensors"  # converted to the run's precision
-                weights.save(weights_file, found)
-            args.target, args.dump, args.weights, args.bucket = "device", [], None, []
-            args.quiet, args.tune = True, False
-            status = compile_to(result, args, tmp, Output("human", "never", quiet=True))
-            if status:
-                return status
-            bundle = tmp / f"{result.model.name}.bundle"
-        model = Model(bundle, weights_file)  # NaN or infinite weights: logged once (W0202)
-        if weights_file is None and model.manifest["params"]:
-            raise missing_weights(model.manifest["model"],
-                                  [p["path"] for p in model.manifest["params"]])
-        outputs = model.run({k: _to_device(model, k, v) for k, v in args.inputs.items()})
-        host = {k: v.get() for k, v in outputs.items()}  # CuPy arrays, as the inputs were
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    with paths.writing(args.output):
-        fsutil.atomic_write(args.output, lambda t: _savez(t, host))
-    for name, value in host.items():
-        v = value.astype(np.float64)
-        print(f"{name}: {value.dtype}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}")
-    return EXIT_OK
-
-
-def _to_device(model: Any, name: str, a: np.ndarray) -> Any:
-    """A host array (logical axis order) on the GPU, in the input's declared memory layout."""
-    cupy = model.cupy  # R0801 where there is no GPU
-    node = model.program.nodes.get(model.program.inputs.get(name, ""), None)
-    layout = node.type.layout if node is not None else None
-    if layout is None:
-        return cupy.asarray(a)
-    order = layout.order
-    physical = cupy.asarray(np.ascontiguousarray(a.transpose(order)))
-    return physical.transpose([order.index(i) for i in range(a.ndim)])
-
-
-def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:
-    with open(tmp, "wb") as f:
-        np.savez(f, **outputs)  # type: ignore[arg-type]
-
-
 def cmd_target(args: argparse.Namespace) -> int:
-    from dslc.compile.target import capture, live_device_available
-
     paths.output_file(args.output)
     if not live_device_available():
         print("error: `dslc target capture` needs a GPU, and this machine has none",
@@ -361,7 +265,7 @@ def add_commands(sub: Any, diag_options: Any) -> None:
                    help="print a stage's result and write it as N.<stage>.txt")
     p.add_argument("--bucket", action="append", default=[], metavar="N=32",
                    help="compile only this bucket (repeatable); others build on first use")
-    p.add_argument("--precision", metavar="P", type=_precision,
+    p.add_argument("--precision", metavar="P", type=parse_precision,
                    help="override the model's precision: `f32` or `io=..,intermediate=..,compute=..`")
     p.add_argument("--no-tune", dest="tune", action="store_false",
                    help="on a GPU, keep the heuristics' plans (tune later with `dslc tune`)")
@@ -392,7 +296,4 @@ def add_commands(sub: Any, diag_options: Any) -> None:
     c.set_defaults(run=cmd_target)
 
 
-def _precision(text: str) -> Any:
-    from dslc.cli.build import parse_precision
 
-    return parse_precision(text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dslc.check.dims import Dim, format_dim
+from dslc.core.dims import Dim, format_dim
 from dslc.diag.records import quick_init
 
 FLOATS = ("f32", "f16", "bf16")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dslc.backend.target import capture
+
 FIELDS = ("cudnn_backend", "cudnn_frontend", "cuda_runtime", "driver", "driver_release",
           "device_name", "compute_capability", "sm_count", "memory_bytes")
 
@@ -59,8 +61,6 @@ def live(properties: bool = False) -> dict[str, Any]:
     if not properties:
         return out
     try:
-        from dslc.compile.target import capture
-
         out["device_properties"] = capture()
     except Exception:
         out["device_properties"] = None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from dslc.diag.codes import CodeId
+
 
 class RunnerError(Exception):
-    def __init__(self, code: str, message: str, span: dict[str, Any] | None = None) -> None:
+    def __init__(self, code: CodeId, message: str, span: dict[str, Any] | None = None) -> None:
         self.code = code
         self.message = message
         self.span = span

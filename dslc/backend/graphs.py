@@ -2,7 +2,7 @@
 its OpDef's `lower`; then validate, operation graph, execution plans. With a device, plans are
 built; deviceless (a target's device properties), what the library can build without a driver.
 
-This and `dslc.compile.target` are the only modules that import `cudnn`.
+This and `dslc.backend.target` are the only modules that import `cudnn`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import cudnn
 import numpy as np
 
-from dslc.compile.spec import GroupSpec
+from dslc.backend.spec import GroupSpec
 from dslc.ops import OPS
 
 DATA_TYPES = {

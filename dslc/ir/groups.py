@@ -7,7 +7,7 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass
 
-from dslc.check.types import format_type
+from dslc.core.types import format_type
 from dslc.ir.graph import Graph, Node
 from dslc.ir.printer import format_node, format_value
 

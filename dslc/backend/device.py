@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.runtime.errors import RunnerError
+from dslc.core.errors import RunnerError
 
 TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i8": "int8",
                 "u8": "uint8", "i32": "int32", "i64": "int64", "bool": "bool",

@@ -10,6 +10,7 @@ normal forms are equal; `N` and `B` are never equal, whatever their ranges.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -331,3 +332,9 @@ def format_dim(x: Dim | Fraction) -> str:
         else:
             out += f" + {text}" if c > 0 else f" - {text}"
     return out
+
+
+def bucket_key(dims: Mapping[str, int]) -> str:
+    """The name of a bucket, the key of its plans in the bundle: `N=32` or `N=1,T=128` (dims
+    sorted), `static` for a model without dynamic dims."""
+    return ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
+from dslc.backend.device import decode, encode
+
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
 
 # Loads and stores through f32: bf16 (uint16 bits) converted by hand, every other type by a cast.
@@ -243,15 +245,11 @@ def _reduction(op: str) -> KernelFn:
 
 def _math(cupy: Any, x: Any) -> Any:
     """A kernel operand as the math reads it: bf16 bits as f32, anything else as it is."""
-    from dslc.runtime.device import decode
-
     return decode(cupy, x, "bf16") if x.dtype == cupy.uint16 else x
 
 
 def _store(cupy: Any, y: Any, value: Any) -> None:
     """`value` rounded into `y` (bf16 bits: rounded to nearest even)."""
-    from dslc.runtime.device import encode
-
     y[...] = encode(cupy, value, "bf16") if y.dtype == cupy.uint16 else value.astype(y.dtype)
 
 
