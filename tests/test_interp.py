@@ -1,0 +1,194 @@
+"""The reference interpreter's own logic (dslc/ir/interp.py) and the view arithmetic it reads
+views with (dslc/ir/views.py), unit by unit on graphs built here: dims read off the inputs and
+each refusal, the logical and the strided meaning of view steps, the memory order a view has in
+its base, and results rounded to the dtype they are stored in. Expected values are worked out by
+hand or read off NumPy / PyTorch strides, never from the functions under test."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from dslc.check import dims
+from dslc.check.types import Layout, PrecisionSpec, TensorType
+from dslc.diag.span import Span
+from dslc.ir import interp, views
+from dslc.ir.graph import Attrs, Graph, Node
+
+SPAN = Span("test.cgraph", 1, 1, 1, 2)
+F32 = PrecisionSpec()
+S, T = dims.sym("S"), dims.sym("T")
+
+
+def node(name: str, op: str, inputs: tuple[str, ...] = (), attrs: Mapping[str, Any] | None = None,
+         shape: tuple[Any, ...] = (), dtype: str = "f32", layout: Layout | None = None,
+         precision: PrecisionSpec = F32) -> Node:
+    return Node(name, op, inputs, Attrs(attrs or {}), TensorType(dtype, shape, layout), SPAN, "",
+                precision)
+
+
+def inputs_graph(*shapes: tuple[Any, ...]) -> Graph:
+    """A param, then one input per shape (`x0`, `x1`, ...): inputs need not come first."""
+    nodes = [node("w", "param", attrs={"path": "w"}, shape=(2,))]
+    nodes += [node(f"x{i}", "input", attrs={"name": f"x{i}"}, shape=s) for i, s in enumerate(shapes)]
+    return Graph(tuple(nodes), tuple((n.name, n.name) for n in nodes[1:]))
+
+
+def zeros(*shape: int) -> np.ndarray:
+    return np.zeros(shape, np.float32)
+
+
+# -- dims read off the inputs ------------------------------------------------------------------
+
+def test_dims_are_read_off_every_input_also_after_a_param() -> None:
+    graph = inputs_graph((4,), (S,), (dims.add(dims.mul(2, T), 1),))
+    assert interp.bind_dims(graph, {"x0": zeros(4), "x1": zeros(3), "x2": zeros(11)}) == \
+        {"S": 3, "T": 5}  # 2 * T + 1 = 11
+
+
+def test_a_known_dim_is_checked_where_it_appears_again() -> None:
+    graph = inputs_graph((S,), (dims.add(dims.mul(2, S), 1),))
+    assert interp.bind_dims(graph, {"x0": zeros(3), "x1": zeros(7)}) == {"S": 3}
+    with pytest.raises(interp.InterpError,
+                       match=r"^input `x1` has a size 8 where 2 \* S \+ 1 is 7$"):
+        interp.bind_dims(graph, {"x0": zeros(3), "x1": zeros(8)})
+
+
+def test_a_size_no_value_of_the_dim_gives_is_refused() -> None:
+    # 2 * T + 1 is odd: no T gives 10 (T = 4 would read 9 elements of a 10-element input).
+    graph = inputs_graph((dims.add(dims.mul(2, T), 1),))
+    with pytest.raises(interp.InterpError,
+                       match=r"^input `x0` has a size 10 where 2 \* T \+ 1 is declared$"):
+        interp.bind_dims(graph, {"x0": zeros(10)})
+
+
+def test_the_constant_term_of_a_dim_is_taken_off_before_solving() -> None:
+    graph = inputs_graph((dims.add(T, 3),))
+    assert interp.bind_dims(graph, {"x0": zeros(8)}) == {"T": 5}
+
+
+def test_a_dim_of_two_unknown_terms_is_not_guessed() -> None:
+    # S + T + 1 with T known is still not read off (only c * S + k is): never a wrong S.
+    graph = inputs_graph((T,), (dims.add(dims.add(S, T), 1),))
+    with pytest.raises(interp.InterpError, match=r"^cannot read S \+ T \+ 1 off input `x1`$"):
+        interp.bind_dims(graph, {"x0": zeros(2), "x1": zeros(6)})
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"x0": zeros(4)}, "missing input `x1`"),
+    ({"x0": zeros(4, 1), "x1": zeros(3)}, "input `x0` has rank 2, expected 1"),
+    ({"x0": zeros(5), "x1": zeros(3)}, "input `x0` has a size 5 where 4 is declared"),
+])
+def test_inputs_that_do_not_fit_are_refused_naming_them(given: dict[str, np.ndarray],
+                                                        message: str) -> None:
+    with pytest.raises(interp.InterpError, match=f"^{message}$"):
+        interp.bind_dims(inputs_graph((4,), (S,)), given)
+
+
+# -- the logical meaning of view steps ---------------------------------------------------------
+
+def test_view_steps_apply_in_order() -> None:
+    x = np.arange(24).reshape(2, 3, 4)
+    steps = (("transpose", (2, 0, 1)), ("reshape", (4, 6)), ("slice", (1, 2), (3, 5)))
+    expected = torch.arange(24).reshape(2, 3, 4).permute(2, 0, 1).reshape(4, 6)[1:3, 2:5]
+    np.testing.assert_array_equal(interp.apply_view(x, steps), expected.numpy())
+
+
+def test_a_malformed_view_step_is_refused() -> None:
+    x = np.arange(6).reshape(2, 3)
+    with pytest.raises(ValueError, match="unknown view step squeeze"):
+        interp.apply_view(x, (("squeeze", 0),))
+    with pytest.raises(ValueError):  # starts for one axis, ends for two: never half applied
+        interp.apply_view(x, (("slice", (1,), (2, 3)),))
+
+
+# -- the memory order a view has in its base ---------------------------------------------------
+
+def _torch_order(t: torch.Tensor) -> tuple[int, ...]:
+    """Axes outermost first, read off the strides PyTorch gives the view."""
+    return tuple(sorted(range(t.dim()), key=lambda a: -t.stride()[a]))
+
+
+@pytest.mark.parametrize("steps", [
+    (("transpose", (2, 0, 1)),),
+    (("transpose", (1, 2, 0)), ("transpose", (0, 2, 1))),
+    (("slice", (0, 1, 0), (2, 3, 4)),),
+    (("reshape", (6, 4)),),
+    (("transpose", (2, 0, 1)), ("reshape", (4, 6))),
+    (("slice", (0, 0, 1), (2, 3, 3)), ("transpose", (1, 0, 2))),
+])
+def test_a_views_memory_order_is_the_order_its_strides_have(steps: tuple[Any, ...]) -> None:
+    base = torch.arange(24).reshape(2, 3, 4)
+    t = base
+    for step in steps:
+        t = (t.permute(*step[1]) if step[0] == "transpose" else t.view(*step[1])
+             if step[0] == "reshape" else t[tuple(slice(s, e) for s, e in zip(*step[1:]))])
+    layout = views.view_layout(Layout.row_major(3), (2, 3, 4), steps)
+    assert layout is not None and layout.order == _torch_order(t)
+
+
+def test_a_channels_last_base_seen_through_a_reshape() -> None:
+    x = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    merged = x.view(2, 3, 20)  # H and W merge: still a view, channels innermost
+    layout = views.view_layout(Layout((0, 2, 3, 1)), (2, 3, 4, 5), (("reshape", (2, 3, 20)),))
+    assert layout is not None and layout.order == _torch_order(merged) == (0, 2, 1)
+    # C and H do not merge over channels-last memory: PyTorch refuses the view, so does dslc.
+    with pytest.raises(RuntimeError):
+        x.view(2, 12, 5)
+    assert views.view_layout(Layout((0, 2, 3, 1)), (2, 3, 4, 5), (("reshape", (2, 12, 5)),)) is None
+
+
+# -- reading a view through its strides --------------------------------------------------------
+
+def test_a_strided_read_is_what_as_strided_reads_from_the_bases_memory() -> None:
+    base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)  # base[a, b, c] = 12a + 4b + c
+
+    def element(k: int) -> int:  # memory order (2, 0, 1): k = 6c + 3a + b
+        a, b, c = k // 3 % 2, k % 3, k // 6
+        return 12 * a + 4 * b + c
+
+    expected = [[element(5 + 3 * i + 7 * j) for j in range(2)] for i in range(3)]
+    got = interp.strided_view(base, (2, 0, 1), (3, 2), (3, 7), 5)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(("shape", "strides", "offset", "message"), [
+    ((2, 3), (3, 1), 19, "reads element 24 of a base of 24"),  # 19 + 1 * 3 + 2 * 1: one past
+    ((3,), (-1,), 2, "negative size, stride or offset"),
+    ((3,), (1,), -1, "negative size, stride or offset"),
+    ((-1,), (1,), 0, "negative size, stride or offset"),
+])
+def test_a_strided_read_outside_its_base_is_refused(shape: tuple[int, ...],
+                                                    strides: tuple[int, ...], offset: int,
+                                                    message: str) -> None:
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    with pytest.raises(interp.ViewError, match=message):
+        interp.strided_view(base, (0, 1), shape, strides, offset, "v")
+
+
+def test_an_empty_strided_read_reads_nothing() -> None:
+    base = np.arange(6, dtype=np.float32)
+    assert interp.strided_view(base, (0,), (0, 3), (3, 1), 6).shape == (0, 3)
+
+
+# -- rounding results to the dtype they are stored in ------------------------------------------
+
+def test_e4m3_results_saturate_at_448_as_cudnn_converts() -> None:
+    n = node("y", "cast", ("x",), {"dtype": "f8e4m3"}, (3,), "f8e4m3")
+    out = interp.evaluate_node(n, [np.array([1000.0, -1000.0, 3.0], np.float32)], n.attrs,
+                               "f8e4m3")
+    assert out.dtype == ml_dtypes.float8_e4m3fn
+    assert out.astype(np.float32).tolist() == [448.0, -448.0, 3.0]
+
+
+def test_integer_operands_are_widened_before_the_math() -> None:
+    # 100 * 100 + 100 * 100 = 20000 does not fit i8 or i16 math; it is exact in the i32 result.
+    n = node("y", "matmul", ("a", "b"), {}, (1, 1), "i32")
+    a = np.array([[100, 100]], np.int8)
+    out = interp.evaluate_node(n, [a, a.T.copy()], n.attrs, "i32")
+    assert out.dtype == np.int32 and out.tolist() == [[20000]]
