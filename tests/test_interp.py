@@ -6,7 +6,10 @@ hand or read off NumPy / PyTorch strides, never from the functions under test.""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -19,6 +22,8 @@ from dslc.check.types import Layout, PrecisionSpec, TensorType
 from dslc.diag.span import Span
 from dslc.ir import interp, views
 from dslc.ir.graph import Attrs, Graph, Node
+from dslc.pipeline import middle_end
+from tests.helpers import check_source
 
 SPAN = Span("test.cgraph", 1, 1, 1, 2)
 F32 = PrecisionSpec()
@@ -143,6 +148,30 @@ def test_a_channels_last_base_seen_through_a_reshape() -> None:
     assert views.view_layout(Layout((0, 2, 3, 1)), (2, 3, 4, 5), (("reshape", (2, 12, 5)),)) is None
 
 
+@pytest.mark.parametrize(("shape", "order", "new", "expected"), [
+    ((1, 2, 3), (0, 1, 2), (1, 2, 3), tuple(torch.empty(1, 2, 3).stride())),
+    ((2, 3), (0, 1), (2, 1, 3), tuple(torch.empty(2, 1, 3).stride())),
+    # base memory order (2, 0, 1): axis 1 has stride 1, axis 2 stride 2; the size-1 axis 0 gets
+    # the stride of axis 1 times its size, 2
+    ((1, 2, 3), (2, 0, 1), (1, 2, 3), (2, 1, 2)),
+])
+def test_a_size_one_axis_of_a_reshaped_view_gets_the_dense_stride(
+        shape: tuple[int, ...], order: tuple[int, ...], new: tuple[int, ...],
+        expected: tuple[int, ...]) -> None:
+    """Its stride reads nothing, but cuDNN reads a tensor's packing off all its strides: the next
+    axis's stride times that axis's size, as in a contiguous PyTorch tensor."""
+    assert views.strides(shape, Layout(order), (("reshape", new),)) == (expected, 0)
+
+
+@pytest.mark.parametrize("check", [
+    lambda: views.step_shape((2, 3), ("slice", (0, 1), (1,))),  # starts and ends differ
+    lambda: views.strides((2, 3), Layout.row_major(2), (("slice", (0,), (1,)),)),  # not the rank
+])
+def test_a_slice_step_that_does_not_fit_is_refused(check: Any) -> None:
+    with pytest.raises(ValueError):
+        check()
+
+
 # -- reading a view through its strides --------------------------------------------------------
 
 def test_a_strided_read_is_what_as_strided_reads_from_the_bases_memory() -> None:
@@ -159,6 +188,8 @@ def test_a_strided_read_is_what_as_strided_reads_from_the_bases_memory() -> None
 
 @pytest.mark.parametrize(("shape", "strides", "offset", "message"), [
     ((2, 3), (3, 1), 19, "reads element 24 of a base of 24"),  # 19 + 1 * 3 + 2 * 1: one past
+    ((1, 3), (3, 1), 22, "reads element 24 of a base of 24"),  # a size-1 axis reads nothing more
+    ((0, 3), (3, 1), 25, "reads element 24 of a base of 24"),  # empty, but starting past the end
     ((3,), (-1,), 2, "negative size, stride or offset"),
     ((3,), (1,), -1, "negative size, stride or offset"),
     ((-1,), (1,), 0, "negative size, stride or offset"),
@@ -167,13 +198,19 @@ def test_a_strided_read_outside_its_base_is_refused(shape: tuple[int, ...],
                                                     strides: tuple[int, ...], offset: int,
                                                     message: str) -> None:
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
-    with pytest.raises(interp.ViewError, match=message):
+    with pytest.raises(interp.ViewError, match=f"^view `v`: {message}$" if "negative" in message
+                       else f"^view `v` {message}$"):
         interp.strided_view(base, (0, 1), shape, strides, offset, "v")
 
 
 def test_an_empty_strided_read_reads_nothing() -> None:
     base = np.arange(6, dtype=np.float32)
     assert interp.strided_view(base, (0,), (0, 3), (3, 1), 6).shape == (0, 3)
+
+
+def test_a_zero_stride_repeats_an_element() -> None:
+    base = np.arange(6, dtype=np.float32)
+    assert interp.strided_view(base, (0,), (3,), (0,), 4).tolist() == [4.0, 4.0, 4.0]
 
 
 # -- rounding results to the dtype they are stored in ------------------------------------------
@@ -192,3 +229,129 @@ def test_integer_operands_are_widened_before_the_math() -> None:
     a = np.array([[100, 100]], np.int8)
     out = interp.evaluate_node(n, [a, a.T.copy()], n.attrs, "i32")
     assert out.dtype == np.int32 and out.tolist() == [[20000]]
+
+
+def test_the_math_is_done_in_the_compute_dtype() -> None:
+    # 2048 + 1 = 2049 in f32; f16 holds 2048 and 2050 only: the f16 sum is 2048 (ties to even).
+    def add(precision: PrecisionSpec, attrs: Mapping[str, Any]) -> float:
+        n = node("y", "add", ("a", "b"), attrs, (1,), precision=precision)
+        out = interp.evaluate_node(n, [np.array([2048.0], np.float32), np.array([1.0], np.float32)],
+                                   n.attrs, "f32")
+        return float(out[0])
+
+    assert float(torch.tensor([2048.0], dtype=torch.float16).add(1.0)[0]) == 2048.0
+    assert add(F32, {}) == 2049.0
+    assert add(PrecisionSpec(compute="f16"), {}) == 2048.0
+    assert add(F32, {"compute": "f16"}) == 2048.0  # a call's own `compute=` wins
+
+
+def test_f32_math_rounds_each_step_of_a_reference() -> None:
+    # rsqrt(6) = 1 / sqrt(6): sqrt rounded to f32, then the quotient. Computed in f64 and rounded
+    # once, it is one ulp away: the reference must not run in f64.
+    want = (1 / torch.sqrt(torch.tensor([6.0], dtype=torch.float32))).numpy()
+    assert want[0] != np.float32(1 / np.sqrt(np.float64(6.0)))
+    n = node("y", "rsqrt", ("x",), {}, (1,))
+    out = interp.evaluate_node(n, [np.array([6.0], np.float32)], n.attrs, "f32")
+    assert out.dtype == np.float32 and out[0] == want[0]
+
+
+def test_integer_math_is_exact_past_what_a_float_holds() -> None:
+    big = 2**53 + 1  # no float32 or float64 holds it
+    n = node("y", "add", ("a", "b"), {}, (1,), "i64")
+    out = interp.evaluate_node(n, [np.array([big], np.int64), np.array([0], np.int64)], n.attrs,
+                               "i64")
+    assert out.dtype == np.int64 and int(out[0]) == big
+
+
+def test_an_operand_of_a_dtype_dslc_does_not_store_is_computed_as_a_float() -> None:
+    n = node("y", "add", ("a", "b"), {}, (1,))
+    out = interp.evaluate_node(n, [np.array([0.5]), np.array([0.25])], n.attrs, "f32")
+    assert out.dtype == np.float32 and out[0] == 0.75
+
+
+def test_infinities_and_nans_come_out_without_a_numpy_warning() -> None:
+    n = node("y", "log", ("x",), {}, (3,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = interp.evaluate_node(n, [np.array([0.0, -1.0, 1.0], np.float32)], n.attrs, "f32")
+    assert out[0] == -np.inf and np.isnan(out[1]) and out[2] == 0.0
+
+
+def test_a_load_time_view_is_its_steps() -> None:
+    # The runtime computes load-time values (a reshaped or transposed param) through here.
+    n = node("v", "view", ("w",), {"steps": (("transpose", (1, 0)), ("reshape", (6,)))}, (6,))
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = interp.evaluate_node(n, [w], n.attrs, "f32")
+    np.testing.assert_array_equal(out, torch.arange(6.0).reshape(2, 3).t().reshape(6).numpy())
+
+
+# -- whole graphs -------------------------------------------------------------------------------
+
+def _lowered(text: str, tmp_path: Path) -> tuple[Graph, Any]:
+    checked = check_source(text, tmp_path)
+    lowered, _ = middle_end(checked.model)
+    return lowered, checked.model.env
+
+
+def test_sizes_that_are_floors_of_a_dim_are_evaluated(tmp_path: Path) -> None:
+    text = "model m {\n  dim H = 2..9\n  input x: [1, 1, H]\n" \
+           "  output y = reshape(maxpool(x, window=2), [-1])\n}\n"
+    graph, env = _lowered(text, tmp_path)
+    assert any("⌊" in dims.format_dim(d) for n in graph.nodes for d in n.type.shape)
+    x = np.arange(7, dtype=np.float32).reshape(1, 1, 7)
+    [y] = interp.run(graph, {"x": x}, {}, env).values()
+    assert y.tolist() == [1.0, 3.0, 5.0]  # the maxima of [0 1] [2 3] [4 5]; 6 is left over
+
+
+def test_inputs_and_weights_are_first_rounded_to_their_declared_dtype(tmp_path: Path) -> None:
+    text = "model m {\n  precision io=f16, compute=f32\n  input x: [1]\n  param w: [1]\n" \
+           "  output y = x * w - 1.0\n}\n"
+    graph, env = _lowered(text, tmp_path)
+    near_one = np.array([1 + 2.0**-12])  # float64; f16 holds 1 and 1 + 2**-10 around it
+    [y] = interp.run(graph, {"x": near_one}, {"w": near_one}, env).values()
+    assert y.dtype == np.float16 and y.tolist() == [0.0]
+
+
+def test_a_missing_weight_is_refused_naming_it(tmp_path: Path) -> None:
+    graph, env = _lowered("model m {\n  input x: [2]\n  param w: [2]\n  output y = x + w\n}\n",
+                          tmp_path)
+    with pytest.raises(interp.InterpError, match=r"^missing weight `w`$"):
+        interp.run(graph, {"x": zeros(2)}, {}, env)
+
+
+def test_a_value_that_is_an_output_and_read_again_is_kept(tmp_path: Path) -> None:
+    text = "model m {\n  input x: [3]\n  let a = relu(x)\n  output y = a\n" \
+           "  output z = a * 2.0\n}\n"
+    graph, env = _lowered(text, tmp_path)
+    x = np.array([-1.0, 0.0, 2.0], np.float32)
+    out = interp.run(graph, {"x": x}, {}, env)
+    assert out["y"].tolist() == [0.0, 0.0, 2.0] and out["z"].tolist() == [0.0, 0.0, 4.0]
+
+
+def test_a_view_is_read_through_its_strides_as_cudnn_reads_it(tmp_path: Path) -> None:
+    """Not through its logical steps: a wrong stride gives the values the stride reads (so the
+    end-to-end comparisons see it), and `check_views` names it."""
+    text = "model m {\n  input x: [2, 3, 4]\n  output y: [2, 4, 3] = transpose(relu(x), [0, 2, 1])\n}\n"
+    graph, env = _lowered(text, tmp_path)
+    [view] = [n for n in graph.nodes if n.op == "view"]
+    assert view.attrs["strides"] == (12, 1, 4)  # y[a, b, c] = relu(x)[a, c, b]: worked out by hand
+    wrong = replace(view, attrs=Attrs({**dict(view.attrs), "strides": (12, 3, 1)}))
+    graph = Graph(tuple(wrong if n is view else n for n in graph.nodes), graph.outputs)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    [y] = interp.run(graph, {"x": x}, {}, env).values()
+    np.testing.assert_array_equal(y, np.arange(24, dtype=np.float32).reshape(2, 4, 3))
+    with pytest.raises(interp.ViewError, match=r"^view `y`: strides"):
+        interp.run(graph, {"x": x}, {}, env, check_views=True)
+
+
+def test_a_planned_view_reading_past_its_base_names_the_view() -> None:
+    base = node("b", "relu", ("x",), {}, (2, 3), layout=Layout.row_major(2))
+    view = node("v", "view", ("b",), {"steps": (("reshape", (6,)),), "strides": (2,), "offset": 0},
+                (6,))
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(interp.ViewError, match=r"^view `v` reads element 10 of a base of 6$"):
+        interp.planned_view(view, base, x, view.attrs, (6,))
+    # Without `check` the strides are read as they are, not compared with the steps.
+    short = dict(view.attrs, strides=(1,))
+    assert interp.planned_view(view, base, np.arange(6.0).reshape(2, 3), short, (3,)).tolist() == \
+        [0.0, 1.0, 2.0]
