@@ -45,7 +45,7 @@ DOC = ROOT / "docs" / "mutation.md"
 # group -> (module globs, test files). Tests run with the group's `-m "not gpu and not slow"`.
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "ir": (["dslc/ir/views.py", "dslc/ir/interp.py"],
-           ["tests/test_interp.py", "tests/test_views_strided.py",
+           ["tests/test_interp.py", "tests/test_dim_binding.py", "tests/test_views_strided.py",
             "tests/test_intermediate_precision.py", "tests/test_op_references.py",
             "tests/test_batchnorm_folding.py", "tests/test_lower.py"]),
     "ops": (["dslc/ops/*.py"],
@@ -60,7 +60,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "runtime": (["dslc/runtime/inputs.py", "dslc/runtime/bundle.py", "dslc/runtime/records.py",
                  "dslc/runtime/irdata.py", "dslc/runtime/manifest.py", "dslc/runtime/fields.py",
                  "dslc/runtime/plancache.py"],
-                ["tests/test_runtime_inputs.py", "tests/test_plan_cache.py",
+                ["tests/test_runtime_inputs.py", "tests/test_dim_binding.py", "tests/test_plan_cache.py",
                  "tests/test_startup.py", "tests/test_bundle_hostile.py", "tests/test_bundle.py"]),
     "weights": (["dslc/weights.py"],
                 ["tests/test_weights.py", "tests/test_weight_checks.py"]),

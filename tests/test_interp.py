@@ -85,6 +85,19 @@ def test_a_dim_beside_known_dims_is_solved_for_the_one_unknown() -> None:
     assert interp.bind_dims(graph, {"x0": zeros(6), "x1": zeros(2)}) == {"S": 3, "T": 2}
 
 
+def test_a_known_dim_is_raised_to_its_power_before_solving() -> None:
+    # S + T * T = 14 with T = 3: S = 5 (T * 2 in place of T ** 2 would give 8).
+    graph = inputs_graph((T,), (dims.add(S, dims.mul(T, T)),))
+    assert interp.bind_dims(graph, {"x0": zeros(3), "x1": zeros(14)}) == {"S": 5, "T": 3}
+
+
+def test_a_product_with_the_unknown_dim_is_not_solved() -> None:
+    # S * T = 6 with T = 2 is not c * S + k: refused rather than S = 6.
+    graph = inputs_graph((T,), (dims.mul(S, T),))
+    with pytest.raises(interp.InterpError, match=r"^cannot read S \* T off input `x1`$"):
+        interp.bind_dims(graph, {"x0": zeros(2), "x1": zeros(6)})
+
+
 def test_a_size_of_two_unknown_dims_is_not_guessed() -> None:
     graph = inputs_graph((dims.add(dims.add(S, T), 1),))
     with pytest.raises(interp.InterpError, match=r"^cannot read S \+ T \+ 1 off input `x0`$"):
@@ -179,6 +192,19 @@ def test_a_slice_step_that_does_not_fit_is_refused(check: Any) -> None:
         check()
 
 
+@pytest.mark.parametrize(("offset", "itemsize", "ok"), [
+    (8, 2, True),                                  # 16 bytes
+    (6, 2, False),                                 # 12 bytes
+    (dims.mul(4, S), 4, True),                     # 16 * S bytes for every S
+    (dims.add(dims.mul(8, S), 4), 2, False),       # 16 * S + 8 bytes
+    (S, 2, False),                                 # 2 * S bytes: S = 1 is off
+    (dims.add(dims.mul(8, S), dims.mul(16, T)), 2, True),
+])
+def test_a_view_offset_is_aligned_only_if_every_value_of_its_dims_is(offset: Any, itemsize: int,
+                                                                     ok: bool) -> None:
+    assert views.aligned(offset, itemsize) is ok
+
+
 # -- reading a view through its strides --------------------------------------------------------
 
 def test_a_strided_read_is_what_as_strided_reads_from_the_bases_memory() -> None:
@@ -189,7 +215,7 @@ def test_a_strided_read_is_what_as_strided_reads_from_the_bases_memory() -> None
         return 12 * a + 4 * b + c
 
     expected = [[element(5 + 3 * i + 7 * j) for j in range(2)] for i in range(3)]
-    got = interp.strided_view(base, (2, 0, 1), (3, 2), (3, 7), 5)
+    got = interp.strided_view(base, (2, 0, 1), (3, 2), (3, 7), 5, "v")
     np.testing.assert_array_equal(got, expected)
 
 
@@ -212,12 +238,12 @@ def test_a_strided_read_outside_its_base_is_refused(shape: tuple[int, ...],
 
 def test_an_empty_strided_read_reads_nothing() -> None:
     base = np.arange(6, dtype=np.float32)
-    assert interp.strided_view(base, (0,), (0, 3), (3, 1), 6).shape == (0, 3)
+    assert interp.strided_view(base, (0,), (0, 3), (3, 1), 6, "v").shape == (0, 3)
 
 
 def test_a_zero_stride_repeats_an_element() -> None:
     base = np.arange(6, dtype=np.float32)
-    assert interp.strided_view(base, (0,), (3,), (0,), 4).tolist() == [4.0, 4.0, 4.0]
+    assert interp.strided_view(base, (0,), (3,), (0,), 4, "v").tolist() == [4.0, 4.0, 4.0]
 
 
 # -- rounding results to the dtype they are stored in ------------------------------------------
@@ -270,10 +296,26 @@ def test_integer_math_is_exact_past_what_a_float_holds() -> None:
     assert out.dtype == np.int64 and int(out[0]) == big
 
 
-def test_an_operand_of_a_dtype_dslc_does_not_store_is_computed_as_a_float() -> None:
-    n = node("y", "add", ("a", "b"), {}, (1,))
-    out = interp.evaluate_node(n, [np.array([0.5]), np.array([0.25])], n.attrs, "f32")
-    assert out.dtype == np.float32 and out[0] == 0.75
+def test_operands_of_dtypes_dslc_does_not_store_are_a_float_and_an_integer() -> None:
+    # A long double is a float: it is computed in the compute dtype (f16: 1 + 2**-12 is 1, the
+    # f16 spacing at 1 being 2**-10). An int16 is an integer: it is widened, exactly (f16 math
+    # would round 30001 to 30000).
+    n = node("y", "add", ("a", "b"), {"compute": "f16"}, (1,))
+    wide = interp.evaluate_node(n, [np.array([1.0], np.longdouble),
+                                    np.array([2.0**-12], np.longdouble)], n.attrs, "f32")
+    assert wide.dtype == np.float32 and wide.tolist() == [1.0]
+    short = interp.evaluate_node(n, [np.array([30001], np.int16), np.array([30000], np.int16)],
+                                 n.attrs, "i32")
+    assert short.dtype == np.int32 and short.tolist() == [60001]
+
+
+def test_math_in_a_dtype_numpy_cannot_compute_in_is_done_in_f32() -> None:
+    # e4m3 math is emulated in f32, step by step: rsqrt(6) as PyTorch gives it in f32, one ulp
+    # away from the f64 result rounded once (test_f32_math_rounds_each_step_of_a_reference).
+    want = (1 / torch.sqrt(torch.tensor([6.0], dtype=torch.float32))).numpy()
+    n = node("y", "rsqrt", ("x",), {"compute": "f8e4m3"}, (1,))
+    out = interp.evaluate_node(n, [np.array([6.0], np.float32)], n.attrs, "f32")
+    assert out.dtype == np.float32 and out[0] == want[0]
 
 
 def test_infinities_and_nans_come_out_without_a_numpy_warning() -> None:
@@ -311,12 +353,28 @@ def test_sizes_that_are_floors_of_a_dim_are_evaluated(tmp_path: Path) -> None:
 
 
 def test_inputs_and_weights_are_first_rounded_to_their_declared_dtype(tmp_path: Path) -> None:
+    # Each read on its own: x - 1.0 in f32 math is 2**-12 (which f16 holds) unless x was first
+    # rounded to f16, where it is 1.
     text = "model m {\n  precision io=f16, compute=f32\n  input x: [1]\n  param w: [1]\n" \
-           "  output y = x * w - 1.0\n}\n"
+           "  output y = x - 1.0\n  output z = w - 1.0\n}\n"
     graph, env = _lowered(text, tmp_path)
     near_one = np.array([1 + 2.0**-12])  # float64; f16 holds 1 and 1 + 2**-10 around it
-    [y] = interp.run(graph, {"x": near_one}, {"w": near_one}, env).values()
-    assert y.dtype == np.float16 and y.tolist() == [0.0]
+    assert np.float16(2.0**-12) == 2.0**-12
+    out = interp.run(graph, {"x": near_one}, {"w": near_one}, env)
+    assert out["y"].dtype == out["z"].dtype == np.float16
+    assert out["y"].tolist() == out["z"].tolist() == [0.0]
+
+
+def test_each_value_is_held_in_the_dtype_it_is_stored_in(tmp_path: Path) -> None:
+    # Inputs and params in their declared dtypes, a scalar in f32 (cuDNN takes scalars as f32).
+    text = "model m {\n  precision io=bf16, compute=f32\n  input x: [2]\n  param w: [2]\n" \
+           "  output y = x * w + 0.5\n}\n"
+    graph, env = _lowered(text, tmp_path)
+    kept = interp.run(graph, {"x": np.ones(2)}, {"w": np.ones(2)}, env,
+                      keep=lambda n: n.op in ("input", "param", "scalar"))
+    dtypes = {n.op: str(kept[n.name].dtype) for n in graph.nodes
+              if n.op in ("input", "param", "scalar")}
+    assert dtypes == {"input": "bfloat16", "param": "bfloat16", "scalar": "float32"}
 
 
 def test_a_missing_weight_is_refused_naming_it(tmp_path: Path) -> None:
