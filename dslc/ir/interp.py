@@ -128,7 +128,7 @@ def apply_view(x: np.ndarray, steps: tuple[Any, ...]) -> np.ndarray:
 
 
 def strided_view(base: np.ndarray, order: tuple[int, ...], shape: tuple[int, ...],
-                 strides: tuple[int, ...], offset: int, name: str = "") -> np.ndarray:
+                 strides: tuple[int, ...], offset: int, name: str) -> np.ndarray:
     """What a view reads in memory: the base's elements laid out in its memory `order`
     (outermost axis first), read at `offset` with element `strides`, as cuDNN reads them."""
     memory = np.ascontiguousarray(base.transpose(order)).reshape(-1)

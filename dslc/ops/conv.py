@@ -156,13 +156,15 @@ def _conv_transpose(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(dtype, tuple(out))
 
 
-def _lower_conv(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+# The cuDNN lowerings are left out of mutation testing: their numbers are checked only on a GPU.
+def _lower_conv(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
     return ctx.g.conv_fprop(image=xs[0], weight=xs[1], pre_padding=list(a["pre_pad"]),
                             post_padding=list(a["post_pad"]), stride=list(a["stride"]),
                             dilation=list(a["dilation"]))
 
 
-def _lower_conv_transpose(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
+def _lower_conv_transpose(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any],
+                          ) -> Any:  # pragma: no mutate block
     """conv_dgrad of the conv that maps the output back to the input: its padding after is
     `pad - output_pad`, and the output dims are set (they are ambiguous for a strided conv)."""
     post = [p - o for p, o in zip(a["pad"], a["output_pad"], strict=True)]

@@ -7,6 +7,7 @@ they must be innermost in memory (cuDNN sees the tensor as [prod(L), prod(D), 1,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -61,29 +62,26 @@ def _instancenorm(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(x.dtype, x.shape)
 
 
-def _feature_norm(op: str):  # type: ignore[no-untyped-def]
-    def infer(ctx: InferCtx, a: Args) -> TensorType | None:
-        x, scale = a.t("x"), a.t("scale")
-        if not common.require_float(ctx, op, "x", x):
-            return None
-        r = scale.rank
-        if r < 1 or r > x.rank or x.shape[x.rank - r:] != scale.shape:
-            ctx.error("E0301", f"the scale of `{op}` must match the trailing axes of x", at="scale",
-                      label=common.fmt(scale), labels=(ctx.label("x", common.fmt(x)),),
-                      notes=("the rank of `scale` picks the normalised axes: x [*L, *D], "
-                             "scale [*D]",))
-            return None
-        bias = a.opt("bias")
-        if bias is not None and bias.shape != scale.shape:
-            ctx.error("E0301", f"the bias of `{op}` must have the shape of its scale", at="bias",
-                      label=common.fmt(bias), labels=(ctx.label("scale", common.fmt(scale)),))
-            return None
-        if not common.check_compute(ctx, op, [x], need_f32=True):
-            return None
-        ctx.set_attr("axes", tuple(range(x.rank - r, x.rank)))
-        return TensorType(x.dtype, x.shape)
-
-    return infer
+def _feature_norm(op: str, ctx: InferCtx, a: Args) -> TensorType | None:
+    x, scale = a.t("x"), a.t("scale")
+    if not common.require_float(ctx, op, "x", x):
+        return None
+    r = scale.rank
+    if r < 1 or r > x.rank or x.shape[x.rank - r:] != scale.shape:
+        ctx.error("E0301", f"the scale of `{op}` must match the trailing axes of x", at="scale",
+                  label=common.fmt(scale), labels=(ctx.label("x", common.fmt(x)),),
+                  notes=("the rank of `scale` picks the normalised axes: x [*L, *D], "
+                         "scale [*D]",))
+        return None
+    bias = a.opt("bias")
+    if bias is not None and bias.shape != scale.shape:
+        ctx.error("E0301", f"the bias of `{op}` must have the shape of its scale", at="bias",
+                  label=common.fmt(bias), labels=(ctx.label("scale", common.fmt(scale)),))
+        return None
+    if not common.check_compute(ctx, op, [x], need_f32=True):
+        return None
+    ctx.set_attr("axes", tuple(range(x.rank - r, x.rank)))
+    return TensorType(x.dtype, x.shape)
 
 
 def _innermost(types: Mapping[str, TensorType]) -> str | None:
@@ -113,14 +111,11 @@ def _normalise(x: np.ndarray, axes: tuple[int, ...], eps: float, rms: bool) -> n
     return (x - mean) / np.sqrt(var + np.float32(eps))
 
 
-def _feature_norm_ref(rms: bool):  # type: ignore[no-untyped-def]
-    def reference(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
-        operands = a.get("operands") or ("x", "scale", "bias")
-        named = dict(zip(operands, xs, strict=True))
-        y = _normalise(named["x"], tuple(a["axes"]), a["eps"], rms) * named["scale"]
-        return y + named["bias"] if "bias" in named else y
-
-    return reference
+def _feature_norm_ref(rms: bool, xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    operands = a.get("operands") or ("x", "scale", "bias")
+    named = dict(zip(operands, xs, strict=True))
+    y = _normalise(named["x"], tuple(a["axes"]), a["eps"], rms) * named["scale"]
+    return y + named["bias"] if "bias" in named else y
 
 
 def _instancenorm_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
@@ -129,7 +124,7 @@ def _instancenorm_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
 
 
-def _lower_feature_norm(method: str):  # type: ignore[no-untyped-def]
+def _lower_feature_norm(method: str):  # type: ignore[no-untyped-def]  # pragma: no mutate block
     """cuDNN's inference-phase norm; the group shapes [*L, D] as rows [prod(L), D, 1, 1]."""
     def lower(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
         operands = a.get("operands") or ("x", "scale", "bias")
@@ -153,14 +148,14 @@ OPS = [
           fusion="norm", reference=_batchnorm_ref),
     OpDef("layernorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
-          _feature_norm("layernorm"), "shape of x", "layer normalisation over the trailing axes",
-          fusion="norm", reference=_feature_norm_ref(rms=False),
+          partial(_feature_norm, "layernorm"), "shape of x", "layer normalisation over the trailing axes",
+          fusion="norm", reference=partial(_feature_norm_ref, False),
           lower=_lower_feature_norm("layernorm"), needs=_innermost),
     OpDef("rmsnorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), EPS,
            Param("bias", Kind.OPT_TENSOR, None)),
-          _feature_norm("rmsnorm"), "shape of x", "root-mean-square normalisation", fusion="norm",
-          reference=_feature_norm_ref(rms=True), lower=_lower_feature_norm("rmsnorm"),
+          partial(_feature_norm, "rmsnorm"), "shape of x", "root-mean-square normalisation", fusion="norm",
+          reference=partial(_feature_norm_ref, True), lower=_lower_feature_norm("rmsnorm"),
           needs=_innermost),
     OpDef("instancenorm", "norm",
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),

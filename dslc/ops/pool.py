@@ -5,6 +5,8 @@ Pooling output: O = floor((S + 2 * pad - window) / stride) + 1, as PyTorch (no c
 
 from __future__ import annotations
 
+from functools import partial
+
 from dslc.core import dims
 from dslc.core.dims import Dim
 from dslc.core.types import TensorType
@@ -14,36 +16,33 @@ from dslc.ops.conv import conv_out_size, spatial_rank
 from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
 
 
-def _pool(op: str):  # type: ignore[no-untyped-def]
-    def infer(ctx: InferCtx, a: Args) -> TensorType | None:
-        x = a.t("x")
-        n = spatial_rank(ctx, op, x)
-        if n is None:
+def _pool(op: str, ctx: InferCtx, a: Args) -> TensorType | None:
+    x = a.t("x")
+    n = spatial_rank(ctx, op, x)
+    if n is None:
+        return None
+    if x.dtype != "i8" and not common.require_float(ctx, op, "x", x):
+        return None
+    window = common.per_axis(ctx, op, "window", a["window"], n, 1)
+    stride = common.per_axis(ctx, op, "stride", a["stride"] if a["stride"] is not None
+                             else a["window"], n, 1)
+    pad = common.per_axis(ctx, op, "pad", a["pad"], n, 0)
+    if window is None or stride is None or pad is None:
+        return None
+    for i in range(n):
+        if 2 * pad[i] > window[i]:
+            ctx.error("E0305", f"the padding of `{op}` must be at most half the window",
+                      at="pad", label=f"pad {pad[i]}, window {window[i]}")
             return None
-        if x.dtype != "i8" and not common.require_float(ctx, op, "x", x):
+    out: list[Dim] = [x.shape[0], x.shape[1]]
+    for i in range(n):
+        size = conv_out_size(ctx, x.shape[2 + i], pad[i], pad[i], 1, window[i], stride[i])
+        if not common.at_least_one(ctx, op, size, 2 + i, "x"):
             return None
-        window = common.per_axis(ctx, op, "window", a["window"], n, 1)
-        stride = common.per_axis(ctx, op, "stride", a["stride"] if a["stride"] is not None
-                                 else a["window"], n, 1)
-        pad = common.per_axis(ctx, op, "pad", a["pad"], n, 0)
-        if window is None or stride is None or pad is None:
-            return None
-        for i in range(n):
-            if 2 * pad[i] > window[i]:
-                ctx.error("E0305", f"the padding of `{op}` must be at most half the window",
-                          at="pad", label=f"pad {pad[i]}, window {window[i]}")
-                return None
-        out: list[Dim] = [x.shape[0], x.shape[1]]
-        for i in range(n):
-            size = conv_out_size(ctx, x.shape[2 + i], pad[i], pad[i], 1, window[i], stride[i])
-            if not common.at_least_one(ctx, op, size, 2 + i, "x"):
-                return None
-            out.append(size)
-        for key, value in (("window", window), ("stride", stride), ("pad", pad)):
-            ctx.set_attr(key, value)
-        return TensorType(x.dtype, tuple(out))
-
-    return infer
+        out.append(size)
+    for key, value in (("window", window), ("stride", stride), ("pad", pad)):
+        ctx.set_attr(key, value)
+    return TensorType(x.dtype, tuple(out))
 
 
 def _upsample(ctx: InferCtx, a: Args) -> TensorType | None:
@@ -62,11 +61,11 @@ def _upsample(ctx: InferCtx, a: Args) -> TensorType | None:
 _POOL_PARAMS = (Param("x", Kind.TENSOR), Param("window", Kind.INTS),
                 Param("stride", Kind.INTS, None), Param("pad", Kind.INTS, 0))
 OPS = [
-    OpDef("maxpool", "pool", _POOL_PARAMS, _pool("maxpool"), "[N, C, *O]",
+    OpDef("maxpool", "pool", _POOL_PARAMS, partial(_pool, "maxpool"), "[N, C, *O]",
           "maximum over each window (padding never wins)",
           reference=lambda xs, a: ref.pool(xs[0], a, "max")),
     OpDef("avgpool", "pool", (*_POOL_PARAMS, Param("count_pad", Kind.BOOL, False)),
-          _pool("avgpool"), "[N, C, *O]",
+          partial(_pool, "avgpool"), "[N, C, *O]",
           "mean over each window; count_pad counts padded zeros in the divisor",
           reference=lambda xs, a: ref.pool(xs[0], a, "avg")),
     OpDef("upsample", "pool",

@@ -4,6 +4,7 @@ squares, the statistics cuDNN's genstats node produces)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,13 +38,10 @@ _REDUCE_REF = {
 }
 
 
-def _reduce_ref(op: str):  # type: ignore[no-untyped-def]
-    def reference(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
-        axes = tuple(a["axes"])
-        out = _REDUCE_REF[op](xs[0], axes)
-        return out if a["keepdims"] else np.squeeze(out, axis=axes)
-
-    return reference
+def _reduce_ref(op: str, xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    axes = tuple(a["axes"])
+    out = _REDUCE_REF[op](xs[0], axes)
+    return out if a["keepdims"] else np.squeeze(out, axis=axes)
 
 
 def _genstats_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
@@ -52,7 +50,7 @@ def _genstats_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     return np.sum(x if a.get("output", 0) == 0 else x * x, axis=axes, keepdims=True)
 
 
-def _lower_reduce(op: str):  # type: ignore[no-untyped-def]
+def _lower_reduce(op: str):  # type: ignore[no-untyped-def]  # pragma: no mutate block
     """cuDNN's reduction node, with the reduced dims spelled out (kept as 1s). cuDNN has no
     mean reduction in graphs: a sum, then a multiply by 1/count."""
     mode = REDUCTIONS[op][0]
@@ -72,27 +70,24 @@ def _lower_reduce(op: str):  # type: ignore[no-untyped-def]
     return lower
 
 
-def _reduce(op: str):  # type: ignore[no-untyped-def]
-    def infer(ctx: InferCtx, a: Args) -> TensorType | None:
-        x = a.t("x")
-        if not common.require_float(ctx, op, "x", x):
-            return None
-        axes = common.norm_axes(ctx, op, "axes", a["axes"], x.rank)
-        if axes is None:
-            return None
-        if not axes:
-            ctx.error("E0304", f"`{op}` needs at least one axis", at="axes")
-            return None
-        if not common.check_compute(ctx, op, [x], need_f32=True):
-            return None
-        ctx.set_attr("axes", tuple(sorted(axes)))
-        if a["keepdims"]:
-            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-        else:
-            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-        return TensorType(x.dtype, shape)
-
-    return infer
+def _reduce(op: str, ctx: InferCtx, a: Args) -> TensorType | None:
+    x = a.t("x")
+    if not common.require_float(ctx, op, "x", x):
+        return None
+    axes = common.norm_axes(ctx, op, "axes", a["axes"], x.rank)
+    if axes is None:
+        return None
+    if not axes:
+        ctx.error("E0304", f"`{op}` needs at least one axis", at="axes")
+        return None
+    if not common.check_compute(ctx, op, [x], need_f32=True):
+        return None
+    ctx.set_attr("axes", tuple(sorted(axes)))
+    if a["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return TensorType(x.dtype, shape)
 
 
 def _genstats(ctx: InferCtx, a: Args) -> tuple[TensorType, ...] | None:
@@ -109,8 +104,8 @@ def _genstats(ctx: InferCtx, a: Args) -> tuple[TensorType, ...] | None:
 OPS = [
     OpDef(name, "reduce",
           (Param("x", Kind.TENSOR), Param("axes", Kind.AXES), Param("keepdims", Kind.BOOL, False)),
-          _reduce(name), "x without `axes` (kept as 1 with keepdims)", summary, fusion="reduce",
-          reference=_reduce_ref(name), lower=_lower_reduce(name))
+          partial(_reduce, name), "x without `axes` (kept as 1 with keepdims)", summary, fusion="reduce",
+          reference=partial(_reduce_ref, name), lower=_lower_reduce(name))
     for name, (_, summary) in REDUCTIONS.items()
 ] + [
     OpDef("genstats", "reduce", (Param("x", Kind.TENSOR),), _genstats,

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Mutation testing (mutmut 3) of the modules that hold dslc's numeric and safety logic.
+
+    scripts/mutation.py [GROUP ...] [--fresh] [--jobs N]
+
+GROUP is one of ir, ops, lower, fuse, runtime, weights, tune (all of them, in that order, when
+none is named). The modules are `[tool.mutmut] only_mutate` in pyproject.toml; GROUPS below maps
+each group to its modules and to the test files that exercise them, and mutmut runs, for each
+mutant, only those of the group's tests that call the mutated function (fastest first, stopping
+at the first failure). Each group works in its own folder, build/mutation/GROUP, so that its test
+selection and its cached results stay its own.
+
+Results are cached: a second run tests only the mutants of functions that changed, then tests the
+earlier survivors again (new tests may kill them). `--fresh` forgets the cache. The script prints,
+per module, the mutants killed by a test, rejected by mypy (the CI gate), timed out or crashed,
+and the survivors; the survivors listed in docs/mutation.md as equivalent are marked so.
+`cd build/mutation/GROUP && mutmut show NAME` shows one mutant; `mutmut apply NAME` there writes
+it into the group's copy (never into the checkout).
+
+Time, fresh, on 2 shared CPU cores (2 workers): ir ~25 min, ops ~2 h, lower ~40 min, fuse
+~15 min, runtime ~2 h, weights ~10 min, tune ~10 min (docs/mutation.md has the measured times).
+A cached run with nothing changed takes a minute or two per group.
+
+Installs nothing: it needs the `dev` extra (mutmut, mypy) in the Python that runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "build" / "mutation"
+DOC = ROOT / "docs" / "mutation.md"
+
+# group -> (module globs, test files). Tests run with the group's `-m "not gpu and not slow"`.
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    "ir": (["dslc/ir/views.py", "dslc/ir/interp.py"],
+           ["tests/test_interp.py", "tests/test_dim_binding.py", "tests/test_views_strided.py",
+            "tests/test_intermediate_precision.py", "tests/test_op_references.py",
+            "tests/test_batchnorm_folding.py", "tests/test_lower.py"]),
+    "ops": (["dslc/ops/*.py"],
+            ["tests/test_op_references.py", "tests/test_shape_rules.py",
+             "tests/test_diagnostics.py", "tests/test_views_strided.py"]),
+    "lower": (["dslc/lower/*.py"],
+              ["tests/test_lower.py", "tests/test_batchnorm_folding.py",
+               "tests/test_views_strided.py", "tests/test_intermediate_precision.py",
+               "tests/test_fuse.py"]),
+    "fuse": (["dslc/fuse/*.py"],
+             ["tests/test_fuse.py", "tests/test_intermediate_precision.py"]),
+    "runtime": (["dslc/runtime/inputs.py", "dslc/runtime/bundle.py", "dslc/runtime/fields.py",
+                 "dslc/runtime/plancache.py"],
+                ["tests/test_runtime_inputs.py", "tests/test_dim_binding.py",
+                 "tests/test_bundle_fields.py", "tests/test_plan_cache.py", "tests/test_startup.py",
+                 "tests/test_bundle_hostile.py", "tests/test_bundle.py"]),
+    "weights": (["dslc/weights.py"],
+                ["tests/test_weights.py", "tests/test_weight_checks.py"]),
+    "tune": (["dslc/tune/db.py"],
+             ["tests/test_tuning_db.py", "tests/test_tuning_db_hostile.py"]),
+}
+LINKED = ("dslc", "tests", "models", "grammar")  # what the tests read, linked into a group's folder
+
+# mutmut's exit codes of a mutant's test run -> how this report counts it
+KILLED, TYPED, TIMEOUT, CRASHED, SURVIVED, NO_TESTS, SKIPPED = (
+    "killed", "mypy", "timeout", "crashed", "survived", "no tests", "skipped")
+STATUS = {1: KILLED, 3: KILLED, 37: TYPED, 36: TIMEOUT, 24: TIMEOUT, -24: TIMEOUT, 152: TIMEOUT,
+          255: TIMEOUT, -11: CRASHED, -9: CRASHED, 0: SURVIVED, 5: NO_TESTS, 33: NO_TESTS,
+          34: SKIPPED}
+DETECTED = (KILLED, TYPED, TIMEOUT, CRASHED)
+
+
+def status(code: int | None) -> str:
+    return "not tested" if code is None else STATUS.get(code, "other")
+
+
+def scope() -> tuple[dict[str, object], list[str]]:
+    """pyproject's [tool.mutmut] and the modules it mutates (each in exactly one group)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    files = sorted({str(p.relative_to(ROOT)) for pattern in config["only_mutate"]
+                    for p in ROOT.glob(pattern)})
+    for f in files:
+        owners = [g for g, (globs, _) in GROUPS.items()
+                  if any(fnmatch.fnmatch(f, pat) for pat in globs)]
+        assert len(owners) == 1, f"{f} is in groups {owners}: give it exactly one"
+    return config, files
+
+
+def toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return json.dumps(v)  # strings and numbers: JSON spells them as TOML does
+
+
+def prepare(group: str, config: dict[str, object], files: list[str], fresh: bool) -> Path:
+    """build/mutation/GROUP: links to the checkout and a pyproject.toml whose [tool.mutmut]
+    mutates the group's modules with the group's tests."""
+    folder = WORK / group
+    if fresh and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in LINKED:
+        link = folder / name
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(ROOT / name, folder))
+    globs, tests = GROUPS[group]
+    settings = {k: v for k, v in config.items() if k not in ("only_mutate",
+                                                             "pytest_add_cli_args_test_selection")}
+    settings["only_mutate"] = [f for f in files if any(fnmatch.fnmatch(f, p) for p in globs)]
+    settings["pytest_add_cli_args_test_selection"] = tests
+    # mypy rejects some mutants before any test runs (CI runs it): the same mypy as this Python.
+    settings["type_check_command"] = [sys.executable, "-m", "mypy", "--output", "json",
+                                      "--no-warn-unused-ignores"]
+    text = (ROOT / "pyproject.toml").read_text()
+    text = re.sub(r"\n\[tool\.mutmut\]\n.*?(?=\n\[|\Z)", "", text, flags=re.S)
+    text += "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
+    target = folder / "pyproject.toml"
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
+    return folder
+
+
+def results(folder: Path) -> dict[str, dict[str, int | None]]:
+    """module -> mutant name -> exit code (None: not tested yet), from mutmut's .meta files, for
+    the modules the group mutates now (a module taken out of a group keeps a stale .meta)."""
+    globs = GROUPS[folder.name][0]
+    out: dict[str, dict[str, int | None]] = {}
+    for meta in sorted((folder / "mutants").glob("dslc/**/*.py.meta")):
+        module = str(meta.relative_to(folder / "mutants"))[:-len(".meta")]
+        if any(fnmatch.fnmatch(module, pattern) for pattern in globs):
+            out[module] = json.loads(meta.read_text())["exit_code_by_key"]
+    return out
+
+
+def mutmut(folder: Path, jobs: int, names: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the mutants, not the checkout
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs),
+           *names]
+    done = subprocess.run(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace")
+    if done.returncode != 0:
+        print(done.stdout[-4000:])
+        sys.exit(f"mutmut failed in {folder} (exit {done.returncode})")
+
+
+def run_group(group: str, config: dict[str, object], files: list[str], fresh: bool,
+              jobs: int) -> Path:
+    folder = prepare(group, config, files, fresh)
+    before = {name for codes in results(folder).values() for name, code in codes.items()
+              if status(code) in (SURVIVED, NO_TESTS)}
+    mutmut(folder, jobs, [])
+    after = {name: code for codes in results(folder).values() for name, code in codes.items()}
+    again = sorted(n for n in before if status(after.get(n)) in (SURVIVED, NO_TESTS))
+    if again:  # cached survivors: tests added since may kill them
+        mutmut(folder, jobs, again)
+    return folder
+
+
+def equivalents() -> set[str]:
+    """The mutants docs/mutation.md lists as equivalent, with its reason."""
+    if not DOC.exists():
+        return set()
+    return set(re.findall(r"^\| `(dslc\.[^`]+__mutmut_\d+)`", DOC.read_text(), flags=re.M))
+
+
+COLUMNS = ("total", KILLED, TYPED, TIMEOUT, CRASHED, SURVIVED, "equivalent", "none")
+
+
+def _row(label: str, c: dict[str, int]) -> str:
+    """One line of the table: the counts, the score (detected / (all - equivalent)) and the
+    score of the tests alone (what mypy rejects left out of both sides)."""
+    detected = sum(c[s] for s in DETECTED)
+    score = 100 * detected / max(c["total"] - c["equivalent"], 1)
+    tests = 100 * (detected - c[TYPED]) / max(c["total"] - c["equivalent"] - c[TYPED], 1)
+    return (f"{label:<28} " + " ".join(f"{c[k]:>6}" for k in COLUMNS)
+            + f" {score:>6.1f}% {tests:>6.1f}%")
+
+
+def report(folders: dict[str, Path]) -> None:
+    listed = equivalents()
+    heads = ("total", "killed", "mypy", "t/o", "crash", "surv", "equiv", "none")
+    print(f"\n{'module':<28} " + " ".join(f"{h:>6}" for h in heads)
+          + f" {'score':>7} {'tests':>7}")
+    survivors: list[tuple[str, str, str]] = []
+    for group, folder in folders.items():
+        totals = dict.fromkeys(COLUMNS, 0)
+        for module, codes in results(folder).items():
+            counts = dict.fromkeys(COLUMNS, 0)
+            for name, code in codes.items():
+                what = status(code)
+                if what in (SURVIVED, NO_TESTS) and name in listed:
+                    what = "equivalent"
+                counts[what if what in counts else "none"] += 1
+                if what not in DETECTED:
+                    survivors.append((group, name, what))
+            counts["total"] = len(codes)
+            for k in COLUMNS:
+                totals[k] += counts[k]
+            print(_row(module, counts))
+        print(_row(f"group {group}", totals))
+    for group, name, why in survivors:
+        print(f"  {why:<10} {name}  (build/mutation/{group})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("groups", nargs="*", metavar="GROUP",
+                        help=f"one of {', '.join(GROUPS)} (default: all)")
+    parser.add_argument("--fresh", action="store_true", help="forget the cached results")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="mutants at once")
+    parser.add_argument("--report", action="store_true", help="only print the last results")
+    args = parser.parse_args()
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"unknown group {', '.join(unknown)}: the groups are {', '.join(GROUPS)}")
+    config, files = scope()
+    folders: dict[str, Path] = {}
+    start = time.monotonic()
+    for group in args.groups or list(GROUPS):
+        t0 = time.monotonic()
+        if args.report:
+            folders[group] = WORK / group
+            continue
+        folders[group] = run_group(group, config, files, args.fresh, args.jobs)
+        print(f"{group}: {time.monotonic() - t0:.0f} s", flush=True)
+    report(folders)
+    if not args.report:
+        print(f"wall time: {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
