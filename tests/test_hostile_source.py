@@ -218,6 +218,11 @@ def test_a_file_name_that_is_not_utf8_checks_and_compiles(tmp_path: Path) -> Non
     proc = _subprocess("compile", os.fsdecode(good), "-o", str(out), env=strict)
     assert proc.returncode == 0, proc.stderr.decode()
     assert (out / "m.bundle").is_file()
+    weights = os.fsencode(tmp_path) + b"/w\xff.safetensors"
+    proc = _subprocess("weights", "random", os.fsdecode(good), "-o", os.fsdecode(weights),
+                       env=strict)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert os.path.isfile(weights) and b"w\\xff.safetensors" in proc.stderr
 
 
 def test_a_file_name_that_is_not_utf8_gets_printable_diagnostics(tmp_path: Path) -> None:

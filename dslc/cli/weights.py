@@ -18,6 +18,7 @@ from dslc.cli.paths import UsageError
 from dslc.core.errors import RunnerError
 from dslc.core.types import PrecisionSpec
 from dslc.diag.diagnostic import Failed
+from dslc.diag.span import printable
 from dslc.pipeline import FrontEnd
 from dslc.runtime import params
 from dslc.runtime.bundle import read
@@ -116,7 +117,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
     with paths.writing(args.output):
         weights.save(args.output, tensors, {"model": model.name, "source": str(args.file)})
     total = sum(int(a.size) for a in tensors.values())
-    print(f"wrote {args.output}: {len(tensors)} tensors, {total:,} values", file=sys.stderr)
+    print(f"wrote {printable(args.output)}: {len(tensors)} tensors, {total:,} values",
+          file=sys.stderr)
     return EXIT_OK
 
 
@@ -134,7 +136,8 @@ def cmd_weights_prepare(args: argparse.Namespace) -> int:
     with paths.writing(args.output):
         params.save_prepared(args.output, program, data, source=str(args.weights))
     total = sum(int(a.nbytes) for a in data.values())
-    print(f"wrote {args.output}: {len(data)} values prepared for `{args.bundle}`, "
+    print(f"wrote {printable(args.output)}: {len(data)} values prepared for "
+          f"`{printable(args.bundle)}`, "
           f"{total / 2**20:,.1f} MiB", file=sys.stderr)
     return EXIT_OK
 
