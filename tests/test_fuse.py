@@ -145,7 +145,7 @@ def test_pattern_table_takes_its_ops_from_the_op_table() -> None:
     # ops (cuDNN's pointwise modes, bias, scale, identity; no comparisons, select or copies).
     unary = {"relu", "leaky_relu", "clamp", "gelu", "gelu_tanh", "silu", "swish", "sigmoid",
              "tanh", "elu", "softplus", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "reciprocal",
-             "sin", "cos", "erf", "floor", "ceil"}
+             "sin", "cos", "erf", "floor", "ceil", "hardsigmoid", "hardswish"}
     binary = {"add", "sub", "mul", "div", "max", "min", "pow"}
     assert unary | binary | {"bias_add", "scale_mul", "cast"} == EPILOGUE
     reductions = {"reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_amax",

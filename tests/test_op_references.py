@@ -180,6 +180,8 @@ UNARY_TORCH: dict[str, tuple[Callable[[Any, dict[str, Any]], Any], list[dict[str
     "elu": (lambda x, a: F.elu(x, a["alpha"]), [{"alpha": 1.0}, {"alpha": 0.5}, {"alpha": 2.0}],
             (-10, 10)),
     "softplus": (lambda x, a: F.softplus(x), [{}], (-30, 30)),
+    "hardsigmoid": (lambda x, a: F.hardsigmoid(x), [{}], (-6, 6)),
+    "hardswish": (lambda x, a: F.hardswish(x), [{}], (-6, 6)),
     "exp": (lambda x, a: torch.exp(x), [{}], (-20, 20)),
     "log": (lambda x, a: torch.log(x), [{}], (1e-3, 100)),
     "sqrt": (lambda x, a: torch.sqrt(x), [{}], (0, 100)),

@@ -198,6 +198,8 @@ UNARY_EXPECTED: dict[str, Callable[[float], float]] = {
     "tanh(x)": math.tanh,
     "elu(x, alpha=0.6)": lambda v: v if v > 0 else 0.6 * (math.exp(v) - 1),
     "softplus(x)": lambda v: math.log1p(math.exp(v)),
+    "hardsigmoid(x)": lambda v: min(max(v + 3, 0), 6) / 6,
+    "hardswish(x)": lambda v: v * min(max(v + 3, 0), 6) / 6,
     "exp(x)": math.exp,
     "log(p)": math.log,
     "sqrt(p)": math.sqrt,

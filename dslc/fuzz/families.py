@@ -18,7 +18,8 @@ from dslc.fuzz.state import Gen
 Family = Callable[[Gen], bool]
 
 PLAIN_UNARY = ["relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "abs", "neg", "erf",
-               "sin", "cos", "softplus", "leaky_relu", "clamp", "swish", "elu"]
+               "sin", "cos", "softplus", "leaky_relu", "clamp", "swish", "elu", "hardsigmoid",
+               "hardswish"]
 DOMAIN_UNARY = ["log", "sqrt", "rsqrt", "reciprocal"]  # read |x| + 0.5
 STEP_UNARY = ["floor", "ceil"]  # exact operands only
 

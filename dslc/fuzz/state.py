@@ -223,7 +223,7 @@ ELEMENTWISE = {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "abs", "n
                "cos", "softplus", "leaky_relu", "clamp", "swish", "elu", "exp", "log", "sqrt",
                "rsqrt", "reciprocal", "floor", "ceil", "add", "sub", "mul", "div", "max", "min",
                "pow", "select", "bias_add", "scale_mul", "cast", "contiguous", "cmp_lt", "cmp_le",
-               "cmp_gt", "cmp_ge", "cmp_eq", "cmp_ne"}
+               "cmp_gt", "cmp_ge", "cmp_eq", "cmp_ne", "hardsigmoid", "hardswish"}
 
 
 def constant_axes(op: str, operands: list[Expr], result: TensorType, attrs: Mapping[str, Any],

@@ -39,6 +39,8 @@ UNARY: dict[str, Callable[[Tensor, Attrs], Tensor]] = {
     "elu": lambda x, a: F.elu(x, a["alpha"]),
     # threshold above any float's log range: softplus exactly, not its linear tail
     "softplus": lambda x, a: F.softplus(x, threshold=1e30),
+    "hardsigmoid": lambda x, a: F.hardsigmoid(x),
+    "hardswish": lambda x, a: F.hardswish(x),
     "exp": lambda x, a: torch.exp(x),
     "log": lambda x, a: torch.log(x),
     "sqrt": lambda x, a: torch.sqrt(x),

@@ -38,6 +38,11 @@ def _erf(x: Array) -> Array:
     return special_functions(x).erf(x)
 
 
+def _hardsigmoid(x: Array) -> Array:
+    """relu6(x + 3) / 6, as x / 6 + 1/2 clipped to [0, 1] (the form cuDNN computes)."""
+    return np.clip(x * np.float32(1 / 6) + np.float32(0.5), 0, 1).astype(x.dtype)
+
+
 def _clamp(x: Array, a: Mapping[str, Any]) -> Array:
     lo = -np.inf if a["lo"] is None else a["lo"]
     hi = np.inf if a["hi"] is None else a["hi"]
@@ -57,6 +62,8 @@ UNARY_REF: dict[str, Callable[[Array, Mapping[str, Any]], Array]] = {
     "tanh": lambda x, a: np.tanh(x),
     "elu": lambda x, a: np.where(x > 0, x, a["alpha"] * np.expm1(np.minimum(x, 0))),
     "softplus": lambda x, a: np.logaddexp(0, x),
+    "hardsigmoid": lambda x, a: _hardsigmoid(x),
+    "hardswish": lambda x, a: x * _hardsigmoid(x),
     "exp": lambda x, a: np.exp(x),
     "log": lambda x, a: np.log(x),
     "sqrt": lambda x, a: np.sqrt(x),
@@ -114,6 +121,8 @@ UNARY: dict[str, tuple[tuple[Param, ...], bool, str]] = {
     "tanh": ((), True, "tanh(x)"),
     "elu": ((Param("alpha", Kind.FLOAT, 1.0),), True, "x if x > 0 else alpha * (exp(x) - 1)"),
     "softplus": ((), True, "log(1 + exp(x))"),
+    "hardsigmoid": ((), True, "relu6(x + 3) / 6"),
+    "hardswish": ((), True, "x * relu6(x + 3) / 6"),
     "exp": ((), True, "e ** x"),
     "log": ((), True, "natural logarithm"),
     "sqrt": ((), True, "square root"),
@@ -292,6 +301,10 @@ def _lower_unary(name: str) -> LowerFn:  # pragma: no mutate block
             return x
         if name in ("silu", "swish"):
             return g.swish(input=x, swish_beta=float(a.get("beta", 1.0)))
+        if name in ("hardsigmoid", "hardswish"):  # min(max(x / 6 + 1/2, 0), 1) (times x)
+            h = g.add(a=g.mul(a=x, b=ctx.scalar(1 / 6)), b=ctx.scalar(0.5))
+            h = g.min(input0=g.max(input0=h, input1=ctx.scalar(0.0)), input1=ctx.scalar(1.0))
+            return h if name == "hardsigmoid" else g.mul(a=x, b=h)
         # elu(alpha) = x if x > 0 else alpha * (exp(x) - 1): cuDNN's elu has alpha 1 only.
         assert name == "elu", name
         if float(a["alpha"]) == 1.0:

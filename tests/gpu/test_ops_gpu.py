@@ -90,7 +90,7 @@ CASES: dict[str, str] = {
   input x: [8, 64]
   let a = tanh(sigmoid(x) + silu(x)) - swish(x, beta=1.5)
   let b = leaky_relu(x, slope=0.1) + clamp(x, lo=-0.5, hi=0.5) + elu(x, alpha=0.5)
-  let c = softplus(x) + erf(x) + sin(x) * cos(x) + abs(x) + gelu_tanh(x)
+  let c = softplus(x) + erf(x) + sin(x) * cos(x) + abs(x) + gelu_tanh(x) + hardswish(x)
   output y = a + b + c
 }""",
     "pointwise_math_f32": """model m {
