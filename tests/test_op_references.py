@@ -690,7 +690,7 @@ def test_matmul_fp8(io: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # Normalisations.
 
-covers("batchnorm", "layernorm", "rmsnorm", "instancenorm")
+covers("batchnorm", "layernorm", "rmsnorm", "instancenorm", "groupnorm")
 
 
 @pytest.mark.parametrize("eps", [1e-5, 1e-2])
@@ -751,6 +751,19 @@ def test_instancenorm(shape: tuple[int, ...], eps: float) -> None:
     got = ref("instancenorm", [x, scale, bias], eps=eps)
     want = F.instance_norm(T(x), weight=T(scale), bias=T(bias), eps=eps)
     close(got, want, **tol(math.prod(shape[2:])))
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-2])
+@pytest.mark.parametrize(("shape", "groups"), [((2, 6, 5), 3), ((2, 8, 4, 5), 2), ((1, 4, 3, 3), 4),
+                                               ((3, 6, 2, 2, 2), 1), ((2, 4), 2)])
+def test_groupnorm(shape: tuple[int, ...], groups: int, eps: float) -> None:
+    g = rng("gn", shape, groups, eps)
+    c = shape[1]
+    x = randn(g, *shape, scale=2) - np.float32(1.0)
+    scale, bias = randn(g, c), randn(g, c)
+    got = ref("groupnorm", [x, scale, bias], groups=groups, eps=eps)
+    want = F.group_norm(T(x), groups, weight=T(scale), bias=T(bias), eps=eps)
+    close(got, want, **tol(math.prod(shape[1:]) // groups))
 
 
 @pytest.mark.parametrize("storage", ["f16", "bf16"])
@@ -1163,6 +1176,7 @@ def test_other_references_keep_f32() -> None:
         ("layernorm", [x4, randn(g, 4), randn(g, 4)], {"axes": (3,), "eps": 1e-5}),
         ("rmsnorm", [x4, randn(g, 4)], {"axes": (3,), "eps": 1e-5, "operands": ("x", "scale")}),
         ("instancenorm", [x4, c, c], {"eps": 1e-5}),
+        ("groupnorm", [randn(g, 2, 4, 4, 4), randn(g, 4), randn(g, 4)], {"groups": 2, "eps": 1e-5}),
         *((n, [x4], {"axes": (1, 2), "keepdims": False}) for n in REDUCE_NAMES),
         ("genstats", [x4], {"output": 1}),
         ("sdpa", [randn(g, 1, 2, 3, 8), randn(g, 1, 1, 4, 8), randn(g, 1, 1, 4, 8)],

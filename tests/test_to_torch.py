@@ -391,7 +391,8 @@ def test_norms(tmp_path: Path) -> None:
   output ln: [2, 3, 4, 5] = layernorm(x, s2, b2, eps=0.001)
   output rms: [2, 3, 4, 5] = rmsnorm(x, s1, eps=0.001)
   output rmsb: [2, 3, 4, 5] = rmsnorm(x, s1, bias=b1)
-  output inorm: [2, 3, 4, 5] = instancenorm(x, g, h, eps=0.01)"""
+  output inorm: [2, 3, 4, 5] = instancenorm(x, g, h, eps=0.01)
+  output gnorm: [2, 3, 4, 5] = groupnorm(x, g, h, groups=1, eps=0.01)"""
     r = rng()
     x = r.standard_normal((2, 3, 4, 5)).astype(np.float32) * 2 + 1
     w = {k: r.standard_normal(s, dtype=np.float32) for k, s in
@@ -413,6 +414,7 @@ def test_norms(tmp_path: Path) -> None:
     close(outs["rms"], rms)
     close(outs["rmsb"], x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * w["s1"] + w["b1"])
     close(outs["inorm"], normal((2, 3), 0.01) * ch(w["g"]) + ch(w["h"]))
+    close(outs["gnorm"], normal((1, 2, 3), 0.01) * ch(w["g"]) + ch(w["h"]))
 
 
 def naive_sdpa(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool,

@@ -287,7 +287,7 @@ def reduce(g: Gen) -> bool:
 
 
 def norm(g: Gen) -> bool:
-    op = g.ch.pick(["layernorm", "rmsnorm", "batchnorm", "instancenorm"])
+    op = g.ch.pick(["layernorm", "rmsnorm", "batchnorm", "instancenorm", "groupnorm"])
     if op in ("layernorm", "rmsnorm"):
         x = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and static(e.type.shape[-1]))
         if x is None:
@@ -314,7 +314,10 @@ def norm(g: Gen) -> bool:
             if flat_rows(x, range(2, x.type.rank)):
                 return False
             tensors = {"x": x, "scale": g.new_param(c, "scale"), "bias": g.new_param(c, "shift")}
-            out = g.apply(op, tensors, {"eps": 1e-5}, scale=4.0)
+            attrs: dict[str, object] = {"eps": 1e-5}
+            if op == "groupnorm":
+                attrs["groups"] = g.ch.pick([d for d in range(1, c[0] + 1) if c[0] % d == 0])
+            out = g.apply(op, tensors, attrs, scale=4.0)
     if out is None:
         return False
     g.bind(out)

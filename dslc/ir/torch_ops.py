@@ -159,6 +159,16 @@ def _rmsnorm(xs: list[Tensor], a: Attrs) -> Tensor:
     return y + t["bias"] if "bias" in t else y
 
 
+def _groupnorm(xs: list[Tensor], a: Attrs) -> Tensor:
+    """Written out with var_mean, as `_instancenorm` (F.group_norm refuses a group of one value)."""
+    x, scale, bias = xs
+    grouped = x.reshape(x.shape[0], int(a["groups"]), -1)
+    var, mean = torch.var_mean(grouped, dim=2, keepdim=True, correction=0)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    y = ((grouped - mean) * torch.rsqrt(var + a["eps"])).reshape(x.shape)
+    return y * scale.reshape(shape) + bias.reshape(shape)
+
+
 def _instancenorm(xs: list[Tensor], a: Attrs) -> Tensor:
     """Written out with var_mean: F.instance_norm refuses one spatial element (it checks as if
     training), where the statistics are still defined (the result is the bias)."""
@@ -241,6 +251,7 @@ def _table() -> dict[str, OpFn]:
         "layernorm": _layernorm,
         "rmsnorm": _rmsnorm,
         "instancenorm": _instancenorm,
+        "groupnorm": _groupnorm,
         "sdpa": _sdpa,
         "genstats": _genstats,
         "maxpool": _in_float(_maxpool),

@@ -1,7 +1,8 @@
-"""Normalisations: batchnorm (inference statistics), layernorm, rmsnorm, instancenorm.
+"""Normalisations: batchnorm (inference statistics), layernorm, rmsnorm, instancenorm, groupnorm.
 
 All need compute=f32. `layernorm`'s normalised axes are the trailing axes covered by `scale`, and
 they must be innermost in memory (cuDNN sees the tensor as [prod(L), prod(D), 1, 1]).
+`groupnorm` has no cuDNN node: lowering spells it with reductions (`lower.norms`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from dslc.core.dims import format_dim
 from dslc.core.types import TensorType
 from dslc.ops import common
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
@@ -58,6 +60,29 @@ def _instancenorm(ctx: InferCtx, a: Args) -> TensorType | None:
     if not _stats(ctx, "instancenorm", x, a, ("scale", "bias")):
         return None
     if not common.check_compute(ctx, "instancenorm", [x], need_f32=True):
+        return None
+    return TensorType(x.dtype, x.shape)
+
+
+def _groupnorm(ctx: InferCtx, a: Args) -> TensorType | None:
+    x, groups = a.t("x"), int(a["groups"])
+    if x.rank < 2:
+        ctx.error("E0301", "`groupnorm` expects x [N, C, *S]", at="x", label=common.fmt(x))
+        return None
+    if not common.require_float(ctx, "groupnorm", "x", x):
+        return None
+    c = x.shape[1]
+    if groups < 1:
+        ctx.error("E0305", "`groups` of `groupnorm` must be at least 1", at="groups")
+        return None
+    if not isinstance(c, int) or c % groups:
+        ctx.error("E0301", f"`groupnorm` splits the {format_dim(c)} channels into {groups} "
+                  "groups: the channels must be a multiple of `groups`", at="groups",
+                  labels=(ctx.label("x", common.fmt(x)),))
+        return None
+    if not _stats(ctx, "groupnorm", x, a, ("scale", "bias")):
+        return None
+    if not common.check_compute(ctx, "groupnorm", [x], need_f32=True):
         return None
     return TensorType(x.dtype, x.shape)
 
@@ -124,6 +149,13 @@ def _instancenorm_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
 
 
+def _groupnorm_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    x, scale, bias = xs
+    grouped = x.reshape(x.shape[0], int(a["groups"]), -1)
+    y = _normalise(grouped, (2,), a["eps"], rms=False).reshape(x.shape)
+    return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+
 def _lower_feature_norm(method: str):  # type: ignore[no-untyped-def]  # pragma: no mutate block
     """cuDNN's inference-phase norm; the group shapes [*L, D] as rows [prod(L), D, 1, 1]."""
     def lower(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:
@@ -161,4 +193,10 @@ OPS = [
           (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR), EPS),
           _instancenorm, "shape of x", "normalisation over the spatial axes of each channel",
           fusion="norm", reference=_instancenorm_ref, lower=_lower_feature_norm("instancenorm")),
+    OpDef("groupnorm", "norm",
+          (Param("x", Kind.TENSOR), Param("scale", Kind.TENSOR), Param("bias", Kind.TENSOR),
+           Param("groups", Kind.INT), EPS),
+          _groupnorm, "shape of x",
+          "normalisation over each group of channels and the spatial axes (GroupNorm)",
+          reference=_groupnorm_ref),
 ]

@@ -287,6 +287,13 @@ model m {
   param b: [6, 6]
   output o = sdpa(q, k, v, causal=true, bias=b)
 }""",
+    "groupnorm_f16": """model m {
+  precision io=f16
+  input x: [2, 8, 6, 5]
+  param g: [8]
+  param b: [8]
+  output y = groupnorm(x, g, b, groups=4, eps=1e-5)
+}""",
     "sdpa_gqa_with_bias_bf16": """model m {
   precision io=bf16
   input q: [2, 4, 16, 8]
