@@ -1074,7 +1074,7 @@ def test_upsample_rounded(mode: str, storage: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # Layout ops.
 
-covers("reshape", "transpose", "slice", "concat")
+covers("reshape", "transpose", "slice", "concat", "expand")
 RESHAPE_CASES = [((2, 3, 4), (6, 4)), ((2, 3, 4), (2, 12)), ((24,), (2, 3, 4)),
                  ((2, 3, 4), (4, 3, 2)), ((1, 6, 1), (6,)), ((2, 3, 4), (2, 3, 4, 1))]
 
@@ -1124,6 +1124,13 @@ def test_concat(shapes: list[tuple[int, ...]], axis: int) -> None:
     exact(got, torch.cat([T(x) for x in xs], dim=axis).numpy())
 
 
+@pytest.mark.parametrize(("shape", "target"), [((1, 1, 4), (3, 2, 4)), ((2, 1), (5, 2, 3)),
+                                               ((3,), (2, 3)), ((1,), (4,))])
+def test_expand(shape: tuple[int, ...], target: tuple[int, ...]) -> None:
+    x = randn(rng("expand", shape, target), *shape)
+    exact(ref("expand", [x], shape=target), T(x).expand(*target).numpy())
+
+
 @pytest.mark.parametrize("storage", ["f16", "bf16"])
 def test_layout_rounded(storage: str) -> None:
     """Moving data never changes a value."""
@@ -1134,6 +1141,7 @@ def test_layout_rounded(storage: str) -> None:
         ("transpose", [x], {"perm": (2, 0, 1)}, tx.permute(2, 0, 1)),
         ("slice", [x], {"starts": (0, 1, 1), "ends": (2, 3, 3)}, tx[:, 1:3, 1:3]),
         ("concat", [x, x], {"axis": 1}, torch.cat([tx, tx], 1)),
+        ("expand", [x[:, :1]], {"shape": (2, 2, 3, 4)}, tx[:, :1].expand(2, 2, 3, 4)),
     ]
     for op, xs, attrs, want in cases:
         got = run_node(op, xs, attrs, storage)
@@ -1189,6 +1197,7 @@ def test_other_references_keep_f32() -> None:
         ("reshape", [x4], {"shape": (6, 16)}), ("transpose", [x4], {"perm": (0, 2, 3, 1)}),
         ("slice", [x4], {"starts": (0, 0, 1, 1), "ends": (2, 3, 3, 3)}),
         ("concat", [x4, x4], {"axis": 0}), ("cast", [x4], {"dtype": "f16"}),
+        ("expand", [x4[:1]], {"shape": (3, 3, 4, 4)}),
         ("contiguous", [x4], {}),
     ]
     bad = []

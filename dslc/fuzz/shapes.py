@@ -59,9 +59,11 @@ def view(g: Gen) -> bool:
     x = g.pick(lambda e: e.type.rank >= 1)
     if x is None:
         return False
-    kind = g.ch.pick(["transpose", "reshape", "slice", "index"])
+    kind = g.ch.pick(["transpose", "reshape", "slice", "index", "expand"])
     out: Expr | None
-    if kind == "transpose":
+    if kind == "expand":
+        out = _expand(g, x)
+    elif kind == "transpose":
         if x.type.rank < 2:
             return False
         out = g.apply("transpose", {"x": x}, {"perm": _permutation(g, x.type.rank)})
@@ -74,6 +76,25 @@ def view(g: Gen) -> bool:
         return False
     g.bind(out)
     return True
+
+
+def _expand(g: Gen, x: Expr) -> Expr | None:
+    """x repeated along some of its size-1 axes (and a new leading one); -1 keeps an axis."""
+    target: list[dims.Dim] = []
+    grew = False
+    for d in x.type.shape:
+        if d == 1 and g.ch.coin(0.7):
+            target.append(g.ch.between(2, 4))
+            grew = True
+        else:
+            target.append(-1 if g.ch.coin(0.3) else d)
+    if x.type.rank < 4 and g.ch.coin(0.3):
+        target.insert(0, g.ch.between(2, 3))
+        grew = True
+    if not grew:
+        return None
+    g.stats.features["expand"] += 1
+    return g.apply("expand", {"x": x}, {"shape": tuple(target)})
 
 
 def _slice(g: Gen, x: Expr, syntax: bool) -> Expr | None:

@@ -258,6 +258,7 @@ def _table() -> dict[str, OpFn]:
         "avgpool": _in_float(_avgpool),
         "upsample": _upsample,
         "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
+        "expand": lambda xs, a: xs[0].expand(*a["shape"]).contiguous(),
         "reshape": lambda xs, a: xs[0].reshape(a["shape"]),
         "transpose": lambda xs, a: xs[0].permute(a["perm"]),
         "slice": lambda xs, a: xs[0][tuple(slice(s, e) for s, e in

@@ -17,7 +17,7 @@ from dslc.core import dims
 from dslc.core.dims import Dim
 from dslc.core.types import Layout, TensorType, format_shape
 from dslc.ops import common
-from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
+from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 
 
 def _product(shape: tuple[Dim, ...]) -> Dim:
@@ -211,6 +211,41 @@ def _concat(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(first.dtype, shape)
 
 
+def _expand(ctx: InferCtx, a: Args) -> TensorType | None:
+    """numpy/PyTorch broadcasting to `shape`: x's axes align with the last ones; each is kept
+    (-1 or its own size) or, where x has 1, repeated to the size asked for."""
+    x = a.t("x")
+    target: list[Any] = list(a["shape"])
+    lead = len(target) - x.rank
+    if lead < 0:
+        ctx.error("E0301", f"`expand` to rank {len(target)} from a tensor of rank {x.rank}",
+                  at="shape", labels=(ctx.label("x", common.fmt(x)),),
+                  notes=("expand adds leading axes; it never drops one",))
+        return None
+    for i, d in enumerate(target):
+        own = x.shape[i - lead] if i >= lead else None
+        if isinstance(d, int) and d == -1 and own is not None:
+            target[i] = own
+        elif isinstance(d, int) and d < 1:
+            ctx.error("E0305", f"`expand` to a size of {d}", at="shape",
+                      label="sizes must be positive (or -1 where x has the axis: kept)")
+            return None
+        elif own is not None and own != 1 and own != d:
+            ctx.error("E0301", f"`expand` cannot make axis {i} of size "
+                      f"{dims.format_dim(own)} into {dims.format_dim(d)}", at="shape",
+                      labels=(ctx.label("x", common.fmt(x)),),
+                      notes=("only axes of size 1 are repeated",))
+            return None
+    shape = tuple(target)
+    ctx.set_attr("shape", shape)
+    return TensorType(x.dtype, shape)
+
+
+def _lower_expand(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
+    """An identity whose operand cuDNN broadcasts over the size-1 axes it reads."""
+    return ctx.g.identity(input=xs[0])
+
+
 def _slice_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     return xs[0][tuple(slice(s, e) for s, e in zip(a["starts"], a["ends"], strict=True))]
 
@@ -226,6 +261,9 @@ OPS = [
           (Param("x", Kind.TENSOR), Param("starts", Kind.SHAPE), Param("ends", Kind.SHAPE)),
           _slice, "[stop - start per axis]", "the sub-tensor x[starts:ends] (a view); also "
           "written `x[a:b, ...]`", fusion="view", reference=_slice_ref),
+    OpDef("expand", "layout", (Param("x", Kind.TENSOR), Param("shape", Kind.SHAPE)), _expand,
+          "shape", "x repeated along its size-1 axes (broadcast_to; new axes lead; -1 keeps one)",
+          reference=lambda xs, a: np.broadcast_to(xs[0], a["shape"]).copy(), lower=_lower_expand),
     OpDef("concat", "layout", (Param("xs", Kind.TENSORS), Param("axis", Kind.INT, 0)), _concat,
           "axes summed along `axis`", "join tensors along an axis",
           reference=lambda xs, a: np.concatenate(xs, axis=a["axis"])),

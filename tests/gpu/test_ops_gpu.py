@@ -294,6 +294,13 @@ model m {
   param b: [8]
   output y = groupnorm(x, g, b, groups=4, eps=1e-5)
 }""",
+    "expand_class_token_f16": """model m {
+  precision io=f16
+  input tokens: [3, 6, 16]
+  param cls: [1, 1, 16]
+  output y = concat([expand(cls, shape=[3, 1, 16]), tokens], axis=1)
+  output z = expand(tokens[:, 0:1, :], [3, 4, 16]) * 2.0
+}""",
     "sdpa_gqa_with_bias_bf16": """model m {
   precision io=bf16
   input q: [2, 4, 16, 8]
