@@ -4,8 +4,9 @@ instantiating a def (shape-pattern unification, instance paths, the declared res
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Protocol
 
+from dslc.check.context import Context
 from dslc.check.exprs import ExprEval
 from dslc.check.resolve import DefRef, suggest
 from dslc.check.values import ERROR, DType, Frame, ListVal, Scope, TensorVal, TupleVal, kind_of
@@ -38,9 +39,9 @@ class OpCtx:
         self.spans = spans
         self.producers = producers
         self.scope = scope
-        self.env: DimEnv = el.env
+        self.env: DimEnv = el.ctx.env
         self.precision = precision
-        self.cudnn = el.backend == "cudnn"
+        self.cudnn = el.ctx.backend == "cudnn"
         self.attrs: dict[str, Any] = {}
 
     @property
@@ -56,7 +57,7 @@ class OpCtx:
     def text(self, arg: str) -> str:
         if arg not in self.spans:
             return arg
-        written = self.el.program.sources.snippet(self.spans[arg])
+        written = self.el.ctx.program.sources.snippet(self.spans[arg])
         if "=" in written.split("(")[0]:  # a keyword argument: its value
             written = written.split("=", 1)[1].strip()
         return written if written and len(written) <= 40 else arg
@@ -74,14 +75,29 @@ class OpCtx:
               labels: tuple[Label, ...] = (), notes: tuple[str, ...] = (),
               help: tuple[str, ...] = ()) -> None:
         span = self.func_span if at is None else self.span(at)
-        self.el.report(code, message, span, label, labels, notes, help, frame=self.scope.frame)
+        self.el.ctx.report(code, message, span, label, labels, notes, help, frame=self.scope.frame)
 
 
-class CallEval(ExprEval):
-    pending_instance: tuple[str, Span] | None = None
+class Bodies(Protocol):
+    """What calls need of the elaborator: a def call expanded, and a def body run."""
+
+    def apply_def(self, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
+                  scope: Scope, hint: str) -> Any: ...
+
+    def run_body(self, body: tuple[ast.Stmt, ...], scope: Scope) -> Any: ...
+
+
+class CallEval:
+    """Calls: of ops (arguments bound and converted, the op's type rule run) and of defs (handed
+    to the elaborator, `bodies`), in the checker's state (`ctx`)."""
+
+    def __init__(self, ctx: Context, exprs: ExprEval, bodies: Bodies) -> None:
+        self.ctx = ctx
+        self.exprs = exprs
+        self.bodies = bodies
 
     def call(self, call: ast.Call, scope: Scope, hint: str) -> Any:
-        ns = self.resolved.namespaces[scope.module.path]
+        ns = self.ctx.resolved.namespaces[scope.module.path]
         callee = ns.lookup(call.func)
         if callee is None:
             return ERROR  # reported by name resolution
@@ -96,9 +112,9 @@ class CallEval(ExprEval):
             return ERROR
         pos, kws = args
         if isinstance(callee, DefRef):
-            return self.apply_def(callee, call, pos, kws, scope, hint)
+            return self.bodies.apply_def(callee, call, pos, kws, scope, hint)
         return self.apply_op(callee, call.span, call.func.span, pos, kws, scope, hint,
-                             self.final_name(call))
+                             self.exprs.final_name(call))
 
     # -- built-in ops ----------------------------------------------------------------------------
     def eval_args(self, call: ast.Call, pos: list[Arg], scope: Scope, hint: str,
@@ -110,10 +126,10 @@ class CallEval(ExprEval):
         kws: dict[str, Arg] = {}
         for a in call.args:
             if isinstance(a, ast.Kwarg):
-                value = self.eval(a.value, scope, hint)
+                value = self.exprs.eval(a.value, scope, hint)
                 kws[a.name.name] = (value, a.span)
             else:
-                value = self.eval(a, scope, hint)
+                value = self.exprs.eval(a, scope, hint)
                 pos.append((value, a.span))
             failed = failed or value is ERROR
         return None if failed else (pos, kws)
@@ -126,8 +142,8 @@ class CallEval(ExprEval):
         if "compute" in kws:
             value, span = kws.pop("compute")
             if not isinstance(value, DType):
-                self.report("E0209", f"`compute` takes a dtype, found {kind_of(value)}", span,
-                            frame=scope.frame)
+                self.ctx.report("E0209", f"`compute` takes a dtype, found {kind_of(value)}", span,
+                                frame=scope.frame)
                 return ERROR
             precision = PrecisionSpec(precision.io, precision.intermediate, value.name)
         bound = self._bind_op(op, call_span, func_span, pos, kws, scope)
@@ -146,7 +162,7 @@ class CallEval(ExprEval):
                 return ERROR
             if isinstance(converted, TensorVal):
                 values[p.name] = converted.type
-                producers[p.name] = self.producers[converted.node].op
+                producers[p.name] = self.ctx.producers[converted.node].op
                 inputs.append(converted.node)
                 operands.append(p.name)
             elif isinstance(converted, ListVal) and p.kind is Kind.TENSORS:
@@ -160,7 +176,7 @@ class CallEval(ExprEval):
         if result is None:
             return ERROR
         for t in result if isinstance(result, tuple) else (result,):
-            if not self.fits(t, call_span, scope.frame, name):
+            if not self.ctx.fits(t, call_span, scope.frame, name):
                 return ERROR
         attr_names, listed = _shape_of(op)
         attrs = {n: values[n] for n in attr_names}
@@ -170,36 +186,36 @@ class CallEval(ExprEval):
         if precision.compute != scope.precision.compute:
             attrs["compute"] = precision.compute
         # Named `<let>.<op>` for now; the `let` renames the node that ends up as its value.
-        base = final or self.node_name(scope.frame, f"{hint}.{name}" if hint else name)
+        base = final or self.ctx.node_name(scope.frame, f"{hint}.{name}" if hint else name)
         if isinstance(result, tuple):
             return TupleVal(tuple(
-                self.add_node(name, tuple(inputs), {**attrs, "output": i}, t, call_span,
-                              scope.frame, precision, f"{base}.{i}")
+                self.ctx.add_node(name, tuple(inputs), {**attrs, "output": i}, t, call_span,
+                                  scope.frame, precision, f"{base}.{i}")
                 for i, t in enumerate(result)))
-        return self.add_node(name, tuple(inputs), attrs, result, call_span, scope.frame, precision,
-                             base)
+        return self.ctx.add_node(name, tuple(inputs), attrs, result, call_span, scope.frame, precision,
+                                 base)
 
     def _bind_op(self, op: OpDef, call_span: Span, func_span: Span, pos: list[Arg],
                  kws: dict[str, Arg], scope: Scope) -> dict[str, Arg] | None:
         bound: dict[str, Arg] = {}
         if len(pos) > len(op.params):
-            self.report("E0204", f"`{op.name}` takes at most {len(op.params)} arguments but "
-                        f"{len(pos)} were supplied", pos[len(op.params)][1], "unexpected argument",
-                        notes=(f"signature: {op.signature()}",), frame=scope.frame)
+            self.ctx.report("E0204", f"`{op.name}` takes at most {len(op.params)} arguments but "
+                            f"{len(pos)} were supplied", pos[len(op.params)][1], "unexpected argument",
+                            notes=(f"signature: {op.signature()}",), frame=scope.frame)
             return None
         for p, arg in zip(op.params, pos, strict=False):
             bound[p.name] = arg
         for key, arg in kws.items():
             if op.param(key) is None:
                 hint = suggest(key, [q.name for q in op.params] + ["compute"])
-                self.report("E0204", f"`{op.name}` has no parameter `{key}`", arg[1],
-                            "unknown keyword", notes=(f"signature: {op.signature()}",),
-                            help=(f"did you mean `{hint}`?",) if hint else (), frame=scope.frame)
+                self.ctx.report("E0204", f"`{op.name}` has no parameter `{key}`", arg[1],
+                                "unknown keyword", notes=(f"signature: {op.signature()}",),
+                                help=(f"did you mean `{hint}`?",) if hint else (), frame=scope.frame)
                 return None
             if key in bound:
-                self.report("E0204", f"`{key}` is given twice to `{op.name}`", arg[1],
-                            "given again by keyword", (Label(bound[key][1], "given here"),),
-                            frame=scope.frame)
+                self.ctx.report("E0204", f"`{key}` is given twice to `{op.name}`", arg[1],
+                                "given again by keyword", (Label(bound[key][1], "given here"),),
+                                frame=scope.frame)
                 return None
             bound[key] = arg
         missing = [p for p in op.params if p.name not in bound and p.default is REQUIRED]
@@ -212,9 +228,9 @@ class CallEval(ExprEval):
                            f"{'was' if given == 1 else 'were'} supplied")
             else:
                 message = f"`{op.name}` needs the argument `{missing[0].name}`"
-            self.report("E0204", message, call_span,
-                        "missing argument " + ", ".join(f"`{p.name}`" for p in missing),
-                        notes=(f"signature: {op.signature()}",), frame=scope.frame)
+            self.ctx.report("E0204", message, call_span,
+                            "missing argument " + ", ".join(f"`{p.name}`" for p in missing),
+                            notes=(f"signature: {op.signature()}",), frame=scope.frame)
             return None
         for p in op.params:
             if p.name not in bound:
@@ -231,9 +247,9 @@ class CallEval(ExprEval):
             if isinstance(value, TensorVal):
                 return value
             if op.scalars_as_tensors and isinstance(value, (int, float)) and not isinstance(value, bool):
-                return self.add_node("scalar", (), {"value": float(value)}, TensorType("f32", ()),
-                                     span, scope.frame, precision,
-                                     self.node_name(scope.frame, f"{hint or op.name}.scalar"))
+                return self.ctx.add_node("scalar", (), {"value": float(value)}, TensorType("f32", ()),
+                                         span, scope.frame, precision,
+                                         self.ctx.node_name(scope.frame, f"{hint or op.name}.scalar"))
             ok = False
         elif kind is Kind.TENSORS:
             ok = isinstance(value, ListVal) and all(isinstance(v, TensorVal) for v in value.items)
@@ -268,9 +284,9 @@ class CallEval(ExprEval):
             p = op.param(name)
             if ok and p is not None and p.choices and value not in p.choices:
                 hint_ = suggest(value, list(p.choices))
-                self.report("E0305", f"`{name}` of `{op.name}` must be one of "
-                            + ", ".join(f'"{c}"' for c in p.choices), span, f'"{value}" here',
-                            help=(f'did you mean "{hint_}"?',) if hint_ else (), frame=scope.frame)
+                self.ctx.report("E0305", f"`{name}` of `{op.name}` must be one of "
+                                + ", ".join(f'"{c}"' for c in p.choices), span, f'"{value}" here',
+                                help=(f'did you mean "{hint_}"?',) if hint_ else (), frame=scope.frame)
                 return ERROR
         elif kind is Kind.DTYPE:
             ok = isinstance(value, DType)
@@ -279,48 +295,40 @@ class CallEval(ExprEval):
             ok = False
         if ok:
             return value
-        self.report("E0209", f"`{name}` of `{op.name}` takes {_article(kind)}, found "
-                    f"{kind_of(value)}", span, f"this is {kind_of(value)}",
-                    notes=(f"signature: {op.signature()}",), frame=scope.frame)
+        self.ctx.report("E0209", f"`{name}` of `{op.name}` takes {_article(kind)}, found "
+                        f"{kind_of(value)}", span, f"this is {kind_of(value)}",
+                        notes=(f"signature: {op.signature()}",), frame=scope.frame)
         return ERROR
 
     # -- defs ------------------------------------------------------------------------------------
-    # Implemented by the elaborator, which runs def bodies (`dslc.check.defs` instantiates one).
-    def apply_def(self, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
-                  scope: Scope, hint: str) -> Any:
-        raise NotImplementedError
-
-    def run_body(self, body: tuple[ast.Stmt, ...], scope: Scope) -> Any:
-        raise NotImplementedError
-
     def frame_for(self, ref: DefRef, call: ast.Call, scope: Scope, hint: str, args_text: str,
                   ) -> Frame:
         """The frame of a new def instance; consumes the pending instance name if it needs one."""
-        creates = self.resolved.creates_instance(ref)
+        creates = self.ctx.resolved.creates_instance(ref)
         name = ref.node.name.name
         if not creates:
-            prefix = self.node_name(scope.frame, hint or name)
+            prefix = self.ctx.node_name(scope.frame, hint or name)
             return Frame(scope.frame, name, call.span, scope.frame.instance, prefix, args_text)
-        pending = self.pending_instance
-        self.pending_instance = None
+        pending = self.ctx.pending_instance
+        self.ctx.pending_instance = None
         if pending is None:
-            self.report("E0208", f"this instance of `{name}` has no name", call.span,
-                        "its parameters need a path", frame=scope.frame,
-                        help=("bind it with `let` first, e.g. `let block = "
-                              f"{name}(...)`, then use that value",))
+            self.ctx.report("E0208", f"this instance of `{name}` has no name", call.span,
+                            "its parameters need a path", frame=scope.frame,
+                            help=("bind it with `let` first, e.g. `let block = "
+                                  f"{name}(...)`, then use that value",))
             local = name
         else:
             local = pending[0]
         path = f"{scope.frame.instance}.{local}" if scope.frame.instance else local
-        first = self.instance_paths.get(path)
+        first = self.ctx.instance_paths.get(path)
         if first is None:
-            self.instance_paths[path] = pending[1] if pending else call.span
+            self.ctx.instance_paths[path] = pending[1] if pending else call.span
         else:
-            self.duplicate_instances.add(path)
-            self.report("E0208", f"the instance path `{path}` is used twice",
-                        pending[1] if pending else call.span, "second instance",
-                        (Label(first, "first instance"),), frame=scope.frame,
-                        help=('give each instance its own name with `as "..."`',))
+            self.ctx.duplicate_instances.add(path)
+            self.ctx.report("E0208", f"the instance path `{path}` is used twice",
+                            pending[1] if pending else call.span, "second instance",
+                            (Label(first, "first instance"),), frame=scope.frame,
+                            help=('give each instance its own name with `as "..."`',))
         return Frame(scope.frame, name, call.span, path, path, args_text, True)
 
 

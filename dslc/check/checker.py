@@ -101,9 +101,9 @@ def _check(program: Program, module: ast.Module, sink: Sink, precision: Precisio
     return CheckedModel(
         name=model.name.name, file=module.file, span=model.name.span, metadata=metadata,
         dims=tuple(el.dims), buckets=tuple(buckets), inputs=tuple(el.inputs),
-        outputs=tuple(el.outputs), params=tuple(el.params.values()),
-        graph=Graph(tuple(el.nodes), tuple((o.name, o.node) for o in el.outputs)),
-        env=el.env, precision=scope.precision,
+        outputs=tuple(el.outputs), params=tuple(el.ctx.params.values()),
+        graph=Graph(tuple(el.ctx.nodes), tuple((o.name, o.node) for o in el.outputs)),
+        env=el.ctx.env, precision=scope.precision,
     )
 
 

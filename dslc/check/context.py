@@ -1,6 +1,6 @@
 """The state of one elaboration run: the nodes built so far, the dims in scope, the parameter
-manifest, and diagnostics that carry the def-instance chain. Shared by the expression, call and
-statement layers of the elaborator (`exprs`, `calls`, `elaborate`)."""
+manifest, and diagnostics that carry the def-instance chain. One `Context` is shared, as a part,
+by the expression, call and statement parts of the elaborator (`exprs`, `calls`, `elaborate`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Diagnostic, Label, Sink
 from dslc.diag.span import Span
 from dslc.ir.graph import Attrs, Node
+from dslc.parse import ast
 from dslc.parse.loader import Program
 
 # The most operations and def instances a model may expand to. A model past it is refused before
@@ -81,6 +82,12 @@ class Context:
         self._upper: dict[Poly, int] = {}
         self.instances = 0  # def instances expanded so far (with the nodes: the work done)
         self._suffix: dict[str, int] = {}  # see `unique`
+        # Shared by the checker's parts (expressions, calls, statements):
+        self.depth = 0  # the current nesting level: each `eval` one, each def body two (`defs`)
+        self.too_deep = False  # E0705 for nesting is reported once
+        self.naming: tuple[ast.Expr, str] | None = None  # a `let`'s expression and its value's name
+        self.pending_instance: tuple[str, Span] | None = None  # the `let` naming a def instance
+        self.dim_decls: dict[str, Span] = {}  # where each dim was declared
 
     # -- diagnostics ---------------------------------------------------------------------------
     def report(self, code: CodeId, message: str, span: Span, label: str = "",

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslc.check.calls import Arg, CallEval
-from dslc.check.context import ParamSpec, is_dim, is_int
+from dslc.check.context import Context, ParamSpec, is_dim, is_int
 from dslc.check.defs import conform, instantiate, layout_of
 from dslc.check.expansion import estimate
-from dslc.check.resolve import DefRef, suggest
+from dslc.check.exprs import ExprEval
+from dslc.check.resolve import DefRef, Resolved, suggest
 from dslc.check.values import (
     ERROR,
     Absent,
@@ -28,9 +29,10 @@ from dslc.check.values import (
 from dslc.core import dims
 from dslc.core.dims import SymInfo
 from dslc.core.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
-from dslc.diag.diagnostic import Label
+from dslc.diag.diagnostic import Label, Sink
 from dslc.diag.span import Span
 from dslc.parse import ast
+from dslc.parse.loader import Program
 
 MAX_REPEAT = 10_000
 
@@ -58,10 +60,17 @@ class IOSpec:
     span: Span
 
 
-class Elaborator(CallEval):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.dim_decls: dict[str, Span] = {}
+class Elaborator:
+    """Statements, def bodies and the model: the checker's state (`ctx`), its expressions
+    (`exprs`) and calls (`calls`) as parts, each calling the others through these references."""
+
+    def __init__(self, program: Program, resolved: Resolved, sink: Sink,
+                 bucket: dict[str, int] | None = None,
+                 precision_override: PrecisionSpec | None = None, backend: str = "cudnn") -> None:
+        self.ctx = Context(program, resolved, sink, bucket, precision_override, backend)
+        self.exprs = ExprEval(self.ctx)
+        self.calls = CallEval(self.ctx, self.exprs, self)
+        self.exprs.calls = self.calls
         self.dims: list[DimDecl] = []
         self.bucket_rows: tuple[tuple[str, ...], list[tuple[int, ...]]] | None = None
         self.inputs: list[IOSpec] = []
@@ -72,7 +81,7 @@ class Elaborator(CallEval):
     # -- bodies ----------------------------------------------------------------------------------
     def apply_def(self, ref: DefRef, call: ast.Call, pos: list[Arg], kws: dict[str, Arg],
                   scope: Scope, hint: str) -> Any:
-        return instantiate(self, ref, call, pos, kws, scope, hint)
+        return instantiate(self.calls, ref, call, pos, kws, scope, hint)
 
     def run_body(self, body: tuple[ast.Stmt, ...], scope: Scope) -> Any:
         result = None
@@ -96,10 +105,10 @@ class Elaborator(CallEval):
             case ast.Precision():
                 self.precision(stmt, scope)
             case ast.LayoutStmt(tag=tag):
-                layout = layout_of(self, tag, 4, scope)
+                layout = layout_of(self.calls, tag, 4, scope)
                 if layout is not None and not tag.name.startswith("N"):
-                    self.report("E0501", "`layout` sets the default of image tensors: use "
-                                "`NCHW` or `NHWC`", tag.span, frame=scope.frame)
+                    self.ctx.report("E0501", "`layout` sets the default of image tensors: use "
+                                    "`NCHW` or `NHWC`", tag.span, frame=scope.frame)
                 elif layout is not None:
                     self.model_layout = layout
             case ast.Input():
@@ -109,7 +118,7 @@ class Elaborator(CallEval):
             case ast.Output():
                 self.output(stmt, scope)
             case ast.Return(values=values):
-                out = [self.eval(v, scope, "ret" if len(values) > 1 else "") for v in values]
+                out = [self.exprs.eval(v, scope, "ret" if len(values) > 1 else "") for v in values]
                 if any(v is ERROR for v in out):
                     return ERROR
                 return out[0] if len(out) == 1 else TupleVal(tuple(out))
@@ -125,18 +134,18 @@ class Elaborator(CallEval):
         """E0606 when a size can be below 1 for an admissible value of its dims."""
         if not is_dim(d):
             return True
-        lo, _ = dims.interval(d, self.env)
+        lo, _ = dims.interval(d, self.ctx.env)
         if lo >= 1:
             return True
-        text = self.program.sources.snippet(span)
+        text = self.ctx.program.sources.snippet(span)
         where = "" if is_int(d) else f" (it can be as small as {lo})"
-        self.report("E0606", f"the size `{text}` can be below 1{where}", span,
-                    "sizes are at least 1", frame=scope.frame,
-                    help=("narrow the range of the dims it uses",) if not is_int(d) else ())
+        self.ctx.report("E0606", f"the size `{text}` can be below 1{where}", span,
+                        "sizes are at least 1", frame=scope.frame,
+                        help=("narrow the range of the dims it uses",) if not is_int(d) else ())
         return False
 
     def dim_fixed(self, stmt: ast.DimFixed, scope: Scope) -> None:
-        value = self.want_dim(stmt.value, scope)
+        value = self.exprs.want_dim(stmt.value, scope)
         if value is not ERROR and not self.at_least_one(value, stmt.value.span, scope):
             value = ERROR
         self.bind(stmt.name, value, scope, "dim")
@@ -159,74 +168,74 @@ class Elaborator(CallEval):
         elif -(-lo // align) * align > hi:
             bad = (stmt.range_span, f"no multiple of {align} lies in {lo}..{hi}")
         if bad is not None:
-            self.report("E0606", bad[1], bad[0], frame=scope.frame, help=tuple(bad[2:]))
+            self.ctx.report("E0606", bad[1], bad[0], frame=scope.frame, help=tuple(bad[2:]))
             self.bind(stmt.name, ERROR, scope, "dim")
             return
         for t in stmt.tune or ():
             if not lo <= t.value <= hi:
-                self.report("E0601", f"tune bucket {t.value} is outside the range of `{name}`",
-                            t.span, f"not in {lo}..{hi}", (Label(stmt.range_span,
-                                                                "range declared here"),),
-                            help=(f"widen the range to `{min(lo, t.value)}..{max(hi, t.value)}`, "
-                                  "or drop the bucket",), frame=scope.frame)
+                self.ctx.report("E0601", f"tune bucket {t.value} is outside the range of `{name}`",
+                                t.span, f"not in {lo}..{hi}", (Label(stmt.range_span,
+                                                                    "range declared here"),),
+                                help=(f"widen the range to `{min(lo, t.value)}..{max(hi, t.value)}`, "
+                                      "or drop the bucket",), frame=scope.frame)
             elif t.value % align:
-                self.report("E0601", f"tune bucket {t.value} is not a multiple of {align}",
-                            t.span, f"`{name}` has align {align}", frame=scope.frame,
-                            help=(f"use {t.value - t.value % align or align}, or drop it",))
+                self.ctx.report("E0601", f"tune bucket {t.value} is not a multiple of {align}",
+                                t.span, f"`{name}` has align {align}", frame=scope.frame,
+                                help=(f"use {t.value - t.value % align or align}, or drop it",))
         if tune is not None and len(set(tune)) != len(tune):
-            self.report("E0606", f"a tune bucket of `{name}` is listed twice", stmt.span,
-                        frame=scope.frame)
-        self.dim_decls[name] = stmt.range_span
+            self.ctx.report("E0606", f"a tune bucket of `{name}` is listed twice", stmt.span,
+                            frame=scope.frame)
+        self.ctx.dim_decls[name] = stmt.range_span
         self.dims.append(DimDecl(name, stmt.span, None, lo, hi, align, tune))
-        if self.bucket is not None and name in self.bucket:
-            self.bind(stmt.name, self.bucket[name], scope, "dim")
+        if self.ctx.bucket is not None and name in self.ctx.bucket:
+            self.bind(stmt.name, self.ctx.bucket[name], scope, "dim")
             return
-        self.env.add(SymInfo(name, lo, hi, align))
+        self.ctx.env.add(SymInfo(name, lo, hi, align))
         self.bind(stmt.name, dims.sym(name), scope, "dim")
 
     def buckets(self, stmt: ast.Buckets, scope: Scope) -> None:
         if self.bucket_rows is not None:
-            self.report("E0606", "a model holds one `buckets` statement", stmt.span,
-                        frame=scope.frame)
+            self.ctx.report("E0606", "a model holds one `buckets` statement", stmt.span,
+                            frame=scope.frame)
             return
         decls = {d.name: d for d in self.dims if d.dynamic}
         names = []
         for ident in stmt.names:
             d = decls.get(ident.name)
             if d is None:
-                self.report("E0606", f"`{ident.name}` is not a dynamic dim", ident.span,
-                            "buckets list dynamic dims only", frame=scope.frame)
+                self.ctx.report("E0606", f"`{ident.name}` is not a dynamic dim", ident.span,
+                                "buckets list dynamic dims only", frame=scope.frame)
                 return
             if d.tune is not None:
-                self.report("E0606", f"`{ident.name}` has a `tune` list and appears in `buckets`",
-                            ident.span, "listed here", (Label(d.span, "tune list here"),),
-                            help=("keep one of the two",), frame=scope.frame)
+                self.ctx.report("E0606", f"`{ident.name}` has a `tune` list and appears in `buckets`",
+                                ident.span, "listed here", (Label(d.span, "tune list here"),),
+                                help=("keep one of the two",), frame=scope.frame)
                 return
             names.append(ident.name)
         if len(set(names)) != len(names):
-            self.report("E0606", "a dim is listed twice in `buckets`", stmt.span,
-                        frame=scope.frame)
+            self.ctx.report("E0606", "a dim is listed twice in `buckets`", stmt.span,
+                            frame=scope.frame)
             return
         rows: list[tuple[int, ...]] = []
         for span, items in stmt.rows:
             if len(items) != len(names):
-                self.report("E0606", f"this bucket has {len(items)} values for {len(names)} dims",
-                            span, f"expected ({', '.join(names)})", frame=scope.frame)
+                self.ctx.report("E0606", f"this bucket has {len(items)} values for {len(names)} dims",
+                                span, f"expected ({', '.join(names)})", frame=scope.frame)
                 return
             for dim_name, item in zip(names, items, strict=True):
                 d = decls[dim_name]
                 if not d.lo <= item.value <= d.hi or item.value % d.align:
-                    self.report("E0601", f"bucket value {item.value} does not fit `{dim_name}`",
-                                item.span, f"`{dim_name}` is {d.lo}..{d.hi}"
-                                + (f" align {d.align}" if d.align > 1 else ""),
-                                (Label(self.dim_decls[dim_name], "range declared here"),),
-                                frame=scope.frame)
+                    self.ctx.report("E0601", f"bucket value {item.value} does not fit `{dim_name}`",
+                                    item.span, f"`{dim_name}` is {d.lo}..{d.hi}"
+                                    + (f" align {d.align}" if d.align > 1 else ""),
+                                    (Label(self.ctx.dim_decls[dim_name], "range declared here"),),
+                                    frame=scope.frame)
                     return
             rows.append(tuple(i.value for i in items))
         self.bucket_rows = (tuple(names), rows)
 
     def precision(self, stmt: ast.Precision, scope: Scope) -> None:
-        if self.precision_override is not None:
+        if self.ctx.precision_override is not None:
             return
         current = {"io": scope.precision.io, "intermediate": scope.precision.intermediate,
                    "compute": scope.precision.compute}
@@ -234,16 +243,16 @@ class Elaborator(CallEval):
             key = kw.name.name
             if key not in current:
                 hint = suggest(key, list(current))
-                self.report("E0204", f"unknown precision setting `{key}`", kw.name.span,
-                            "expected io, intermediate or compute",
-                            help=(f"did you mean `{hint}`?",) if hint else (), frame=scope.frame)
+                self.ctx.report("E0204", f"unknown precision setting `{key}`", kw.name.span,
+                                "expected io, intermediate or compute",
+                                help=(f"did you mean `{hint}`?",) if hint else (), frame=scope.frame)
                 continue
-            value = self.eval(kw.value, scope)
+            value = self.exprs.eval(kw.value, scope)
             if not isinstance(value, DType):
                 if value is not ERROR:
-                    self.report("E0209", f"`{key}` takes a dtype, found {kind_of(value)}",
-                                kw.value.span, frame=scope.frame,
-                                help=(f"one of {', '.join(DTYPES)}",))
+                    self.ctx.report("E0209", f"`{key}` takes a dtype, found {kind_of(value)}",
+                                    kw.value.span, frame=scope.frame,
+                                    help=(f"one of {', '.join(DTYPES)}",))
                 continue
             current[key] = value.name
             scope.precision_origin[key] = kw.span
@@ -252,18 +261,18 @@ class Elaborator(CallEval):
     # -- declarations ----------------------------------------------------------------------------
     def declared_type(self, t: ast.TensorTypeExpr, scope: Scope, default_layout: Layout | None,
                       ) -> TensorType | None:
-        shape = self.eval_shape(t, scope)
+        shape = self.exprs.eval_shape(t, scope)
         if shape is None:
             return None
         for d, expr in zip(shape, t.dims or (), strict=False):
             if not self.at_least_one(d, expr.span, scope):
                 return None
-        if not self.fits(TensorType(t.dtype or scope.precision.io, shape), t.span, scope.frame,
-                         None):
+        if not self.ctx.fits(TensorType(t.dtype or scope.precision.io, shape), t.span, scope.frame,
+                             None):
             return None
         layout: Layout | None = Layout.row_major(len(shape))
         if t.layout is not None:
-            layout = layout_of(self, t.layout, len(shape), scope)
+            layout = layout_of(self.calls, t.layout, len(shape), scope)
             if layout is None:
                 return None
         elif default_layout is not None and len(shape) == 4:
@@ -276,14 +285,14 @@ class Elaborator(CallEval):
             self.bind(stmt.name, ERROR, scope, "input")
             return
         name = stmt.name.name
-        value = self.add_node("input", (), {"name": name}, t, stmt.span, scope.frame,
-                              scope.precision, name)
+        value = self.ctx.add_node("input", (), {"name": name}, t, stmt.span, scope.frame,
+                                  scope.precision, name)
         self.inputs.append(IOSpec(name, t, value.node, stmt.span))
         self.bind(stmt.name, value, scope, "input")
 
     def param(self, stmt: ast.ParamStmt, scope: Scope) -> None:
         if stmt.guard is not None:
-            cond = self.want_bool(stmt.guard, scope)
+            cond = self.exprs.want_bool(stmt.guard, scope)
             if cond is not True:
                 self.bind(stmt.name, ERROR if cond is ERROR else Absent(stmt.name.name,
                                                                         stmt.guard.span),
@@ -297,32 +306,32 @@ class Elaborator(CallEval):
             return
         dynamic = [d for d in t.shape if not is_int(d)]
         if dynamic:
-            self.report("E0605", f"the shape of param `{path}` depends on a dynamic dim",
-                        stmt.type.span, f"{format_type(t)}", frame=scope.frame,
-                        notes=("weights have one fixed shape, whatever the input size",),
-                        help=("size the param with static dims (`dim D = 64`) or def arguments",))
+            self.ctx.report("E0605", f"the shape of param `{path}` depends on a dynamic dim",
+                            stmt.type.span, f"{format_type(t)}", frame=scope.frame,
+                            notes=("weights have one fixed shape, whatever the input size",),
+                            help=("size the param with static dims (`dim D = 64`) or def arguments",))
             self.bind(stmt.name, ERROR, scope, "param")
             return
-        first = self.params.get(path)
+        first = self.ctx.params.get(path)
         if first is not None:
-            if self.bucket is None and scope.frame.instance not in self.duplicate_instances:
-                self.report("E0208", f"the parameter path `{path}` is declared twice",
-                            stmt.name.span, "declared again here",
-                            (Label(first.span, "first declared here"),), frame=scope.frame,
-                            help=('give the instances distinct names with `as "..."`',))
+            if self.ctx.bucket is None and scope.frame.instance not in self.ctx.duplicate_instances:
+                self.ctx.report("E0208", f"the parameter path `{path}` is declared twice",
+                                stmt.name.span, "declared again here",
+                                (Label(first.span, "first declared here"),), frame=scope.frame,
+                                help=('give the instances distinct names with `as "..."`',))
             self.bind(stmt.name, ERROR, scope, "param")
             return
         assert t.layout is not None
         shape = tuple(d for d in t.shape if isinstance(d, int))  # all static: checked above
-        self.params[path] = ParamSpec(path, t.dtype, shape, t.layout, stmt.span)
-        value = self.add_node("param", (), {"path": path}, t, stmt.span, scope.frame,
-                              scope.precision, path)
+        self.ctx.params[path] = ParamSpec(path, t.dtype, shape, t.layout, stmt.span)
+        value = self.ctx.add_node("param", (), {"path": path}, t, stmt.span, scope.frame,
+                                  scope.precision, path)
         self.bind(stmt.name, value, scope, "param")
 
     # -- lets and outputs ------------------------------------------------------------------------
     def let(self, stmt: ast.Let, scope: Scope) -> None:
         if stmt.guard is not None:
-            cond = self.want_bool(stmt.guard, scope)
+            cond = self.exprs.want_bool(stmt.guard, scope)
             if cond is not True:
                 for ident in stmt.targets:
                     self.bind(ident, ERROR if cond is ERROR else Absent(ident.name,
@@ -331,24 +340,24 @@ class Elaborator(CallEval):
                 return
         hint = stmt.targets[0].name if not stmt.is_tuple else "_".join(
             t.name for t in stmt.targets)
-        before = len(self.nodes)
+        before = len(self.ctx.nodes)
         final = None  # the name the value's node gets at once, when it is new and free
         if stmt.type is None and not stmt.is_tuple and stmt.rhs.repeat is None:
-            final = self.node_name(scope.frame, stmt.targets[0].name)
-            final = final if final not in self.producers else None
-            self.naming = (stmt.rhs.expr, final) if final is not None else None
+            final = self.ctx.node_name(scope.frame, stmt.targets[0].name)
+            final = final if final not in self.ctx.producers else None
+            self.ctx.naming = (stmt.rhs.expr, final) if final is not None else None
         value = self.rhs(stmt.rhs, scope, hint, stmt.targets[0].name)
-        self.naming = None
+        self.ctx.naming = None
         fresh = isinstance(value, TensorVal) and (
             value.node == final or self.node_index(value.node) >= before)
         if stmt.type is not None and value is not ERROR:
-            value = conform(self, value, stmt.type, scope,
+            value = conform(self.calls, value, stmt.type, scope,
                             f"`{stmt.targets[0].name}`", fresh=fresh)
         if stmt.is_tuple:
             self.bind_tuple(stmt, value, scope)
             return
         if fresh and isinstance(value, TensorVal):
-            value = self.rename(value, self.node_name(scope.frame, stmt.targets[0].name))
+            value = self.ctx.rename(value, self.ctx.node_name(scope.frame, stmt.targets[0].name))
         self.bind(stmt.targets[0], value, scope, "let")
         if isinstance(value, TensorVal):
             self.lets.append((value.node, stmt.targets[0].name, stmt.targets[0].span))
@@ -360,10 +369,10 @@ class Elaborator(CallEval):
         elif not isinstance(value, TupleVal) or len(value.items) != len(stmt.targets):
             n = len(value.items) if isinstance(value, TupleVal) else 1
             names = stmt.targets[0].span.to(stmt.targets[-1].span)
-            self.report("E0210", f"{len(stmt.targets)} names for {n} value{'s' if n != 1 else ''}",
-                        names, f"{len(stmt.targets)} names", (Label(stmt.rhs.span,
-                                                                    f"gives {kind_of(value)}"),),
-                        frame=scope.frame)
+            self.ctx.report("E0210", f"{len(stmt.targets)} names for {n} value{'s' if n != 1 else ''}",
+                            names, f"{len(stmt.targets)} names", (Label(stmt.rhs.span,
+                                                                        f"gives {kind_of(value)}"),),
+                            frame=scope.frame)
             items = (ERROR,) * len(stmt.targets)
         else:
             items = value.items
@@ -371,22 +380,22 @@ class Elaborator(CallEval):
             self.bind(ident, item, scope, "let")
 
     def node_index(self, name: str) -> int:
-        node = self.producers.get(name)
+        node = self.ctx.producers.get(name)
         if node is None:
             return -1
-        for i in range(len(self.nodes) - 1, -1, -1):
-            if self.nodes[i] is node:
+        for i in range(len(self.ctx.nodes) - 1, -1, -1):
+            if self.ctx.nodes[i] is node:
                 return i
         return -1
 
     def rhs(self, rhs: ast.Rhs, scope: Scope, hint: str, let_name: str) -> Any:
         """Evaluate a right-hand side, naming the one instance it may create (E0205 for two)."""
-        instances = self.resolved.instance_calls(rhs.expr, scope.module)
+        instances = self.ctx.resolved.instance_calls(rhs.expr, scope.module)
         if len(instances) > 1:
-            self.report("E0205", "two instances in one `let` cannot share its name",
-                        instances[1].span, "second instance",
-                        (Label(instances[0].span, "first instance"),), frame=scope.frame,
-                        help=("split them into separate `let`s, one instance each",))
+            self.ctx.report("E0205", "two instances in one `let` cannot share its name",
+                            instances[1].span, "second instance",
+                            (Label(instances[0].span, "first instance"),), frame=scope.frame,
+                            help=("split them into separate `let`s, one instance each",))
             return ERROR
         if rhs.repeat is not None:
             return self.repeat(rhs, scope, hint, let_name)
@@ -394,73 +403,73 @@ class Elaborator(CallEval):
             name = rhs.instance.value if rhs.instance is not None else let_name
             if not self.valid_path(name, rhs.instance.span if rhs.instance else rhs.span, scope):
                 return ERROR
-            self.pending_instance = (name, rhs.instance.span if rhs.instance else rhs.span)
+            self.ctx.pending_instance = (name, rhs.instance.span if rhs.instance else rhs.span)
         try:
-            return self.eval(rhs.expr, scope, hint)
+            return self.exprs.eval(rhs.expr, scope, hint)
         finally:
-            self.pending_instance = None
+            self.ctx.pending_instance = None
 
     def valid_path(self, name: str, span: Span, scope: Scope) -> bool:
         parts = name.split(".")
         if not name or any(not p or not all(c.isalnum() or c in "_-" for c in p) for p in parts):
-            self.report("E0208", f'invalid instance path "{name}"', span,
-                        "use names and numbers separated by `.`", frame=scope.frame,
-                        help=('for example `as "layer1.0"`',))
+            self.ctx.report("E0208", f'invalid instance path "{name}"', span,
+                            "use names and numbers separated by `.`", frame=scope.frame,
+                            help=('for example `as "layer1.0"`',))
             return False
         return True
 
     def repeat(self, rhs: ast.Rhs, scope: Scope, hint: str, let_name: str) -> Any:
         assert rhs.repeat is not None
-        count = self.want_dim(rhs.repeat, scope, "a repeat count")
+        count = self.exprs.want_dim(rhs.repeat, scope, "a repeat count")
         if count is ERROR:
             return ERROR
         if not is_int(count) or not 1 <= count <= MAX_REPEAT:
-            self.report("E0305", f"the repeat count must be a static int in 1..{MAX_REPEAT}",
-                        rhs.repeat.span, f"{kind_of(count) if not is_int(count) else count}",
-                        frame=scope.frame)
+            self.ctx.report("E0305", f"the repeat count must be a static int in 1..{MAX_REPEAT}",
+                            rhs.repeat.span, f"{kind_of(count) if not is_int(count) else count}",
+                            frame=scope.frame)
             return ERROR
         call = rhs.expr
         if not isinstance(call, ast.Call) or not call.args or isinstance(call.args[0], ast.Kwarg):
-            self.report("E0204", "`repeat` applies a call whose first argument is the value "
-                        "passed from one instance to the next", rhs.expr.span,
-                        "not such a call", frame=scope.frame,
-                        help=("write `repeat K f(x, ...)`",))
+            self.ctx.report("E0204", "`repeat` applies a call whose first argument is the value "
+                            "passed from one instance to the next", rhs.expr.span,
+                            "not such a call", frame=scope.frame,
+                            help=("write `repeat K f(x, ...)`",))
             return ERROR
         template = rhs.instance.value if rhs.instance is not None else f"{let_name}.{{i}}"
         paths = self.repeat_paths(template, count, rhs, scope)
         if paths is None:
             return ERROR
-        callee = self.resolved.namespaces[scope.module.path].lookup(call.func)
+        callee = self.ctx.resolved.namespaces[scope.module.path].lookup(call.func)
         if isinstance(callee, DefRef):
-            est = estimate(self.resolved, callee, self.resolved.estimates)
-            self.expansion_limit(count * est.ops, rhs.span, scope.frame, "this `repeat`",
-                                 callee)
-        current = self.eval(call.args[0], scope, hint)
+            est = estimate(self.ctx.resolved, callee, self.ctx.resolved.estimates)
+            self.ctx.expansion_limit(count * est.ops, rhs.span, scope.frame, "this `repeat`",
+                                     callee)
+        current = self.exprs.eval(call.args[0], scope, hint)
         first_type = current.type if isinstance(current, TensorVal) else None
         rest = ast.Call(call.span, call.func, call.args[1:])
-        start = len(self.nodes)
+        start = len(self.ctx.nodes)
         for i in range(count):
             if current is ERROR:
                 return ERROR
             if i == 1:  # instances are alike: the first one tells what the others will cost
-                self.expansion_limit((count - 1) * (len(self.nodes) - start), rhs.span,
-                                     scope.frame, "this `repeat`", None)
-            self.pending_instance = (paths[i], rhs.span)
+                self.ctx.expansion_limit((count - 1) * (len(self.ctx.nodes) - start), rhs.span,
+                                         scope.frame, "this `repeat`", None)
+            self.ctx.pending_instance = (paths[i], rhs.span)
             carried = (current, call.args[0].span)
             try:
                 current = self.call_with(rest, carried, scope, f"{hint}.{i}")
             finally:
-                self.pending_instance = None
+                self.ctx.pending_instance = None
             if (isinstance(current, TensorVal) and first_type is not None
                     and (current.type.shape, current.type.dtype) != (first_type.shape,
                                                                       first_type.dtype)):
-                self.report("E0303", "the body of this `repeat` changes the type it passes on",
-                            call.span, f"returns {format_type(current.type)}",
-                            (Label(call.args[0].span, f"takes {format_type(first_type)}"),),
-                            notes=("each instance's result is the next instance's first "
-                                   "argument, so the two types must be equal",),
-                            help=("repeat only shape-preserving blocks; write the first, "
-                                  "changing block separately",), frame=scope.frame)
+                self.ctx.report("E0303", "the body of this `repeat` changes the type it passes on",
+                                call.span, f"returns {format_type(current.type)}",
+                                (Label(call.args[0].span, f"takes {format_type(first_type)}"),),
+                                notes=("each instance's result is the next instance's first "
+                                       "argument, so the two types must be equal",),
+                                help=("repeat only shape-preserving blocks; write the first, "
+                                      "changing block separately",), frame=scope.frame)
                 return ERROR
         return current
 
@@ -472,9 +481,9 @@ class Elaborator(CallEval):
         holes = re.findall(r"\{([^}]*)\}", template)
         ok = len(holes) == 1 and re.fullmatch(r"\s*i\s*([+-]\s*\d+)?\s*", holes[0]) is not None
         if not ok:
-            self.report("E0208", "a repeated instance path needs one `{i}` or `{i+c}`", span,
-                        f'"{template}"', frame=scope.frame,
-                        help=('for example `as "layer1.{i+1}"`',))
+            self.ctx.report("E0208", "a repeated instance path needs one `{i}` or `{i+c}`", span,
+                            f'"{template}"', frame=scope.frame,
+                            help=('for example `as "layer1.{i+1}"`',))
             return None
         offset = int(holes[0].replace(" ", "")[1:] or 0)
         paths = [re.sub(r"\{[^}]*\}", str(i + offset), template) for i in range(count)]
@@ -484,40 +493,40 @@ class Elaborator(CallEval):
 
     def call_with(self, rest: ast.Call, carried: tuple[Any, Span], scope: Scope, hint: str) -> Any:
         """A call whose first positional argument is already evaluated (`repeat`)."""
-        ns = self.resolved.namespaces[scope.module.path]
+        ns = self.ctx.resolved.namespaces[scope.module.path]
         callee = ns.lookup(rest.func)
         if callee is None:
             return ERROR
-        args = self.eval_args(rest, [carried], scope, hint)
+        args = self.calls.eval_args(rest, [carried], scope, hint)
         if args is None:
             return ERROR
         pos, kws = args
         if isinstance(callee, str):
-            return self.apply_op(callee, rest.span, rest.func.span, pos, kws, scope, hint)
+            return self.calls.apply_op(callee, rest.span, rest.func.span, pos, kws, scope, hint)
         return self.apply_def(callee, rest, pos, kws, scope, hint)
 
     def output(self, stmt: ast.Output, scope: Scope) -> None:
         name = stmt.name.name
         if stmt.rhs is not None:
-            before = len(self.nodes)
+            before = len(self.ctx.nodes)
             value = self.rhs(stmt.rhs, scope, name, name)
             fresh = isinstance(value, TensorVal) and self.node_index(value.node) >= before
         else:
             binding = scope.values.get(name)
-            value = self.lookup(ast.Name(stmt.name.span, name), scope) if binding else ERROR
+            value = self.exprs.lookup(ast.Name(stmt.name.span, name), scope) if binding else ERROR
             fresh = False
         if value is ERROR:
             return
         if not isinstance(value, TensorVal):
-            self.report("E0209", f"output `{name}` must be a tensor, found {kind_of(value)}",
-                        stmt.span, frame=scope.frame)
+            self.ctx.report("E0209", f"output `{name}` must be a tensor, found {kind_of(value)}",
+                            stmt.span, frame=scope.frame)
             return
         # An output is a contract with the caller: row-major unless tagged (or the model's
         # `layout` for rank-4 tensors), whatever layout the value had inside the model.
         default_layout = self.model_layout if value.type.rank == 4 else None
         declared = stmt.type or ast.TensorTypeExpr(stmt.span, None, None, None)
-        before_conform = len(self.nodes)
-        out = conform(self, value, declared, scope, f"output `{name}`", fresh=fresh,
+        before_conform = len(self.ctx.nodes)
+        out = conform(self.calls, value, declared, scope, f"output `{name}`", fresh=fresh,
                       default_dtype=scope.precision.io,
                       default_layout=default_layout or Layout.row_major(value.type.rank))
         if out is ERROR:
@@ -525,9 +534,9 @@ class Elaborator(CallEval):
         # Name after the output only a node this statement made: an existing value keeps its
         # name, which the ops that read it use (`output z = a` where `a` also feeds `b`).
         if fresh or self.node_index(out.node) >= before_conform:
-            out = self.rename(out, name)
-        self.used.add(out.node)
-        self.used.add(value.node)
+            out = self.ctx.rename(out, name)
+        self.ctx.used.add(out.node)
+        self.ctx.used.add(value.node)
         self.outputs.append(IOSpec(name, out.type, out.node, stmt.span))
         if stmt.rhs is not None:
             self.bind(stmt.name, out, scope, "output")
@@ -536,19 +545,19 @@ class Elaborator(CallEval):
     def model(self, module: ast.Module, model: ast.Model) -> Scope:
         frame = Frame(None, model.name.name, None, "", "")
         scope = Scope(module, frame, f"model `{model.name.name}`",
-                      self.precision_override or PrecisionSpec(), is_model=True)
+                      self.ctx.precision_override or PrecisionSpec(), is_model=True)
         self.run_body(model.body, scope)
-        if not self.outputs and self.bucket is None and self.sink.error_count == 0:
-            self.report("E0704", f"model `{model.name.name}` has no output", model.name.span,
-                        "nothing is computed", help=("declare one: `output y = ...`",))
-        if self.bucket is None and self.sink.error_count == 0:  # after errors it would mislead
+        if not self.outputs and self.ctx.bucket is None and self.ctx.sink.error_count == 0:
+            self.ctx.report("E0704", f"model `{model.name.name}` has no output", model.name.span,
+                            "nothing is computed", help=("declare one: `output y = ...`",))
+        if self.ctx.bucket is None and self.ctx.sink.error_count == 0:  # after errors it would mislead
             self.warn_unused()
         return scope
 
     def warn_unused(self) -> None:
         """W0201 for a `let` whose value no op or output reads, in every instance of its def."""
-        used = set(self.used)
-        for node in self.nodes:
+        used = set(self.ctx.used)
+        for node in self.ctx.nodes:
             used.update(node.inputs)
         by_statement: dict[Span, tuple[str, bool]] = {}
         for node_name, let_name, span in self.lets:
@@ -556,10 +565,10 @@ class Elaborator(CallEval):
             by_statement[span] = (let_name, seen or node_name in used)
         for span, (let_name, seen) in by_statement.items():
             if not seen:
-                self.report("W0201", f"the value `{let_name}` is never used", span,
-                            "computed here but not used",
-                            help=(f"use it, or remove it (a model can export it with `output "
-                                  f"{let_name}`)",))
+                self.ctx.report("W0201", f"the value `{let_name}` is never used", span,
+                                "computed here but not used",
+                                help=(f"use it, or remove it (a model can export it with `output "
+                                      f"{let_name}`)",))
 
 
 def model_metadata(el: Elaborator, model: ast.Model, scope: Scope) -> dict[str, Any]:
@@ -567,16 +576,16 @@ def model_metadata(el: Elaborator, model: ast.Model, scope: Scope) -> dict[str, 
     out: dict[str, Any] = {}
     for a in model.args:
         if not isinstance(a, ast.Kwarg):
-            el.report("E0204", "model arguments are metadata written `key=value`", a.span)
+            el.ctx.report("E0204", "model arguments are metadata written `key=value`", a.span)
             continue
-        v = el.eval(a.value, scope)
+        v = el.exprs.eval(a.value, scope)
         if isinstance(v, (str, int, float, bool)) and not isinstance(v, dims.Poly):
             out[a.name.name] = v
         elif isinstance(v, ListVal) and all(isinstance(x, (str, int, float)) for x in v.items):
             out[a.name.name] = list(v.items)
         elif v is not ERROR:
-            el.report("E0209", f"model metadata must be a string, number or bool, found "
-                      f"{kind_of(v)}", a.value.span)
+            el.ctx.report("E0209", f"model metadata must be a string, number or bool, found "
+                          f"{kind_of(v)}", a.value.span)
     return out
 
 

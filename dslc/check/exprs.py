@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 from dslc.check.context import Context, is_dim, is_int
 from dslc.check.values import (
@@ -33,14 +33,27 @@ MAX_NESTING = 200  # levels of calls, brackets and def bodies (LANGUAGE.md, "Lim
 MAX_INT = 2**63 - 1  # compile-time integers are int64, as cuDNN's sizes and attributes
 
 
-class ExprEval(Context):
-    depth = 0  # the current nesting level: each `eval` one, each def body two (`defs`)
-    too_deep = False  # E0705 for nesting is reported once
-    naming: tuple[ast.Expr, str] | None = None  # a `let`'s expression and the name of its value
+class Calls(Protocol):
+    """What expressions need of the call layer (`dslc.check.calls.CallEval`)."""
+
+    def call(self, call: ast.Call, scope: Scope, hint: str) -> Any: ...
+
+    def apply_op(self, name: str, call_span: Span, func_span: Span,
+                 pos: list[tuple[Any, Span]], kws: dict[str, tuple[Any, Span]], scope: Scope,
+                 hint: str, final: str | None = None) -> Any: ...
+
+
+class ExprEval:
+    """Expressions: names, literals, operators, conditions, indexing and shapes, evaluated in the
+    checker's state (`ctx`); calls go to the call layer (`calls`, set by the elaborator)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.calls: Calls
 
     def final_name(self, expr: ast.Expr) -> str | None:
         """The name for the node `expr` makes, when it is a `let`'s whole expression."""
-        naming = self.naming
+        naming = self.ctx.naming
         return naming[1] if naming is not None and naming[0] is expr else None
 
     def lookup(self, name: ast.Name, scope: Scope) -> Any:
@@ -49,12 +62,12 @@ class ExprEval(Context):
             return ERROR  # reported by name resolution
         value = binding.value
         if isinstance(value, TensorVal):
-            self.used.add(value.node)
+            self.ctx.used.add(value.node)
         if isinstance(value, Absent):
-            self.report("E0207", f"`{name.name}` does not exist here: its `when` condition is "
-                        "false", name.span, "used here", (Label(value.guard, "false here"),),
-                        help=("choose the value with `a if cond else b`, with the same condition",),
-                        frame=scope.frame)
+            self.ctx.report("E0207", f"`{name.name}` does not exist here: its `when` condition is "
+                            "false", name.span, "used here", (Label(value.guard, "false here"),),
+                            help=("choose the value with `a if cond else b`, with the same condition",),
+                            frame=scope.frame)
             return ERROR
         return value
 
@@ -62,22 +75,22 @@ class ExprEval(Context):
         """The value of `expr`. Nesting is bounded (MAX_NESTING), so the recursion through
         calls, brackets and defs stays within Python's stack; chains of operators and signs are
         walked in loops and count one level."""
-        depth = self.depth = self.depth + 1
+        depth = self.ctx.depth = self.ctx.depth + 1
         if depth > MAX_NESTING:
             value = self.nested_too_deeply(expr, scope)
         else:
             value = self.eval_at(expr, scope, hint)
-        self.depth = depth - 1  # an exception ends the whole elaboration: no `finally` needed
+        self.ctx.depth = depth - 1  # an exception ends the whole elaboration: no `finally` needed
         return value
 
     def nested_too_deeply(self, expr: ast.Expr, scope: Scope) -> Any:
-        if not self.too_deep:
-            self.too_deep = True
-            self.report("E0705", f"nested more than {MAX_NESTING} levels deep", expr.span,
-                        "too deep here", frame=scope.frame,
-                        notes=("each call, bracket, conditional and def instance around a value "
-                               "is a level; a chain like `a + b + c` or `- - x` is one",),
-                        help=("bind inner results with `let` and use their names",))
+        if not self.ctx.too_deep:
+            self.ctx.too_deep = True
+            self.ctx.report("E0705", f"nested more than {MAX_NESTING} levels deep", expr.span,
+                            "too deep here", frame=scope.frame,
+                            notes=("each call, bracket, conditional and def instance around a value "
+                                   "is a level; a chain like `a + b + c` or `- - x` is one",),
+                            help=("bind inner results with `let` and use their names",))
         return ERROR
 
     def eval_at(self, expr: ast.Expr, scope: Scope, hint: str) -> Any:
@@ -85,7 +98,7 @@ class ExprEval(Context):
             case ast.Name():
                 return self.lookup(expr, scope)
             case ast.Call():
-                return self.call(expr, scope, hint)
+                return self.calls.call(expr, scope, hint)
             case ast.Binary():
                 return self.binary(expr, scope, hint)
             case ast.Int(value=v):
@@ -114,37 +127,28 @@ class ExprEval(Context):
             case ast.Index():
                 return self.index(expr, scope, hint)
             case ast.Member():
-                self.report("E0209", "a namespace member can only be called", expr.span,
-                            "not a value", help=(f"call it: `{_text(expr)}(...)`",),
-                            frame=scope.frame)
+                self.ctx.report("E0209", "a namespace member can only be called", expr.span,
+                                "not a value", help=(f"call it: `{_text(expr)}(...)`",),
+                                frame=scope.frame)
                 return ERROR
         return ERROR
-
-    # Implemented by the call layer.
-    def call(self, call: ast.Call, scope: Scope, hint: str) -> Any:
-        raise NotImplementedError
-
-    def apply_op(self, name: str, call_span: Span, func_span: Span,
-                 pos: list[tuple[Any, Span]], kws: dict[str, tuple[Any, Span]], scope: Scope,
-                 hint: str, final: str | None = None) -> Any:
-        raise NotImplementedError
 
     # -- compile-time checks of kind -------------------------------------------------------------
     def want_bool(self, expr: ast.Expr, scope: Scope) -> Any:
         v = self.eval(expr, scope)
         if v is ERROR or isinstance(v, bool):
             return v
-        self.report("E0209", f"expected a compile-time bool, found {kind_of(v)}", expr.span,
-                    f"this is {kind_of(v)}", frame=scope.frame,
-                    notes=("conditions are decided at compile time",))
+        self.ctx.report("E0209", f"expected a compile-time bool, found {kind_of(v)}", expr.span,
+                        f"this is {kind_of(v)}", frame=scope.frame,
+                        notes=("conditions are decided at compile time",))
         return ERROR
 
     def want_dim(self, expr: ast.Expr, scope: Scope, what: str = "a dim") -> Any:
         v = self.eval(expr, scope)
         if v is ERROR or is_dim(v):
             return v
-        self.report("E0209", f"expected {what}, found {kind_of(v)}", expr.span,
-                    f"this is {kind_of(v)}", frame=scope.frame)
+        self.ctx.report("E0209", f"expected {what}, found {kind_of(v)}", expr.span,
+                        f"this is {kind_of(v)}", frame=scope.frame)
         return ERROR
 
     # -- operators -------------------------------------------------------------------------------
@@ -199,13 +203,13 @@ class ExprEval(Context):
         if v is ERROR:
             return ERROR
         if isinstance(v, TensorVal):
-            return self.apply_op("neg", expr.span, expr.span, [(v, operand.span)], {}, scope, hint)
+            return self.calls.apply_op("neg", expr.span, expr.span, [(v, operand.span)], {}, scope, hint)
         if is_dim(v):
             return dims.neg(v)
         if isinstance(v, float):
             return -v
-        self.report("E0209", f"cannot negate {kind_of(v)}", operand.span, f"this is {kind_of(v)}",
-                    frame=scope.frame)
+        self.ctx.report("E0209", f"cannot negate {kind_of(v)}", operand.span, f"this is {kind_of(v)}",
+                        frame=scope.frame)
         return ERROR
 
     def binary(self, expr: ast.Binary, scope: Scope, hint: str) -> Any:
@@ -223,33 +227,33 @@ class ExprEval(Context):
     def combine(self, expr: ast.Binary, a: Any, b: Any, scope: Scope, hint: str) -> Any:
         if isinstance(a, TensorVal) or isinstance(b, TensorVal):
             op = OPERATOR_OPS[expr.op]
-            return self.apply_op(op, expr.span, expr.op_span,
-                                 [(a, expr.left.span), (b, expr.right.span)], {}, scope, hint,
-                                 self.final_name(expr))
+            return self.calls.apply_op(op, expr.span, expr.op_span,
+                                       [(a, expr.left.span), (b, expr.right.span)], {}, scope, hint,
+                                       self.final_name(expr))
         if expr.op in _PY_COMPARE:
             return self.compare_scalars(expr, a, b, scope)
         return self.arith(expr, a, b, scope)
 
     def compare_scalars(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
         if is_dim(a) and is_dim(b):
-            result = dims.compare(a, b, expr.op, self.env)
+            result = dims.compare(a, b, expr.op, self.ctx.env)
             if result is None:
                 syms = sorted((a.symbols() if isinstance(a, dims.Poly) else set())
                               | (b.symbols() if isinstance(b, dims.Poly) else set()))
-                self.report("E0604", "this condition depends on a dynamic dim", expr.span,
-                            f"true for some values of {', '.join(f'`{s}`' for s in syms)} and "
-                            "false for others", frame=scope.frame,
-                            notes=("conditions are decided once, at compile time",),
-                            help=("make the dim static, or narrow its range so the condition "
-                                  "holds for all of it",))
+                self.ctx.report("E0604", "this condition depends on a dynamic dim", expr.span,
+                                f"true for some values of {', '.join(f'`{s}`' for s in syms)} and "
+                                "false for others", frame=scope.frame,
+                                notes=("conditions are decided once, at compile time",),
+                                help=("make the dim static, or narrow its range so the condition "
+                                      "holds for all of it",))
                 return ERROR
             return result
         numeric = (int, float)
         same = (isinstance(a, numeric) and isinstance(b, numeric) and not isinstance(a, bool)
                 and not isinstance(b, bool)) or type(a) is type(b)
         if not same or (expr.op not in ("==", "!=") and not isinstance(a, numeric)):
-            self.report("E0209", f"cannot compare {kind_of(a)} with {kind_of(b)} using "
-                        f"`{expr.op}`", expr.op_span, frame=scope.frame)
+            self.ctx.report("E0209", f"cannot compare {kind_of(a)} with {kind_of(b)} using "
+                            f"`{expr.op}`", expr.op_span, frame=scope.frame)
             return ERROR
         return bool(_PY_COMPARE[expr.op](a, b))
 
@@ -266,66 +270,66 @@ class ExprEval(Context):
         if (isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool)
                 and not isinstance(b, bool)):
             if expr.op == "/" and b == 0:
-                self.report("E0305", "division by zero", expr.right.span, frame=scope.frame)
+                self.ctx.report("E0305", "division by zero", expr.right.span, frame=scope.frame)
                 return ERROR
             result = {"+": operator.add, "-": operator.sub, "*": operator.mul,
                       "/": operator.truediv}[expr.op](float(a), float(b))
             return result
-        self.report("E0209", f"`{expr.op}` cannot combine {kind_of(a)} and {kind_of(b)}",
-                    expr.op_span, labels=(Label(expr.left.span, kind_of(a)),
-                                          Label(expr.right.span, kind_of(b))),
-                    frame=scope.frame)
+        self.ctx.report("E0209", f"`{expr.op}` cannot combine {kind_of(a)} and {kind_of(b)}",
+                        expr.op_span, labels=(Label(expr.left.span, kind_of(a)),
+                                              Label(expr.right.span, kind_of(b))),
+                        frame=scope.frame)
         return ERROR
 
     def int64(self, value: Any, expr: ast.Binary, scope: Scope) -> Any:
         """`value` if it fits in int64 for every admissible value of its dims, else E0306."""
         lo, hi = ((Fraction(value), Fraction(value)) if isinstance(value, int)
-                  else dims.interval(value, self.env))
+                  else dims.interval(value, self.ctx.env))
         if abs(lo) <= MAX_INT and abs(hi) <= MAX_INT:
             return value
-        text = self.program.sources.snippet(expr.span) or _text(expr)
-        self.report("E0306", f"`{text}` overflows 64 bits", expr.span,
-                    f"{'is' if lo == hi else 'can reach'} about {float(max(-lo, hi)):.3g}",
-                    frame=scope.frame,
-                    notes=(f"sizes and other compile-time integers are int64, at most {MAX_INT}, "
-                           "as cuDNN takes them",))
+        text = self.ctx.program.sources.snippet(expr.span) or _text(expr)
+        self.ctx.report("E0306", f"`{text}` overflows 64 bits", expr.span,
+                        f"{'is' if lo == hi else 'can reach'} about {float(max(-lo, hi)):.3g}",
+                        frame=scope.frame,
+                        notes=(f"sizes and other compile-time integers are int64, at most {MAX_INT}, "
+                               "as cuDNN takes them",))
         return ERROR
 
     def divide(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
         if b == 0:
-            self.report("E0305", "division by zero", expr.right.span, frame=scope.frame)
+            self.ctx.report("E0305", "division by zero", expr.right.span, frame=scope.frame)
             return ERROR
-        q = dims.div_exact(a, b, self.env)
+        q = dims.div_exact(a, b, self.ctx.env)
         if q is not None:
             return q
-        text = self.program.sources.snippet(expr.span) or _text(expr)
+        text = self.ctx.program.sources.snippet(expr.span) or _text(expr)
         if isinstance(a, int) and isinstance(b, int):
             near = sorted((d for d in range(1, a + 1) if a % d == 0 and b > 0),
                           key=lambda d: (abs(d - b), d))[:2] if 0 < a <= 10**6 else []
             helps = [f"divisors of {a} near {b}: {', '.join(map(str, sorted(near)))}"] if near \
                 else []
             helps.append(f"for a fraction, use floats: `{a}.0 / {b}`")
-            self.report("E0602", f"`{text}` is not exact: {a} is not a multiple of {b}",
-                        expr.span, "not an integer", frame=scope.frame,
-                        notes=("`/` on dims and ints must divide exactly",), help=tuple(helps))
+            self.ctx.report("E0602", f"`{text}` is not exact: {a} is not a multiple of {b}",
+                            expr.span, "not an integer", frame=scope.frame,
+                            notes=("`/` on dims and ints must divide exactly",), help=tuple(helps))
             return ERROR
         syms = sorted(a.symbols() if isinstance(a, dims.Poly) else set())
-        ranges = [self.env.syms[s] for s in syms if s in self.env.syms]
+        ranges = [self.ctx.env.syms[s] for s in syms if s in self.ctx.env.syms]
         where = ", ".join(f"`{r.name}` in {r.lo}..{r.hi}" for r in ranges)
         labels = []
         helps = []
         for r in ranges:
-            decl = self.dim_decls.get(r.name)
+            decl = self.ctx.dim_decls.get(r.name)
             need = _needed_align(a, b, r.name, r.align)
             if decl is not None:
                 labels.append(Label(decl, f"`{r.name}` may not be a multiple of {need}"
                                     if need and need != 2 else f"`{r.name}` may be odd"))
             if need:
                 helps.append(f"constrain the dim: `dim {r.name} = {r.lo}..{r.hi} align {need}`")
-        self.report("E0602", f"`{text}` is not exact for every {where or 'admissible value'}",
-                    expr.span, "not provably an integer", tuple(labels), frame=scope.frame,
-                    notes=("`/` on dims must divide exactly for every value in the dim's range",),
-                    help=tuple(helps[:1]))
+        self.ctx.report("E0602", f"`{text}` is not exact for every {where or 'admissible value'}",
+                        expr.span, "not provably an integer", tuple(labels), frame=scope.frame,
+                        notes=("`/` on dims must divide exactly for every value in the dim's range",),
+                        help=tuple(helps[:1]))
         return ERROR
 
     dim_decls: dict[str, Span]
@@ -336,8 +340,8 @@ class ExprEval(Context):
         if target is ERROR:
             return ERROR
         if not isinstance(target, TensorVal):
-            self.report("E0209", f"only tensors can be sliced, not {kind_of(target)}",
-                        expr.target.span, frame=scope.frame)
+            self.ctx.report("E0209", f"only tensors can be sliced, not {kind_of(target)}",
+                            expr.target.span, frame=scope.frame)
             return ERROR
         starts: list[Any] = []
         ends: list[Any] = []
@@ -358,14 +362,14 @@ class ExprEval(Context):
                 ends.append(dims.add(at, 1) if not (is_int(at) and at == -1) else None)
                 drop.append(axis)
         items = expr.items[0].span.to(expr.items[-1].span)
-        sliced = self.apply_op("slice", expr.span, expr.span, [(target, expr.target.span)],
-                               {"starts": (ListVal(tuple(starts)), items),
-                                "ends": (ListVal(tuple(ends)), items)}, scope, hint)
+        sliced = self.calls.apply_op("slice", expr.span, expr.span, [(target, expr.target.span)],
+                                     {"starts": (ListVal(tuple(starts)), items),
+                                      "ends": (ListVal(tuple(ends)), items)}, scope, hint)
         if not drop or not isinstance(sliced, TensorVal):
             return sliced
         shape = tuple(d for i, d in enumerate(sliced.type.shape) if i not in drop)
-        return self.apply_op("reshape", expr.span, expr.span, [(sliced, expr.span)],
-                             {"shape": (ListVal(shape), expr.span)}, scope, hint)
+        return self.calls.apply_op("reshape", expr.span, expr.span, [(sliced, expr.span)],
+                                   {"shape": (ListVal(shape), expr.span)}, scope, hint)
 
     # -- types -----------------------------------------------------------------------------------
     def eval_shape(self, t: ast.TensorTypeExpr, scope: Scope) -> tuple[Any, ...] | None:
@@ -379,8 +383,8 @@ class ExprEval(Context):
                     out.extend(v.items)
                     continue
                 if v is not ERROR:
-                    self.report("E0209", f"`*{d.name}` must name a list of dims", d.span,
-                                frame=scope.frame)
+                    self.ctx.report("E0209", f"`*{d.name}` must name a list of dims", d.span,
+                                    frame=scope.frame)
                 ok = False
                 continue
             v = self.want_dim(d, scope)
