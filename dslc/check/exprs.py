@@ -225,6 +225,8 @@ class ExprEval:
         return a
 
     def combine(self, expr: ast.Binary, a: Any, b: Any, scope: Scope, hint: str) -> Any:
+        if expr.op == "//":
+            return self.floor_divide(expr, a, b, scope)
         if isinstance(a, TensorVal) or isinstance(b, TensorVal):
             op = OPERATOR_OPS[expr.op]
             return self.calls.apply_op(op, expr.span, expr.op_span,
@@ -294,6 +296,23 @@ class ExprEval:
                         notes=(f"sizes and other compile-time integers are int64, at most {MAX_INT}, "
                                "as cuDNN takes them",))
         return ERROR
+
+    def floor_divide(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
+        """`a // b`: floor division of dims and integers by a positive integer (`pad = k // 2`);
+        a symbolic dim's floor is a dim of its own, bounded by the dim's range."""
+        if not (is_dim(a) and isinstance(b, int) and not isinstance(b, bool)):
+            self.ctx.report("E0209", f"`//` cannot combine {kind_of(a)} and {kind_of(b)}",
+                            expr.op_span, labels=(Label(expr.left.span, kind_of(a)),
+                                                  Label(expr.right.span, kind_of(b))),
+                            frame=scope.frame,
+                            notes=("`//` divides dims and integers by a positive integer; "
+                                   "tensors and floats use `/`",))
+            return ERROR
+        if b <= 0:
+            self.ctx.report("E0305", "`//` needs a positive divisor", expr.right.span,
+                            frame=scope.frame)
+            return ERROR
+        return dims.floordiv(a, b, self.ctx.env)
 
     def divide(self, expr: ast.Binary, a: Any, b: Any, scope: Scope) -> Any:
         if b == 0:

@@ -317,7 +317,7 @@ class _Builder:
     def compare(self, c: list[Any]) -> ast.Binary:
         return ast.Binary(self.sp(c), c[1][1], c[0], c[2], self.tsp(c[1]))
 
-    add = sub = mul = div = compare
+    add = sub = mul = div = floordiv = compare
 
     def neg(self, c: list[Any]) -> ast.Neg:
         return ast.Neg(self.sp(c), c[1])

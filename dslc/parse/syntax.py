@@ -29,7 +29,7 @@ _NAMED = {
 }
 STATEMENT_KEYWORDS = {"dim", "buckets", "precision", "layout", "input", "param", "let", "output",
                       "return"}
-_OPERATORS = {"(", "*", "+", "-", ".", "/", "[", "and", "if", "or", "comparison"}
+_OPERATORS = {"(", "*", "+", "-", ".", "/", "//", "[", "and", "if", "or", "comparison"}
 _EXPRESSION = {"(", "[", "-", "identifier", "integer", "float", "string", "true", "false"}
 
 
