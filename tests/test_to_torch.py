@@ -231,6 +231,15 @@ def test_unary_ops_match_their_definitions(tmp_path: Path) -> None:
         close(outs[f"o{i}"], want.astype(np.float32), rtol=2e-6, atol=1e-7)
 
 
+def test_softplus_of_large_values_is_the_value_itself(tmp_path: Path) -> None:
+    """log(1 + e^x) = x to f32 precision above ~17; e^x alone overflows above 88 (a generated
+    program's softplus of a sum of squares once came back infinite from the translation)."""
+    x = np.array([20.0, 88.5, 100.0, 1000.0, 3.0e38], np.float32)
+    outs = translate_run(checked(tmp_path, "  input x: [5]\n  output y: [5] = softplus(x)"),
+                         {"x": x})
+    np.testing.assert_array_equal(outs["y"], x)
+
+
 def test_binary_comparison_and_select_broadcast(tmp_path: Path) -> None:
     ops = {"a + b": np.add, "a - b": np.subtract, "a * b": np.multiply, "a / b": np.divide,
            "max(a, b)": np.maximum, "min(a, b)": np.minimum, "pow(a, b)": np.power}

@@ -37,8 +37,9 @@ UNARY: dict[str, Callable[[Tensor, Attrs], Tensor]] = {
     "sigmoid": lambda x, a: torch.sigmoid(x),
     "tanh": lambda x, a: torch.tanh(x),
     "elu": lambda x, a: F.elu(x, a["alpha"]),
-    # threshold above any float's log range: softplus exactly, not its linear tail
-    "softplus": lambda x, a: F.softplus(x, threshold=1e30),
+    # log(1 + e^x) without overflow (F.softplus's linear tail above its threshold is not exact,
+    # and with the threshold raised past it, e^x overflows for x above 88)
+    "softplus": lambda x, a: torch.logaddexp(torch.zeros_like(x), x),
     "hardsigmoid": lambda x, a: F.hardsigmoid(x),
     "hardswish": lambda x, a: F.hardswish(x),
     "exp": lambda x, a: torch.exp(x),
