@@ -171,7 +171,7 @@ def genstats(g: Gen) -> bool:
     if x is None:
         return False
     x = tame(g, x, 2.0)
-    count = 1
-    for d in x.type.shape[2:]:
+    count = 1  # genstats sums over the batch and the spatial axes (its sum of squares is the
+    for d in (x.type.shape[0], *x.type.shape[2:]):  # largest: a cast to f16 of it overflowed)
         count *= size(d) if static(d) else 64
     return g.bind_tuple("genstats", x, scale=4.0 * count)
