@@ -364,8 +364,6 @@ def pool(g: Gen) -> bool:
 
 
 def attention(g: Gen) -> bool:
-    if g.precision.io not in ("f16", "bf16"):
-        return False
     x = g.pick(lambda e: is_float(e) and e.type.rank == 3 and e.type.dtype == g.precision.io
                and static(e.type.shape[2]))
     heads = g.ch.pick([1, 2, 4])

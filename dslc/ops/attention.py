@@ -41,18 +41,24 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
             ctx.error("E0301", "`sdpa` expects rank-4 q, k and v: [B, H, S, D]", at=name,
                       label=f"{common.fmt(t)} has rank {t.rank}")
             return None
-    bad = [t.dtype for t in (q, k, v) if t.dtype not in ("f16", "bf16") and ctx.cudnn]
+    bad = [t.dtype for t in (q, k, v) if t.dtype not in ("f16", "bf16", "f32")]
     if bad:
-        labels: tuple[Label, ...] = ()
-        origin = ctx.precision_origin("io")
-        if origin is not None and bad[0] == ctx.precision.io:
-            labels = (Label(origin, f"tensors default to {bad[0]} because of this"),)
         ctx.error("E0401", f"`sdpa` does not support {bad[0]} inputs", at=None,
                   label=f"q, k and v are {'/'.join(sorted({q.dtype, k.dtype, v.dtype}))} here",
-                  labels=labels,
-                  notes=("cuDNN SDPA takes f16 or bf16",),
-                  help=("use `precision io=bf16`, or cast the inputs: `cast(q, bf16)`",))
+                  notes=("sdpa takes f16 or bf16 (cuDNN), or f32 (a fallback kernel)",))
         return None
+    if ctx.cudnn and "f32" in (q.dtype, k.dtype, v.dtype):
+        # One rule for f32 everywhere: the reference runs it, and so does the GPU, as a fallback
+        # kernel (cuDNN SDPA takes f16 or bf16): slower, never refused.
+        labels: tuple[Label, ...] = ()
+        origin = ctx.precision_origin("io")
+        if origin is not None and ctx.precision.io == "f32":
+            labels = (Label(origin, "tensors default to f32 because of this"),)
+        ctx.error("W0303", "an f32 `sdpa` runs as a fallback kernel on the GPU", at=None,
+                  label="q, k and v are f32 here", labels=labels,
+                  notes=("cuDNN SDPA takes f16 or bf16; the fallback computes the same attention "
+                         "at a fraction of the speed",),
+                  help=("use `precision io=bf16`, or cast the inputs: `cast(q, bf16)`",))
     if not common.require_same_dtype(ctx, "sdpa", "q", q, "k", k) or \
             not common.require_same_dtype(ctx, "sdpa", "q", q, "v", v):
         return None
@@ -137,6 +143,8 @@ def _lower_sdpa(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # p
     operands = a.get("operands") or ("q", "k", "v")
     named = dict(zip(operands, xs, strict=True))
     q = named["q"]
+    if q.get_data_type() == ctx.enum("data_type", "FLOAT"):
+        raise ValueError("cuDNN SDPA takes f16 or bf16: an f32 sdpa runs as a fallback kernel")
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.get_dim()[-1])
     kwargs: dict[str, Any] = {"q": q, "k": named["k"], "v": named["v"], "attn_scale": float(scale),
                               "generate_stats": False}

@@ -301,6 +301,12 @@ model m {
   output y = concat([expand(cls, shape=[3, 1, 16]), tokens], axis=1)
   output z = expand(tokens[:, 0:1, :], [3, 4, 16]) * 2.0
 }""",
+    "sdpa_f32_as_a_fallback_kernel": """model m {
+  input q: [2, 2, 16, 8]
+  input k: [2, 2, 16, 8]
+  input v: [2, 2, 16, 8]
+  output o = sdpa(q, k, v, causal=true)
+}""",
     "sdpa_gqa_with_bias_bf16": """model m {
   precision io=bf16
   input q: [2, 4, 16, 8]
