@@ -119,6 +119,11 @@ def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None,
     return g
 
 
+# Why a graph compiled without a GPU has no plan in the bundle, as `dslc inspect` says it.
+DEVICELESS_NOTE = ("built at start-up: without the GPU's driver cuDNN proposes no engine for this "
+                   "graph (its kernels are compiled at run time)")
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return (text[0] if text else type(err).__name__)[:300]
@@ -138,7 +143,8 @@ def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
             g.create_execution_plans(HEURISTICS)
         out.candidates = g.get_execution_plan_count()
     except Exception as err:
-        out.note = f"no candidate plan: {_first_line(err)}"
+        out.note = (DEVICELESS_NOTE if handle is None
+                    else f"no candidate plan: {_first_line(err)}")
         out.build_s = time.perf_counter() - start
         return out
     for index in range(out.candidates):

@@ -204,7 +204,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 plan = g.plan
                 state = (f"engine {plan.engine_id} knobs {dict(plan.knobs)}, workspace "
                          f"{plan.workspace} B" if plan.engine_id is not None
-                         else f"no plan yet ({(plan.note or '')[:80]})")
+                         else f"no plan yet: {plan.note or 'none recorded'}")
                 print(f"        {b.key}: {state}")
         if step.reason:
             print(f"        why: {step.reason}")
