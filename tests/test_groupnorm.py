@@ -66,3 +66,18 @@ def test_groups_that_do_not_split_the_channels_are_refused(groups: int, code: st
     checked = check_source(_source("  input x: [2, 8, 5, 6]\n  param g: [8]\n  param b: [8]\n"
                                    f"  output y = groupnorm(x, g, b, groups={groups})"), tmp_path)
     assert checked.codes == [code]
+
+
+def test_the_statistics_stay_f32_inside_a_bf16_fused_group(tmp_path: Path) -> None:
+    """A group of one value normalises to 0, so the result is the bias: with the mean rounded to
+    the bf16 intermediate dtype, x - mean was 1e-4 and 1/sqrt(eps) made the result 0.1 off."""
+    model = check_source(_source("  input x: f32[1, 4, 1, 1]\n  param g: [4]\n  param b: [4]\n"
+                                 "  output y = groupnorm(x, g, b, groups=4, eps=1e-5)",
+                                 "io=bf16, intermediate=bf16, compute=f32"), tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    x = np.array([0.22789852, 0.21274008, 0.24967523, 0.27594087], np.float32).reshape(1, 4, 1, 1)
+    g = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
+    b = np.array([0.0795898, 0.0218506, 0.103027, 0.0952148], np.float32)
+    got = interp.run(lowered, {"x": x}, {"g": g, "b": b}, model.env, virtual=plan.virtual())["y"]
+    bias_bf16 = torch.from_numpy(b).to(torch.bfloat16).float().numpy()
+    np.testing.assert_allclose(got.ravel(), bias_bf16, rtol=0, atol=1e-6)
