@@ -131,3 +131,11 @@ def test_why_a_plan_is_not_stored_is_logged(tmp_path: Path,
         plancache.store(path, {"serialized": b"x"})
     [message] = caplog.messages
     assert message.startswith(f"plan cache {path} not written ([Errno 20] Not a directory")
+
+
+def test_the_cache_lives_under_the_users_cache_folder(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The user cache folder is $XDG_CACHE_HOME where it is set (the XDG base directory spec,
+    # which platformdirs follows on Linux, where dslc runs).
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert plancache.default_dir() == tmp_path / "dslc" / "plans"
