@@ -52,8 +52,7 @@ def _solve(d: Any, got: int, dims: dict[str, int]) -> bool:
 
 
 def _show(d: Any) -> str:
-    if isinstance(d, int):
-        return str(d)
+    """A symbolic manifest dim as the source spells it (an int size is checked on its own)."""
     parts = []
     for mono, num, den in d["terms"]:
         body = " * ".join(s for s, p in mono for _ in range(p))
