@@ -154,11 +154,12 @@ def mutmut(folder: Path, jobs: int, names: list[str]) -> None:
 
 
 def run_group(group: str, config: dict[str, object], files: list[str], fresh: bool,
-              jobs: int) -> Path:
+              jobs: int, survivors_only: bool = False) -> Path:
     folder = prepare(group, config, files, fresh)
     before = {name for codes in results(folder).values() for name, code in codes.items()
               if status(code) in (SURVIVED, NO_TESTS)}
-    mutmut(folder, jobs, [])
+    if not survivors_only:
+        mutmut(folder, jobs, [])
     after = {name: code for codes in results(folder).values() for name, code in codes.items()}
     again = sorted(n for n in before if status(after.get(n)) in (SURVIVED, NO_TESTS))
     if again:  # cached survivors: tests added since may kill them
@@ -219,6 +220,8 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="forget the cached results")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="mutants at once")
     parser.add_argument("--report", action="store_true", help="only print the last results")
+    parser.add_argument("--survivors", action="store_true",
+                        help="only test the last run's survivors again (after adding tests)")
     args = parser.parse_args()
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
@@ -231,7 +234,8 @@ def main() -> None:
         if args.report:
             folders[group] = WORK / group
             continue
-        folders[group] = run_group(group, config, files, args.fresh, args.jobs)
+        folders[group] = run_group(group, config, files, args.fresh, args.jobs,
+                                   args.survivors)
         print(f"{group}: {time.monotonic() - t0:.0f} s", flush=True)
     report(folders)
     if not args.report:

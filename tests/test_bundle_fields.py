@@ -145,6 +145,8 @@ def test_a_name_must_be_one_the_data_defines() -> None:
         f.names([], "p", {"a"}, lo=1)
     with refused("p[0]: expected a string of at most 65536 characters, got 1"):
         f.names([1], "p", {"a"})
+    with refused("p: expected a list, got a list of 1"):
+        f.names(("a",), "p", {"a"})
 
 
 def test_ints_are_checked_each_and_in_number() -> None:
@@ -161,6 +163,8 @@ def test_ints_are_checked_each_and_in_number() -> None:
         f.ints([1], "p", n_lo=2, n_hi=3)
     with refused("p[0]: expected a non-negative int, got true"):
         f.ints([True], "p")
+    with refused("p: expected a list, got a list of 2"):
+        f.ints((1, 2), "p")  # a tuple of fine ints is still no list
 
 
 def test_an_int_map_has_short_string_keys_and_bounded_values() -> None:
