@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Mutation testing (mutmut 3) of the modules that hold dslc's numeric and safety logic.
 
-    scripts/mutation.py [GROUP ...] [--fresh] [--jobs N]
+    scripts/mutation.py [GROUP ...] [--fresh] [--jobs N] [--survivors] [--report]
 
 GROUP is one of ir, ops, lower, fuse, runtime, weights, tune (all of them, in that order, when
 none is named). The modules are `[tool.mutmut] only_mutate` in pyproject.toml; GROUPS below maps
@@ -14,12 +14,12 @@ Results are cached: a second run tests only the mutants of functions that change
 earlier survivors again (new tests may kill them). `--fresh` forgets the cache. The script prints,
 per module, the mutants killed by a test, rejected by mypy (the CI gate), timed out or crashed,
 and the survivors; the survivors listed in docs/mutation.md as equivalent are marked so.
-`cd build/mutation/GROUP && mutmut show NAME` shows one mutant; `mutmut apply NAME` there writes
-it into the group's copy (never into the checkout).
+`cd build/mutation/GROUP && mutmut show NAME` shows one mutant. (Not `mutmut apply` there: the
+group's `dslc` is a link to the checkout, so it would write the mutant into the source.)
 
-Time, fresh, on 2 shared CPU cores (2 workers): ir ~25 min, ops ~2 h, lower ~40 min, fuse
-~15 min, runtime ~2 h, weights ~10 min, tune ~10 min (docs/mutation.md has the measured times).
-A cached run with nothing changed takes a minute or two per group.
+Time (docs/mutation.md has the measurements): fresh, on 2 busy CPU cores, `ir` took 32 min;
+`ops` (4,529 mutants) would take hours. A cached run with nothing changed takes a minute or two
+per group; `--survivors` tests only the last survivors again (after adding tests).
 
 Installs nothing: it needs the `dev` extra (mutmut, mypy) in the Python that runs it.
 """
