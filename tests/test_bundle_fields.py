@@ -141,6 +141,10 @@ def test_a_name_must_be_one_the_data_defines() -> None:
     assert f.names([], "p", {"a"}) == ()
     with refused("p[1]: `b` is not a value of the graph"):
         f.names(["a", "b"], "p", {"a"})
+    with refused("p[0]: `b` is not a value of the graph"):
+        f.names(["b", "c"], "p", {"a"})  # none of them known
+    with refused("p[0]: `x` is not a step"):
+        f.names(["x"], "p", {"a"}, "a step")
     with refused("p: 0 entries, expected 1..1048576"):
         f.names([], "p", {"a"}, lo=1)
     with refused("p[0]: expected a string of at most 65536 characters, got 1"):
