@@ -44,10 +44,13 @@ def test_a_map_needs_string_keys_its_required_fields_and_no_unknown_one() -> Non
         f.mapping({"k" * 50: 1}, "p", (), ())
 
 
-def test_a_map_or_a_list_of_more_than_max_items_entries_is_refused() -> None:
-    big = dict.fromkeys((str(i) for i in range(f.MAX_ITEMS + 1)), 0)
-    with refused(f"p: {f.MAX_ITEMS + 1} entries, more than {f.MAX_ITEMS}"):
-        f.mapping(big, "p")
+def test_a_map_or_a_list_of_more_than_max_items_entries_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(f, "MAX_ITEMS", 4)  # a map's bound is read at each call
+        assert len(f.mapping(dict.fromkeys("abcd", 0), "p")) == 4
+        with refused("p: 5 entries, more than 4"):
+            f.mapping(dict.fromkeys("abcde", 0), "p")
     assert len(f.items([0] * f.MAX_ITEMS, "p")) == f.MAX_ITEMS
     with refused(f"p: {f.MAX_ITEMS + 1} entries, expected 0..{f.MAX_ITEMS}"):
         f.items([0] * (f.MAX_ITEMS + 1), "p")
@@ -122,12 +125,13 @@ def test_a_flag_is_true_or_false_only() -> None:
         f.opt_flag(0, "p")
 
 
-def test_a_blob_is_bytes_of_at_most_max_blob() -> None:
-    assert f.blob(None, "p") is None and f.blob(b"\x00", "p") == b"\x00"
-    with refused(f"p: expected bytes (at most {f.MAX_BLOB}), got \"x\""):
+def test_a_blob_is_bytes_of_at_most_max_blob(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f, "MAX_BLOB", 8)  # the bound read at each call, without 256 MiB here
+    assert f.blob(None, "p") is None and f.blob(bytes(8), "p") == bytes(8)
+    with refused('p: expected bytes (at most 8), got "x"'):
         f.blob("x", "p")
-    with refused(f"p: expected bytes (at most {f.MAX_BLOB}), got {f.MAX_BLOB + 1} bytes"):
-        f.blob(bytes(f.MAX_BLOB + 1), "p")
+    with refused("p: expected bytes (at most 8), got 9 bytes"):
+        f.blob(bytes(9), "p")
 
 
 def test_a_name_must_be_one_the_data_defines() -> None:
@@ -140,10 +144,16 @@ def test_a_name_must_be_one_the_data_defines() -> None:
     assert f.names([], "p", {"a"}) == ()
     with refused("p[1]: `b` is not a value of the graph"):
         f.names(["a", "b"], "p", {"a"})
+    with refused("p[0]: `b` is not a value of the graph"):
+        f.names(["b", "c"], "p", {"a"})  # none of them known
+    with refused("p[0]: `x` is not a step"):
+        f.names(["x"], "p", {"a"}, "a step")
     with refused("p: 0 entries, expected 1..1048576"):
         f.names([], "p", {"a"}, lo=1)
     with refused("p[0]: expected a string of at most 65536 characters, got 1"):
         f.names([1], "p", {"a"})
+    with refused("p: expected a list, got a list of 1"):
+        f.names(("a",), "p", {"a"})
 
 
 def test_ints_are_checked_each_and_in_number() -> None:
@@ -160,6 +170,8 @@ def test_ints_are_checked_each_and_in_number() -> None:
         f.ints([1], "p", n_lo=2, n_hi=3)
     with refused("p[0]: expected a non-negative int, got true"):
         f.ints([True], "p")
+    with refused("p: expected a list, got a list of 2"):
+        f.ints((1, 2), "p")  # a tuple of fine ints is still no list
 
 
 def test_an_int_map_has_short_string_keys_and_bounded_values() -> None:

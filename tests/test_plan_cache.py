@@ -3,8 +3,12 @@ writes, and a damaged or unwritable cache costs speed, never correctness."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from dslc.runtime import plancache
@@ -84,3 +88,54 @@ def test_an_unwritable_cache_is_not_an_error(tmp_path: Path) -> None:
     blocked.write_text("the cache folder cannot be made under a file")
     plancache.store(plancache.path_for(blocked, SPEC, ENV), {"serialized": b"x"})
     assert blocked.read_text().startswith("the cache")
+
+
+def test_a_file_is_named_by_32_hex_digits_of_the_keys_sha256(tmp_path: Path) -> None:
+    # Written out from the documented key: the graph's data and the six environment fields in
+    # their order, as sorted-key JSON; files of earlier runs are found only under the same name.
+    text = json.dumps([SPEC, [ENV[k] for k in ("device_name", "compute_capability", "sm_count",
+                                               "cudnn_backend", "cudnn_frontend", "driver")]],
+                      sort_keys=True)
+    path = plancache.path_for(tmp_path, SPEC, ENV)
+    assert path == tmp_path / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.plan"
+
+
+def test_graph_data_json_cannot_write_still_makes_a_key(tmp_path: Path) -> None:
+    spec = {**SPEC, "blob": b"\x00\x01"}
+    assert plancache.path_for(tmp_path, spec, ENV) == plancache.path_for(tmp_path, spec, ENV)
+    assert plancache.path_for(tmp_path, spec, ENV) != plancache.path_for(tmp_path, SPEC, ENV)
+
+
+def test_a_plan_without_serialized_bytes_is_a_miss(tmp_path: Path) -> None:
+    path = plancache.path_for(tmp_path, SPEC, ENV)
+    plancache.store(path, {"engine_id": 3, "knobs": {}, "workspace": 0, "serialized": b""})
+    assert path.exists() and plancache.load(path) is None
+
+
+def test_why_a_file_is_not_used_is_logged_naming_the_field(tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture,
+                                                           ) -> None:
+    path = plancache.path_for(tmp_path, SPEC, ENV)
+    path.write_bytes(msgpack.packb({"engine_id": 3, 5: 0}))  # a key that is no string
+    with caplog.at_level(logging.DEBUG, logger="dslc.runtime"):
+        assert plancache.load(path) is None
+    assert caplog.messages == [f"plan cache {path} unreadable (plan: a key 5 is not a string)"]
+
+
+def test_why_a_plan_is_not_stored_is_logged(tmp_path: Path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    path = plancache.path_for(blocked, SPEC, ENV)
+    with caplog.at_level(logging.DEBUG, logger="dslc.runtime"):
+        plancache.store(path, {"serialized": b"x"})
+    [message] = caplog.messages
+    assert message.startswith(f"plan cache {path} not written ([Errno 20] Not a directory")
+
+
+def test_the_cache_lives_under_the_users_cache_folder(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The user cache folder is $XDG_CACHE_HOME where it is set (the XDG base directory spec,
+    # which platformdirs follows on Linux, where dslc runs).
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert plancache.default_dir() == tmp_path / "dslc" / "plans"

@@ -188,3 +188,59 @@ def test_a_cpu_torch_tensor_is_r0501() -> None:
     assert err.value.code == "R0501"
     assert str(err.value) == ("error[R0501]: input `a` is a CPU tensor; move it to the GPU "
                               "(`.cuda()`) (declared at m.cgraph:5:3)")
+
+
+# -- manifests written out here: sizes of every form the binder reads, worked out by hand ------
+
+def poly(*terms: tuple[tuple[tuple[str, int], ...], int, int]) -> dict[str, Any]:
+    """A manifest dim: sum of num/den * product of sym**power."""
+    return {"terms": [[[list(m) for m in mono], num, den] for mono, num, den in terms]}
+
+
+def hand_manifest(*shapes: list[Any], dims: str = "PQSTU") -> dict[str, Any]:
+    return {"model": "h",
+            "inputs": [{"name": f"x{i}", "dtype": "f32", "shape": s, "span": None}
+                       for i, s in enumerate(shapes)],
+            "dims": [{"name": d, "lo": 0, "hi": 100, "align": 1, "span": None} for d in dims]}
+
+
+def given(*sizes: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {f"x{i}": ((n,), "f32") for i, n in enumerate(sizes)}
+
+
+T1, U1 = (("T", 1),), (("U", 1),)
+
+
+def test_known_terms_with_any_coefficient_are_taken_off_before_solving() -> None:
+    # P + 3 * T + U / 2 + 2 = 15 with T = 2, U = 4: P = 15 - 6 - 2 - 2 = 5; 3 * S / 2 = 6: S = 4.
+    m = hand_manifest([poly(((("P", 1),), 1, 1), (T1, 3, 1), (U1, 1, 2), ((), 2, 1))],
+                      [poly(((("S", 1),), 3, 2))], [poly((T1, 1, 1))], [poly((U1, 1, 1))])
+    assert bind_inputs(m, given(15, 6, 2, 4)) == {"P": 5, "S": 4, "T": 2, "U": 4}
+
+
+def test_a_known_dim_is_raised_to_its_power() -> None:
+    # P + T * T = 14 with T = 3: P = 5; and T * T is checked as 9 (T * 2 would be 6).
+    m = hand_manifest([poly((T1, 1, 1))], [poly(((("P", 1),), 1, 1), ((("T", 2),), 1, 1))],
+                      [poly(((("T", 2),), 1, 1))])
+    assert bind_inputs(m, given(3, 14, 9)) == {"P": 5, "T": 3}
+
+
+def test_a_square_of_the_unknown_dim_is_not_solved_but_refused() -> None:
+    m = hand_manifest([poly(((("S", 2),), 1, 1))])
+    with pytest.raises(RunnerError, match=r"^error\[R0301\]: input `x0` has size 9 on axis 0, "
+                                          r"expected S \* S$"):
+        bind_inputs(m, given(9))
+
+
+def test_sizes_are_solved_down_a_chain_of_later_inputs() -> None:
+    # Q + P = 10, P + T = 5, T = 2, declared in that order: T, then P = 3, then Q = 7.
+    m = hand_manifest([poly(((("Q", 1),), 1, 1), ((("P", 1),), 1, 1))],
+                      [poly(((("P", 1),), 1, 1), (T1, 1, 1))], [poly((T1, 1, 1))])
+    assert bind_inputs(m, given(10, 5, 2)) == {"P": 3, "Q": 7, "T": 2}
+
+
+def test_a_dim_no_input_binds_does_not_stop_the_range_checks_of_the_others() -> None:
+    m = hand_manifest([poly((T1, 1, 1))], dims="PT")
+    m["dims"][1]["hi"] = 8
+    with pytest.raises(RunnerError, match=r"^error\[R0601\]: dim `T` is 9, outside 0\.\.8$"):
+        bind_inputs(m, given(9))

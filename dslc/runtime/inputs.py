@@ -51,9 +51,8 @@ def _solve(d: Poly, got: int, dims: dict[str, int]) -> bool:
     return True
 
 
-def _show(d: Dim) -> str:
-    if isinstance(d, int):
-        return str(d)
+def _show(d: Poly) -> str:
+    """A symbolic manifest dim as the source spells it (an int size is checked on its own)."""
     parts = []
     for mono, c in d.terms:
         num, den = Fraction(c).numerator, Fraction(c).denominator
