@@ -76,6 +76,17 @@ def no_fp8(ctx: InferCtx, op: str, arg: str, t: TensorType) -> bool:
     return False
 
 
+def no_bool_arithmetic(ctx: InferCtx, op: str, arg: str, t: TensorType) -> bool:
+    """Masks are for `select` and comparisons: arithmetic on bools has no single meaning (numpy
+    reads `+` as `or` and refuses `-`), so it is refused rather than given one silently."""
+    if t.dtype != "bool":
+        return True
+    ctx.error("E0401", f"`{op}` does not take bool inputs", at=arg, label="bool here",
+              notes=("a comparison's result is a mask, for `select`",),
+              help=(f"for 0/1 values, cast it first: `cast({ctx.text(arg)}, f32)`",))
+    return False
+
+
 def require_same_dtype(ctx: InferCtx, op: str, a: str, ta: TensorType, b: str,
                        tb: TensorType) -> bool:
     if ta.dtype == tb.dtype:

@@ -158,7 +158,7 @@ OPERATOR_OPS.update({spelling: name for name, spelling in COMPARE.items()})
 # `partial` in `_ops`: plain functions, so that each is one unit to test (and to mutate).
 def _unary_rule(name: str, float_only: bool, ctx: InferCtx, a: Args) -> TensorType | None:
     x = a.t("x")
-    if not common.no_fp8(ctx, name, "x", x):
+    if not (common.no_fp8(ctx, name, "x", x) and common.no_bool_arithmetic(ctx, name, "x", x)):
         return None
     if float_only and not common.require_float(ctx, name, "x", x):
         return None
@@ -176,6 +176,9 @@ def _binary_rule(name: str, float_only: bool, compare: bool, ctx: InferCtx, a: A
     what = OPERATOR_OPS_INV.get(name, name)
     x, y = a.t("a"), a.t("b")
     if not (common.no_fp8(ctx, what, "a", x) and common.no_fp8(ctx, what, "b", y)):
+        return None
+    if not compare and not (common.no_bool_arithmetic(ctx, what, "a", x)
+                            and common.no_bool_arithmetic(ctx, what, "b", y)):
         return None
     if not common.check_mixed_numeric(ctx, what, [("a", x), ("b", y)]):
         return None
