@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dslc.core.types import Layout
 from dslc.ir.graph import Node
 from dslc.ir.views import same_memory
 from dslc.ops import OPS
@@ -60,8 +61,13 @@ def _one_memory_order(nodes: list[Node]) -> str | None:
     for n in nodes[1:]:
         if n.type.layout is not None and order is not None and \
                 not same_memory(n.type.shape, n.type.layout.order, order.order):
-            return f"%{n.name} is stored {n.type.layout}, unlike %{nodes[0].name} ({order})"
+            return (f"%{n.name} is stored {_order(n.type.layout)}, unlike %{nodes[0].name} "
+                    f"({_order(order)})")
     return _float_io(nodes)
+
+
+def _order(layout: Layout) -> str:
+    return "row-major" if layout.is_row_major else str(layout)
 
 
 def _matmul_epilogue(nodes: list[Node]) -> str | None:

@@ -1,0 +1,56 @@
+"""The fusion patterns' support checks, unit by unit on hand-made nodes (`dslc.fuse.patterns`):
+what cuDNN cannot take (integer tensors, a matmul past 3 batch axes) and one memory order per
+conv, matmul, norm or reduction graph; and the pattern table read off the op table."""
+
+from __future__ import annotations
+
+from dslc.core.types import Layout, PrecisionSpec, TensorType
+from dslc.diag.span import Span
+from dslc.fuse.patterns import PATTERNS, _float_io, _matmul_epilogue, _one_memory_order, _ops
+from dslc.ir.graph import Attrs, Node
+
+SPAN = Span("test.cgraph", 1, 1, 1, 2)
+NHWC, NCHW = Layout((0, 2, 3, 1)), Layout((0, 1, 2, 3))
+
+
+def node(name: str, op: str, shape: tuple[int, ...], dtype: str = "f16",
+         layout: Layout | None = None) -> Node:
+    return Node(name, op, (), Attrs({}), TensorType(dtype, shape, layout), SPAN, "",
+                PrecisionSpec())
+
+
+def test_integer_tensors_are_refused_by_every_pattern() -> None:
+    for dtype in ("i64", "u8"):
+        chain = [node("a", "relu", (4,)), node("b", "neg", (4,), dtype)]
+        assert _float_io(chain) == f"cuDNN graphs do not take {dtype} tensors (%b)"
+    assert _float_io([node("a", "relu", (4,)), node("b", "neg", (4,), "f32")]) is None
+
+
+def test_a_matmul_takes_at_most_three_batch_axes() -> None:
+    assert _matmul_epilogue([node("m", "matmul", (2, 3, 4, 5))]) is None
+    assert _matmul_epilogue([node("m", "matmul", (2, 2, 3, 4, 5))]) == \
+        "cuDNN matmul takes at most 3 batch axes; %m has rank 5"
+
+
+def test_the_first_epilogue_op_in_another_memory_order_is_named_against_the_anchor() -> None:
+    conv = node("c", "conv", (2, 8, 4, 4), layout=NHWC)
+    same = node("r", "relu", (2, 8, 4, 4), layout=NHWC)
+    other = node("o", "relu", (2, 8, 4, 4), layout=NCHW)
+    assert _one_memory_order([conv, same]) is None
+    assert _one_memory_order([conv, other]) == "%o is stored row-major, unlike %c (@NHWC)"
+    assert _one_memory_order([conv, same, other]) == "%o is stored row-major, unlike %c (@NHWC)"
+    # The same bytes: size-1 axes take no place in memory.
+    one = [node("c", "conv", (2, 8, 1, 1), layout=NHWC), node("o", "relu", (2, 8, 1, 1),
+                                                             layout=NCHW)]
+    assert _one_memory_order(one) is None
+    assert _one_memory_order([conv, node("i", "cast", (2, 8, 4, 4), "i64", NHWC)]) is not None
+
+
+def test_the_pattern_table_reads_roles_and_families_off_the_op_table() -> None:
+    assert _ops("anchor", "conv") == {"conv", "conv_transpose"}
+    assert _ops("anchor", "matmul") == {"matmul"}
+    assert _ops("anchor", "attention") == {"sdpa"}
+    assert {"layernorm", "rmsnorm", "instancenorm", "batchnorm"} == _ops("norm")
+    anchors = {p.name: p.anchors for p in PATTERNS}
+    assert anchors["conv_epilogue"] == {"conv", "conv_transpose"}
+    assert anchors["sdpa"] == {"sdpa"}
