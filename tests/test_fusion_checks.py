@@ -4,10 +4,14 @@ conv, matmul, norm or reduction graph; and the pattern table read off the op tab
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dslc.core.types import Layout, PrecisionSpec, TensorType
 from dslc.diag.span import Span
 from dslc.fuse.patterns import PATTERNS, _float_io, _matmul_epilogue, _one_memory_order, _ops
 from dslc.ir.graph import Attrs, Node
+from dslc.pipeline import lower_and_fuse
+from tests.helpers import check_source
 
 SPAN = Span("test.cgraph", 1, 1, 1, 2)
 NHWC, NCHW = Layout((0, 2, 3, 1)), Layout((0, 1, 2, 3))
@@ -54,3 +58,34 @@ def test_the_pattern_table_reads_roles_and_families_off_the_op_table() -> None:
     anchors = {p.name: p.anchors for p in PATTERNS}
     assert anchors["conv_epilogue"] == {"conv", "conv_transpose"}
     assert anchors["sdpa"] == {"sdpa"}
+
+
+def _reasons(text: str, tmp_path: Path) -> dict[str, str]:
+    """Each single-op group's reason, by the op's value name."""
+    model = check_source(text, tmp_path).model
+    _, plan = lower_and_fuse(model)
+    return {g.nodes[0]: g.reason for g in plan.groups if len(g.nodes) == 1}
+
+
+def test_each_op_left_alone_says_why(tmp_path: Path) -> None:
+    reasons = _reasons("""model m {
+  input x: [4, 8]
+  param w: [8, 8]
+  let a = relu(x)
+  let v = transpose(a, [1, 0])
+  let b = exp(v)
+  let m = matmul(x, w)
+  let s = sigmoid(m)
+  let t = tanh(m)
+  output o1 = a
+  output o2 = b
+  output o3 = s
+  output o4 = t
+  output o5 = neg(a)
+}
+""", tmp_path)
+    assert reasons["a"] == "it reads the model input %x; no op runs before it"
+    assert reasons["b"] == "it reads the view %v, whose base must be stored"
+    assert reasons["s"] == "%m is also read by %t, so it is stored and this op starts a new graph"
+    assert reasons["t"] == "%m is also read by %s, so it is stored and this op starts a new graph"
+    assert reasons["o5"] == "%a is a model output, so it is stored"
