@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dslc.fuzz.oracle import Failure, Outcome, _checked, _lower, make_inputs, make_weights
+from dslc.fuzz.oracle import Failure, Outcome, _checked, _lower, make_inputs, make_weights, relative_error
 from dslc.fuzz.program import Program
 from dslc.ir import interp
 from dslc.pipeline import Options
@@ -121,7 +121,7 @@ def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
         if a.shape != b.shape or not np.isfinite(a).all():
             raise Failure(Outcome("mismatch", "run", f"output {name}: shape {a.shape} or "
                                                      f"values not finite"))
-        errors[name] = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-2)) if a.size else 0.0
+        errors[name] = relative_error(a, b)
         if errors[name] > TOLERANCE[dtype]:
             raise Failure(Outcome("mismatch", "run", f"output {name}: relative error "
                                                      f"{errors[name]:.3e} > {TOLERANCE[dtype]} "
@@ -188,12 +188,9 @@ def _identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray], stage: str, w
         x, y = np.asarray(a[name]), np.asarray(b[name])
         if name not in varies and x.tobytes() != y.tobytes():
             raise Failure(Outcome("metamorphic", stage, f"output {name}: {what}"))
-        if name in varies:
-            x64, y64 = x.astype(np.float64), y.astype(np.float64)
-            err = float(np.abs(x64 - y64).max() / max(np.abs(x64).max(), 1e-2)) if x.size else 0.0
-            if err > tolerance:
-                raise Failure(Outcome("metamorphic", stage, f"output {name}: {what} "
-                                                            f"(relative {err:.2e})"))
+        if name in varies and (err := relative_error(y, x)) > tolerance:
+            raise Failure(Outcome("metamorphic", stage, f"output {name}: {what} "
+                                                        f"(relative {err:.2e})"))
 
 
 def _narrowest(program: Any) -> str:

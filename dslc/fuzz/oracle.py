@@ -243,6 +243,13 @@ def torch_outputs(graph: Graph, env: Any, run_dims: dict[str, int],
     return to_torch.run(program, inputs)
 
 
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max|got - want| relative to the output's magnitude, with a floor: a value that cancels to
+    ~0 in both (x - x, a mean of x and -x) differs by rounding noise that is not an error."""
+    a, b = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-2)) if a.size else 0.0
+
+
 def compare(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], dtype: str,
             ) -> dict[str, float]:
     tol = TOLERANCE[dtype]
@@ -256,9 +263,7 @@ def compare(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], dtype: s
         if not (np.isfinite(a).all() and np.isfinite(b).all()):
             bad = "ours" if not np.isfinite(a).all() else "PyTorch's"
             raise Failure(Outcome("mismatch", "torch", f"output {name}: {bad} not finite"))
-        # Relative to the output's magnitude, with a floor: a value that cancels to ~0 in both
-        # (x - x, a mean of x and -x) differs by rounding noise that is not an error.
-        err = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-2)) if a.size else 0.0
+        err = relative_error(a, b)
         errors[name] = err
         if err > tol:
             raise Failure(Outcome("mismatch", "torch", f"output {name}: relative error {err:.3e} "
