@@ -3,6 +3,7 @@ precision, per-axis attributes, axes lists and output sizes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -10,7 +11,7 @@ from dslc.core import dims
 from dslc.core.dims import Dim
 from dslc.core.types import BITS, FP8, TensorType, format_shape, format_type, is_float, is_int
 from dslc.diag.diagnostic import Label
-from dslc.ops.opdef import InferCtx
+from dslc.ops.opdef import InferCtx, LowerCtx
 
 
 def fmt(t: TensorType) -> str:
@@ -205,3 +206,9 @@ def same_shape(ctx: InferCtx, op: str, arg: str, t: TensorType, expected: tuple[
     ctx.error("E0301", f"`{arg}` of `{op}` must have shape {format_shape(expected)}", at=arg,
               label=fmt(t), notes=(f"{what}",))
     return False
+
+
+def lower_identity(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
+    """cuDNN's identity: a cast or a copy (the new dtype and strides are set on the result), or
+    an `expand` (cuDNN broadcasts the operand over the size-1 axes it reads)."""
+    return ctx.g.identity(input=xs[0])

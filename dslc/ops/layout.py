@@ -17,7 +17,7 @@ from dslc.core import dims
 from dslc.core.dims import Dim
 from dslc.core.types import Layout, TensorType, format_shape
 from dslc.ops import common
-from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
+from dslc.ops.opdef import Args, InferCtx, Kind, OpDef, Param
 
 
 def _product(shape: tuple[Dim, ...]) -> Dim:
@@ -241,11 +241,6 @@ def _expand(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(x.dtype, shape)
 
 
-def _lower_expand(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
-    """An identity whose operand cuDNN broadcasts over the size-1 axes it reads."""
-    return ctx.g.identity(input=xs[0])
-
-
 def _slice_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     return xs[0][tuple(slice(s, e) for s, e in zip(a["starts"], a["ends"], strict=True))]
 
@@ -263,7 +258,7 @@ OPS = [
           "written `x[a:b, ...]`", fusion="view", reference=_slice_ref),
     OpDef("expand", "layout", (Param("x", Kind.TENSOR), Param("shape", Kind.SHAPE)), _expand,
           "shape", "x repeated along its size-1 axes (broadcast_to; new axes lead; -1 keeps one)",
-          reference=lambda xs, a: np.broadcast_to(xs[0], a["shape"]).copy(), lower=_lower_expand),
+          reference=lambda xs, a: np.broadcast_to(xs[0], a["shape"]).copy(), lower=common.lower_identity),
     OpDef("concat", "layout", (Param("xs", Kind.TENSORS), Param("axis", Kind.INT, 0)), _concat,
           "axes summed along `axis`", "join tensors along an axis",
           reference=lambda xs, a: np.concatenate(xs, axis=a["axis"])),

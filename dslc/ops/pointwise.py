@@ -336,10 +336,6 @@ def _lower_along(method: str) -> LowerFn:  # pragma: no mutate block
     return lower
 
 
-def _lower_identity(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
-    return ctx.g.identity(input=xs[0])  # the new dtype / strides are set on the result
-
-
 def _ops() -> list[OpDef]:  # pragma: no mutate block (run once, at import)
     out = []
     for name, (extra, float_only, summary) in UNARY.items():
@@ -376,10 +372,10 @@ def _ops() -> list[OpDef]:  # pragma: no mutate block (run once, at import)
                      (Param("x", Kind.TENSOR), Param("dtype", Kind.DTYPE, REQUIRED, DTYPES)),
                      _cast, "shape of x", "convert to another dtype", fusion="epilogue",
                      reference=lambda xs, a: xs[0],  # the caller rounds to the new dtype
-                     lower=_lower_identity))
+                     lower=common.lower_identity))
     out.append(OpDef("contiguous", "pointwise", (Param("x", Kind.TENSOR),), _contiguous,
                      "shape of x", "copy into a new layout",
-                     reference=lambda xs, a: xs[0], lower=_lower_identity))
+                     reference=lambda xs, a: xs[0], lower=common.lower_identity))
     return out
 
 
