@@ -74,12 +74,13 @@ def assign_layouts(rw: Rewriter, node: Node) -> str | None:
     return rw.new("contiguous", (inner,), {}, node.type, node, node.name)
 
 
-def _copy_into(rw: Rewriter, name: str, order: tuple[int, ...], reader: Node, key: str) -> str:
-    """`name` copied into memory order `order`, made once for all its readers."""
+def _copy_into(rw: Rewriter, name: str, order: tuple[int, ...], like: Node, key: str) -> str:
+    """`name` copied into memory order `order` (a node named `key`, derived from `like`), made
+    once for all its readers."""
     if key not in rw.memo:
         t = rw.node(name).type
         rw.memo[key] = rw.new("contiguous", (name,), {},
-                              TensorType(t.dtype, t.shape, Layout(order)), reader, key)
+                              TensorType(t.dtype, t.shape, Layout(order)), like, key)
     return rw.memo[key]
 
 
@@ -133,12 +134,7 @@ def _aligned(rw: Rewriter, name: str) -> str:
     x = rw.node(name)
     if x.op != "view" or views.aligned(x.attrs["offset"], ITEMSIZE[x.type.dtype]):
         return name
-    if name not in rw.memo:
-        shape = x.type.shape
-        rw.memo[name] = rw.new("contiguous", (name,), {},
-                               TensorType(x.type.dtype, shape, Layout.row_major(len(shape))), x,
-                               f"{name}.aligned")
-    return rw.memo[name]
+    return _copy_into(rw, name, tuple(range(x.type.rank)), x, f"{name}.aligned")
 
 
 def copy_for_layout_rules(rw: Rewriter, node: Node) -> Node:
@@ -183,8 +179,8 @@ def weights_like_inputs(rw: Rewriter, node: Node) -> str | None:
     if x.layout is None or x.layout.order != order or w.layout is None \
             or w.layout.order == order:
         return None
-    copy = rw.new("contiguous", (node.inputs[1],), {}, TensorType(w.dtype, w.shape, Layout(order)),
-                  rw.node(node.inputs[1]), f"{node.inputs[1]}.channels_last")
+    weight = node.inputs[1]
+    copy = _copy_into(rw, weight, order, rw.node(weight), f"{weight}.channels_last")
     return rw.emit(replace(node, inputs=(node.inputs[0], copy)))
 
 
