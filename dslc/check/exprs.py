@@ -277,10 +277,15 @@ class ExprEval:
             result = {"+": operator.add, "-": operator.sub, "*": operator.mul,
                       "/": operator.truediv}[expr.op](float(a), float(b))
             return result
+        return self.cannot_combine(expr, a, b, scope)
+
+    def cannot_combine(self, expr: ast.Binary, a: Any, b: Any, scope: Scope,
+                       notes: tuple[str, ...] = ()) -> Any:
+        """E0209 at the operator, each operand labelled with its kind."""
         self.ctx.report("E0209", f"`{expr.op}` cannot combine {kind_of(a)} and {kind_of(b)}",
                         expr.op_span, labels=(Label(expr.left.span, kind_of(a)),
                                               Label(expr.right.span, kind_of(b))),
-                        frame=scope.frame)
+                        frame=scope.frame, notes=notes)
         return ERROR
 
     def int64(self, value: Any, expr: ast.Binary, scope: Scope) -> Any:
@@ -301,13 +306,9 @@ class ExprEval:
         """`a // b`: floor division of dims and integers by a positive integer (`pad = k // 2`);
         a symbolic dim's floor is a dim of its own, bounded by the dim's range."""
         if not (is_dim(a) and isinstance(b, int) and not isinstance(b, bool)):
-            self.ctx.report("E0209", f"`//` cannot combine {kind_of(a)} and {kind_of(b)}",
-                            expr.op_span, labels=(Label(expr.left.span, kind_of(a)),
-                                                  Label(expr.right.span, kind_of(b))),
-                            frame=scope.frame,
-                            notes=("`//` divides dims and integers by a positive integer; "
-                                   "tensors and floats use `/`",))
-            return ERROR
+            return self.cannot_combine(expr, a, b, scope, notes=(
+                "`//` divides dims and integers by a positive integer; tensors and floats use "
+                "`/`",))
         if b <= 0:
             self.ctx.report("E0305", "`//` needs a positive divisor", expr.right.span,
                             frame=scope.frame)
