@@ -52,8 +52,8 @@ def writer(tensors: Mapping[str, np.ndarray], metadata: dict[str, str] | None = 
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     # Metadata is UTF-8 text: a value naming a file whose name is not UTF-8 keeps its bytes as
     # escapes instead of ending the write (found by the hostile-path corpus).
-    text = {k: v.encode("utf-8", "backslashreplace").decode("utf-8")
-            for k, v in (metadata or {}).items()} if metadata is not None else None
+    text = None if metadata is None else {
+        k: v.encode("utf-8", "backslashreplace").decode("utf-8") for k, v in metadata.items()}
     return lambda tmp: save_file(arrays, tmp, text)
 
 
