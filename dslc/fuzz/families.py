@@ -32,6 +32,11 @@ def static(d: dims.Dim) -> bool:
     return isinstance(d, int)
 
 
+def printable(d: dims.Dim) -> bool:
+    """A dim the source can spell: an int or a polynomial of declared dims (no floor atoms)."""
+    return isinstance(d, int) or not any("⌊" in s for s in d.symbols())
+
+
 def size(d: dims.Dim) -> int:
     """A dim the caller checked is static."""
     assert isinstance(d, int), d
@@ -364,8 +369,9 @@ def pool(g: Gen) -> bool:
 
 
 def attention(g: Gen) -> bool:
+    # Its reshapes spell the batch and sequence dims: no floor atoms (a conv's output size).
     x = g.pick(lambda e: is_float(e) and e.type.rank == 3 and e.type.dtype == g.precision.io
-               and static(e.type.shape[2]))
+               and static(e.type.shape[2]) and all(printable(d) for d in e.type.shape))
     heads = g.ch.pick([1, 2, 4])
     head_dim = g.ch.pick([8, 16, 32])
     width = heads * head_dim

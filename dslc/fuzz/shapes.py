@@ -7,14 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dslc.core import dims
-from dslc.fuzz.families import is_float, size, static, tame
+from dslc.fuzz.families import is_float, printable, size, static, tame
 from dslc.fuzz.program import Expr
 from dslc.fuzz.state import Gen
-
-
-def printable(d: dims.Dim) -> bool:
-    """A dim the source can spell: an int or a polynomial of declared dims (no floor atoms)."""
-    return isinstance(d, int) or not any("⌊" in s for s in d.symbols())
 
 
 def _permutation(g: Gen, rank: int) -> tuple[int, ...]:
