@@ -131,8 +131,8 @@ def main() -> int:
 
 
 def _again_if_lost(results, work, args, lost):  # type: ignore[no-untyped-def]
-    """The results, with the programs lost to another's sticky CUDA error run again in a fresh
-    pool, round after round: each round ends at most one worker's run per crashing program."""
+    """The results, with the programs lost to another's sticky CUDA error run again, each in a
+    process of its own (a crash there loses no other program, so one round ends it)."""
     while True:
         for index, outcome, st in results:
             if outcome.status == "lost":
@@ -145,7 +145,7 @@ def _again_if_lost(results, work, args, lost):  # type: ignore[no-untyped-def]
               flush=True)
         again = [w for w in work if w[1] in set(lost)]
         lost.clear()
-        fresh = ProcessPoolExecutor(max(args.jobs, 1),
+        fresh = ProcessPoolExecutor(max(args.jobs, 1), max_tasks_per_child=1,
                                     mp_context=multiprocessing.get_context("spawn"))
         results = list(fresh.map(check_one, again))
         fresh.shutdown()
