@@ -164,7 +164,7 @@ def test_size_between_buckets_is_built_on_first_use(tuned: tuple[Path, Any],
                        if s["bucket"] == f"N={n}"})
         print(f"N={n} (no bucket) with shared kernels: first use "
               f"{(time.perf_counter() - start) * 1e3:.1f} ms, {hows}")
-        assert hows == [("replayed", True)]
+        assert hows == [("heuristics", True)]
         _check(bundle, other_out, other)
     with pytest.raises(RunnerError, match="R0601"):
         model.run(to_device(random_inputs(bundle, {"N": 300}), bundle))
