@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
-# ../shared/tools/gpu-wheels.sh into .whl/), run the GPU tests, then the benchmark; logs under
+# ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
 # Usage: scripts/gpu_check.sh [tests|ops|models|startup|bench|tune|probe|fuzz|all] [extra args...]
 #   tests: every GPU test; ops/models/startup: one file's worth (startup: tuning, start-up
@@ -17,6 +17,10 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# The GPU image lacks some of dslc's dependencies (platformdirs since the plan cache): say which,
+# before every test fails on it.
+python3 -c "import lark, platformdirs, filelock, cudnn, cupy, ml_dtypes, msgpack, safetensors" \
+  || { echo "a dependency is missing on this machine: fetch its wheel into .whl/ (README)"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 status=0
 run_tests() {  # name, then test files

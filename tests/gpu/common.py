@@ -57,7 +57,8 @@ def random_inputs(bundle: Path, dims: dict[str, int] | None = None, seed: int = 
     out = {}
     for name, node_name in program.inputs.items():
         s = program.storage(node_name, values)
-        out[name] = g.standard_normal(s.shape).astype(interp.NUMPY_DTYPES[s.dtype])
+        x = g.standard_normal(s.shape)
+        out[name] = (x > 0) if s.dtype == "bool" else x.astype(interp.NUMPY_DTYPES[s.dtype])
     return out
 
 
@@ -71,8 +72,8 @@ def to_device(arrays: dict[str, np.ndarray], bundle: Path) -> dict[str, Any]:
         node = program.nodes[program.inputs[name]]
         order = node.type.layout.order if node.type.layout is not None else tuple(range(a.ndim))
         t = torch.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(order)))
-        t = t.to(dtype=getattr(torch, {"f32": "float32", "f16": "float16",
-                                       "bf16": "bfloat16"}[node.type.dtype])).cuda()
+        t = t.to(dtype=getattr(torch, {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
+                                       "bool": "bool"}[node.type.dtype])).cuda()
         inverse = tuple(order.index(i) for i in range(a.ndim))
         out[name] = t.permute(inverse)
     return out
