@@ -135,6 +135,70 @@ def test_a_select_reads_operands_stored_in_another_order_through_copies(tmp_path
     assert "b" in select.inputs
 
 
+def test_a_mask_for_a_select_of_another_order_is_compared_again_never_copied(
+        tmp_path: Path) -> None:
+    """cuDNN stores masks as bits: a copy of one into another order came out wrong on the H200,
+    so the comparison runs again in the select's order, on the copy of `a` the select reads."""
+    c = _compiled("""model m {
+  input a: [2, 8, 5, 6] @NHWC
+  input b: [2, 8, 5, 6]
+  output o = select(a > (-0.25), a, b)
+}
+""", tmp_path)
+    nodes = c.graph.by_name()
+    assert not [n.name for n in c.graph.nodes if n.op == "contiguous" and n.type.dtype == "bool"]
+    select = next(n for n in c.graph.nodes if n.op == "select")
+    mask, x, _ = (nodes[i] for i in select.inputs)
+    assert mask.op == "cmp_gt" and mask.inputs[0] == x.name == "a.row_major"
+    assert [n.name for n in c.graph.nodes if n.op == "cmp_gt"] == [mask.name]  # the first is dead
+
+
+def test_a_channels_last_conv_epilogue_broadcast_along_a_spatial_axis_is_split(
+        tmp_path: Path) -> None:
+    def steps(operand: str, axis: str) -> list[tuple[str, ...]]:
+        c = _compiled(f"""model m {{
+  layout NHWC
+  input x: f32[2, 4, 6, 5]
+  param w: [8, 4, 3, 3]
+  param s: {operand}
+  output y = scale_mul(conv(x, w, pad=1), s, axis={axis})
+}}
+""", tmp_path)
+        return [s.group.nodes for s in c.steps if s.kind == "graph"]
+
+    assert len(steps("[5]", "3")) == 2  # along W: split
+    assert len(steps("[6]", "2")) == 2  # along H: split
+    assert len(steps("[8]", "1")) == 1  # along the channels: one graph
+
+
+def test_a_matmul_of_one_tensors_memory_runs_its_epilogue_apart(tmp_path: Path) -> None:
+    def graphs(expr: str) -> int:
+        c = _compiled(f"""model m {{
+  input x: f32[2, 8, 8]
+  input z: f32[2, 8, 8]
+  output y = sin({expr})
+}}
+""", tmp_path)
+        return sum(s.kind == "graph" for s in c.steps)
+
+    assert graphs("matmul(x, x)") == 2
+    assert graphs("matmul(x, transpose(x, [0, 2, 1]))") == 2
+    assert graphs("matmul(x, z)") == 1
+
+
+def test_attention_graphs_keep_f32_intermediates(tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f16
+  input q: [1, 2, 8, 16]
+  input k: [1, 2, 8, 16]
+  input v: [1, 2, 8, 16]
+  output o = sdpa(q, k, v, causal=true, window=2)
+}
+""", tmp_path)
+    (spec,) = c.specs.values()
+    assert (spec.io, spec.intermediate) == ("f16", "f32")
+
+
 def test_a_rank_3_instance_norm_is_given_to_cudnn_with_its_size_1_axis_last(
         tmp_path: Path) -> None:
     c = _compiled("""model m {

@@ -28,6 +28,7 @@ from dslc.ir.views import layout_strides
 SOURCES = ("input", "param", "scalar")
 ROWS_OPS = ("layernorm", "rmsnorm")
 NORM_OPS = ("layernorm", "rmsnorm", "instancenorm", "batchnorm")
+CONV_OPS = ("conv", "conv_transpose")
 
 
 class SpecError(Exception):
@@ -248,6 +249,13 @@ def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: s
             # (generated programs found it): the epilogue runs as its own graph.
             if anchor_op in NORM_OPS and math.prod(t.dims) == math.prod(sizes):
                 raise SpecError(f"a norm's epilogue reads the full-size tensor `{name}`")
+            # A channels-last convolution whose epilogue reads an operand broadcast along a
+            # spatial or the batch axis (a scale along W, a [1, 1, H, W] residual) computed
+            # wrongly on the H200, NaN in f16 (generated programs found it): split.
+            if anchor_op in CONV_OPS and strides[1] == 1 and tuple(t.dims) != tuple(sizes) and \
+                    any(d > 1 for i, d in enumerate(t.dims) if i != 1):
+                raise SpecError(f"`{name}` broadcasts along a spatial axis of a channels-last "
+                                f"convolution ({list(t.dims)} against {list(sizes)})")
             if any(d not in (1, n) for d, n in zip(t.dims, sizes, strict=True)):
                 raise SpecError(f"`{name}` broadcasts over part of axes cuDNN merges "
                                 f"({list(t.dims)} against {list(sizes)})")
@@ -257,6 +265,24 @@ def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: s
             if tuple(t.dims) == tuple(sizes) and any(
                     n > 1 and a != b for n, a, b in zip(sizes, t.strides, strides, strict=True)):
                 raise SpecError(f"`{name}` is laid out unlike the result it is combined with")
+
+
+def _base(nodes: Mapping[str, Node], name: str) -> str:
+    while nodes[name].op == "view":
+        name = nodes[name].inputs[0]
+    return name
+
+
+def _operands_apart(nodes: Mapping[str, Node], group: Group) -> None:
+    """On the H200 (cuDNN 9.19) a matmul whose two operands are one tensor's memory
+    (`matmul(x, x)`, `matmul(x, transpose(x))`) computed wrongly once an epilogue was fused
+    (`* 0.316`, `sin`, `abs(..) + 0.5`), in f32, f16 and bf16, where the matmul alone is right
+    (generated programs found it): its epilogue runs as a graph of its own."""
+    anchor = nodes[group.anchor]
+    if anchor.op == "matmul" and len(group.nodes) > 1 and \
+            _base(nodes, anchor.inputs[0]) == _base(nodes, anchor.inputs[1]):
+        raise SpecError(f"both operands of `{anchor.name}` are the memory of "
+                        f"`{_base(nodes, anchor.inputs[0])}`")
 
 
 def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEnv | None = None,
@@ -289,6 +315,11 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
                        compute_dtype(nodes[name]))
                 for name in group.nodes)
     _broadcastable(tensors, ops, group.anchor)
-    return GroupSpec(group.signature, tuple(tensors), ops, anchor.precision.io,
-                     anchor.precision.intermediate, anchor.precision.compute)
+    _operands_apart(nodes, group)
+    # cuDNN's attention with f16 or bf16 intermediates and a window or a bias gave wrong
+    # numbers on the H200 (generated programs; f32 intermediates are right): an sdpa graph has
+    # no virtual tensors of dslc's, so f32 there changes nothing the reference rounds.
+    intermediate = "f32" if anchor.op == "sdpa" else anchor.precision.intermediate
+    return GroupSpec(group.signature, tuple(tensors), ops, anchor.precision.io, intermediate,
+                     anchor.precision.compute)
 

@@ -15,6 +15,7 @@ from dslc.ir.verify import effective_type
 from dslc.lower.rewrite import Rewriter
 from dslc.ops import OPS
 from dslc.ops.opdef import Kind
+from dslc.ops.pointwise import COMPARE
 
 VIEW_OPS = ("reshape", "transpose", "slice")
 CHANNELS_LAST = {3: (0, 2, 1), 4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
@@ -88,19 +89,44 @@ def select_in_one_memory_order(rw: Rewriter, node: Node) -> Node:
     """A `select` reads its full-size operands in its result's memory order: on the H200, cuDNN's
     three-operand select computed wrongly when its condition and values were stored in different
     orders (NHWC and NCHW), in f32 as in f16, where a two-operand add of the same tensors was
-    right (generated programs found it). Operands in another order are read through copies."""
+    right (generated programs found it). Operands in another order are read through copies;
+    a mask is compared again in that order instead (`_mask_in_order`)."""
     if node.op != "select" or node.type.layout is None:
         return node
     order = node.type.layout.order
     inputs = []
     for i in node.inputs:
-        seen = _seen_as(rw, i)
-        if seen.shape != node.type.shape or seen.layout is None or \
-                views.same_memory(seen.shape, seen.layout.order, order):
+        if _in_order(rw, i, node.type.shape, order):
             inputs.append(i)
+        elif i == node.inputs[0] and rw.node(i).op in COMPARE:
+            inputs.append(_mask_in_order(rw, rw.node(i), order))
         else:
             inputs.append(_copy_into(rw, i, order, node, f"{i}.{_order_name(order)}"))
     return replace(node, inputs=tuple(inputs))
+
+
+def _in_order(rw: Rewriter, name: str, shape: tuple[object, ...], order: tuple[int, ...]) -> bool:
+    """Whether `name` is read in memory order `order` as it is (or is broadcast: no order)."""
+    seen = _seen_as(rw, name)
+    return seen.shape != shape or seen.layout is None or \
+        views.same_memory(seen.shape, seen.layout.order, order)
+
+
+def _mask_in_order(rw: Rewriter, mask: Node, order: tuple[int, ...]) -> str:
+    """The comparison `mask` again, written in memory order `order` from its operands read in
+    that order. cuDNN stores a bool tensor as bits, eight to a byte (seen on the H200: a mask of
+    1,056 values filled 132 bytes), so a copy of a mask into another order, where each element
+    sets one bit of a byte that others write too, came out wrong; comparing again costs what a
+    copy costs."""
+    inputs = tuple(i if _in_order(rw, i, mask.type.shape, order)
+                   else _copy_into(rw, i, order, mask, f"{i}.{_order_name(order)}")
+                   for i in mask.inputs)
+    name = f"{mask.name}.{_order_name(order)}"
+    if name not in rw.memo:
+        rw.memo[name] = rw.new(mask.op, inputs, dict(mask.attrs),
+                               TensorType(mask.type.dtype, mask.type.shape, Layout(order)), mask,
+                               name)
+    return rw.memo[name]
 
 
 def _order_name(order: tuple[int, ...]) -> str:

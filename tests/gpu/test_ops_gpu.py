@@ -330,6 +330,84 @@ model m {
   output y = relu(x) * p
   output z = scale_mul(x, q, axis=1) - p
 }""",
+    # A matmul of a value with itself computed wrongly on the H200 once a scalar epilogue was
+    # fused (generated programs found it): its epilogue runs apart.
+    "matmul_of_a_value_with_itself_scalar_epilogue_f16": """model m {
+  precision io=f16
+  input x: [4, 16, 16]
+  let s = relu(x)
+  output y = matmul(s, s) * 0.316
+  output z = reciprocal(abs(matmul(x, x)) + 0.5)
+}""",
+    "matmul_of_a_value_with_itself_scalar_epilogue_f32": """model m {
+  input x: f32[24, 24]
+  output y = matmul(x, x) * 0.316
+}""",
+    # A channels-last convolution whose epilogue scales along a spatial axis (generated program
+    # 394 of seed 12).
+    "conv_nhwc_scale_along_width_f32": """model m {
+  layout NHWC
+  input x: f32[2, 4, 6, 5]
+  param w: [8, 2, 3, 3]
+  param b: [8]
+  param s: [3]
+  let c = conv(x, w, stride=2, pad=[1, 1], dilation=1, groups=2)
+  output y = scale_mul(bias_add(c, b), s, axis=3)
+}""",
+    "conv_nhwc_residual_broadcast_over_channels_f16": """model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 8, 10, 12]
+  param w: [16, 8, 3, 3]
+  param r: [1, 1, 10, 12]
+  output y = relu(conv(x, w, stride=1, pad=[1, 1], dilation=1, groups=1) + r)
+}""",
+    "matmul_with_its_own_transpose_then_sin_f32": """model m {
+  input x: f32[1, 8, 24]
+  output y = sin(matmul(x, transpose(x, [0, 2, 1])))
+}""",
+    # A mask compared in NHWC and read by a select written NCHW (program 107 of seed 18).
+    "select_with_a_mask_of_another_memory_order_f32": """model m {
+  input a: [2, 8, 11, 6] @NHWC
+  input b: [2, 8, 11, 6]
+  output o = select(a > (-0.25), a, b)
+}""",
+    # Attention with a window or a bias whose heads are merged back by a view (programs 178 of
+    # seed 14 and 337 of seed 13, shrunk; 495 of seed 13).
+    "sdpa_window_one_head_merged_by_a_view_f16": """model m {
+  precision io=f16, intermediate=f16
+  input x: [1, 4, 16]
+  param wq: [16, 8]
+  param wk: [16, 8]
+  param wv: [16, 8]
+  let q = transpose(reshape(matmul(x, wq), [1, 4, 1, 8]), [0, 2, 1, 3])
+  let k = transpose(reshape(matmul(x, wk), [1, 4, 1, 8]), [0, 2, 1, 3])
+  let v = transpose(reshape(matmul(x, wv), [1, 4, 1, 8]), [0, 2, 1, 3])
+  output y = reshape(transpose(sdpa(q, k, v, causal=true, window=2), [0, 2, 1, 3]), [1, 4, 8])
+}""",
+    "sdpa_bias_one_head_merged_by_a_view_f16": """model m {
+  precision io=f16, intermediate=f16
+  input x: [1, 4, 16]
+  param wq: [16, 8]
+  param wk: [16, 8]
+  param wv: [16, 8]
+  param b: [4, 4]
+  let q = transpose(reshape(matmul(x, wq), [1, 4, 1, 8]), [0, 2, 1, 3])
+  let k = transpose(reshape(matmul(x, wk), [1, 4, 1, 8]), [0, 2, 1, 3])
+  let v = transpose(reshape(matmul(x, wv), [1, 4, 1, 8]), [0, 2, 1, 3])
+  output y = reshape(transpose(sdpa(q, k, v, bias=b), [0, 2, 1, 3]), [1, 4, 8])
+}""",
+    "sdpa_gqa_window_merged_by_a_view_bf16": """model m {
+  precision io=bf16
+  input x: [2, 6, 32]
+  param wq: [32, 32]
+  param wk: [32, 16]
+  param wv: [32, 16]
+  let q = transpose(reshape(matmul(x, wq), [2, 6, 4, 8]), [0, 2, 1, 3])
+  let k = transpose(reshape(matmul(x, wk), [2, 6, 2, 8]), [0, 2, 1, 3])
+  let v = transpose(reshape(matmul(x, wv), [2, 6, 2, 8]), [0, 2, 1, 3])
+  output y = reshape(transpose(sdpa(q, k, v, causal=true, window=4), [0, 2, 1, 3]), [2, 6, 32])
+}""",
     "cast_inside_a_fused_group_rounds_f32": """model m {
   input x: f32[8, 64]
   let r = relu(x)
