@@ -199,6 +199,23 @@ def test_attention_graphs_keep_f32_intermediates(tmp_path: Path) -> None:
     assert (spec.io, spec.intermediate) == ("f16", "f32")
 
 
+def test_a_wide_kernel_over_a_one_pixel_image_runs_as_a_fallback_kernel(tmp_path: Path) -> None:
+    def conv_runs_on(hw: str, k: int) -> str:
+        c = _compiled(f"""model m {{
+  input x: f32[2, 3, {hw}]
+  param w: [8, 3, {k}, {k}]
+  output y = relu(conv(x, w, pad={k // 2}))
+}}
+""", tmp_path)
+        nodes = c.graph.by_name()
+        return next(s.kind for s in c.steps if any(nodes[n].op == "conv" for n in s.group.nodes))
+
+    assert conv_runs_on("1, 1", 3) == "kernel"
+    assert conv_runs_on("1, 4", 3) == "kernel"
+    assert conv_runs_on("1, 1", 1) == "graph"
+    assert conv_runs_on("2, 2", 3) == "graph"
+
+
 def test_a_rank_3_instance_norm_is_given_to_cudnn_with_its_size_1_axis_last(
         tmp_path: Path) -> None:
     c = _compiled("""model m {

@@ -366,6 +366,17 @@ model m {
   input x: f32[1, 8, 24]
   output y = sin(matmul(x, transpose(x, [0, 2, 1])))
 }""",
+    # A conv over a [N, C, 1, 1] value stored row-major (the same bytes as channels-last):
+    # generated programs 484 of seed 17 and 147 and 3 of seed 15, shrunk.
+    "conv_over_per_channel_sums_f32": NN + """model m {
+  input x: f32[1, 3, 4, 4]
+  let (s, q) = genstats(x)
+  output y = exp(conv2d(q, out=8, k=3, stride=1, pad=1) * 0.0156)
+}""",
+    "conv3x3_over_a_1x1_image_nchw_f32": NN + """model m {
+  input x: f32[2, 3, 1, 1]
+  output y = relu(conv2d(x, out=8, k=3, pad=1, has_bias=true))
+}""",
     # A mask compared in NHWC and read by a select written NCHW (program 107 of seed 18).
     "select_with_a_mask_of_another_memory_order_f32": """model m {
   input a: [2, 8, 11, 6] @NHWC
