@@ -71,7 +71,93 @@ def compile_model(model: CheckedModel, graph: Graph, plan: FusionPlan, target: T
         if progress:
             progress(f"[{i + 1}/{len(plan.groups)}] {group.name} ({group.pattern})")
         out.steps.extend(_compile(out, group, handle, properties, ""))
+    masks_as_bytes(out, handle, properties)
     return out
+
+
+# cuDNN writes and reads a mask (a bool tensor) in memory as bits, eight to a byte (seen on the
+# H200: a mask of 1,056 values filled 132 bytes), where numpy, CuPy, the fallback kernels and a
+# caller hold one byte per value.
+MASK_AS_BYTES = ("a mask is passed here as bytes (from a caller, a fallback kernel or a view), "
+                 "and cuDNN stores masks as bits: a fallback kernel runs it")
+
+
+def masks_as_bytes(out: Compiled, handle: Any, properties: Any) -> None:
+    """A stored mask stays cuDNN's bits only where a cuDNN graph writes it and cuDNN graphs read
+    it as written (the comparison, then `select`, verified on the H200). A mask a caller gives
+    or receives, that a fallback kernel or load time writes or reads, or that is read through a
+    view or copied (a copy into another order came out wrong: each value sets one bit of a byte
+    others write too) is bytes: every step that writes or reads it runs as a fallback kernel,
+    until no cuDNN graph touches a mask of bytes."""
+    while True:
+        masks = _masks_of_bytes(out)
+        steps = []
+        for step in out.steps:
+            if step.kind == "graph" and _touches(out, step.group, masks):
+                steps.extend(_as_kernels(out, step, masks, handle, properties))
+            else:
+                steps.append(step)
+        if len(steps) == len(out.steps) and all(a is b for a, b in zip(steps, out.steps)):
+            break
+        out.steps = steps
+    used = {s.group.signature for s in out.steps if s.kind == "graph"}
+    for key in [k for k in out.builds if k[1] not in used]:
+        out.builds.pop(key)
+        out.specs.pop(key, None)
+
+
+def _base(nodes: dict[str, Node], name: str) -> str:
+    while nodes[name].op == "view":
+        name = nodes[name].inputs[0]
+    return name
+
+
+def _masks_of_bytes(out: Compiled) -> set[str]:
+    nodes = out.graph.by_name()
+    writer = {n: s.kind for s in out.steps for n in s.group.outputs}
+    outputs = {_base(nodes, v) for _, v in out.graph.outputs}
+    bits_ok: dict[str, bool] = {}
+    for n in out.graph.nodes:
+        if n.type.dtype == "bool" and n.op != "view":
+            bits_ok[n.name] = writer.get(n.name) == "graph" and n.name not in outputs
+    for step in out.steps:
+        for i in step.group.inputs:
+            base = _base(nodes, i)
+            if base in bits_ok and (step.kind != "graph" or i != base or
+                                    any(nodes[m].op == "contiguous" and i in nodes[m].inputs
+                                        for m in step.group.nodes)):
+                bits_ok[base] = False
+    return {name for name, ok in bits_ok.items() if not ok}
+
+
+def _touches(out: Compiled, group: Group, masks: set[str]) -> bool:
+    nodes = out.graph.by_name()
+    return any(_base(nodes, i) in masks for i in group.inputs) or \
+        any(n in masks for n in group.outputs)
+
+
+def _as_kernels(out: Compiled, step: Step, masks: set[str], handle: Any,
+                properties: Any) -> list[Step]:
+    """The step's ops that write or read a mask of bytes as fallback kernels, and each run of
+    the others between them as one cuDNN graph."""
+    if len(step.group.nodes) == 1:
+        return [_kernel(out, step.group, MASK_AS_BYTES)]
+    users = out.graph.users()
+    steps: list[Step] = []
+    run: list[str] = []
+    why = f"split from the fused group {step.group.name}: {MASK_AS_BYTES}"
+    for name in (*step.group.nodes, ""):
+        one = make_group(out.graph, [name], "single", step.group.reason, users) if name else None
+        if one is not None and not _touches(out, one, masks):
+            run.append(name)
+            continue
+        if run:
+            part = make_group(out.graph, run, step.group.pattern, step.group.reason, users)
+            steps.extend(_compile(out, part, handle, properties, why))
+            run = []
+        if one is not None:
+            steps.append(_kernel(out, one, MASK_AS_BYTES))
+    return steps
 
 
 def _kernel(out: Compiled, group: Group, reason: str, error: str = "") -> Step:
