@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,25 @@ def test_internal_error_is_reported_without_traceback(monkeypatch: pytest.Monkey
     run = run_cli("check", "models/mlp.cgraph")
     assert run.code == 4
     assert "internal error" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_compile_verify_names_the_lowering_pass_that_broke_the_ir(tmp_path: Path,
+                                                                  monkeypatch: Any) -> None:
+    from dataclasses import replace
+
+    from dslc import lower as lowering
+    from dslc.ir.graph import Graph
+
+    def reads_nowhere(graph: Graph) -> Graph:  # a broken pass: a node reads an undefined value
+        nodes = list(graph.nodes)
+        nodes[-1] = replace(nodes[-1], inputs=("nowhere", *nodes[-1].inputs[1:]))
+        return Graph(tuple(nodes), graph.outputs)
+
+    passes = list(lowering.PASSES)
+    passes[[p.__name__ for p in passes].index("bias_from_add")] = reads_nowhere
+    monkeypatch.setattr(lowering, "PASSES", passes)
+    r = run_cli("compile", "models/mlp.cgraph", "-o", str(tmp_path / "a"), "--verify", "-q")
+    assert r.code == 4, r.stderr
+    assert "the IR after the lowering pass `reads_nowhere` fails the verifier" in r.stderr
+    assert "nowhere" in r.stderr.split("verifier:")[1]
+    assert not (tmp_path / "a" / "mnist_mlp.bundle").exists()

@@ -149,6 +149,9 @@ def binary(g: Gen) -> bool:
 
 
 def compare_select(g: Gen) -> bool:
+    """select(a <cmp> b, a, other), its mask sometimes a model input, named (so it may be an
+    output too), or read through a transpose (the values then transposed alike, or a scalar):
+    masks are where cuDNN's bits meet everyone else's bytes."""
     a = g.pick(lambda e: is_float(e) and e.exact)
     if a is None:
         return False
@@ -157,11 +160,28 @@ def compare_select(g: Gen) -> bool:
     if b is None:
         b = g.ch.pick([0.0, 0.5, -0.25])
     op = g.ch.pick(["cmp_gt", "cmp_lt", "cmp_ge", "cmp_le", "cmp_eq", "cmp_ne"])
-    mask = g.apply(op, {"a": a, "b": b}, infix=True)
-    other = g.pick(lambda e: is_float(e) and e.type.shape == a.type.shape and e is not a)
+    if g.ch.coin(0.1):
+        mask: Expr | None = g.new_input(a.type.shape, dtype="bool")
+        g.stats.features["mask input"] += 1
+    else:
+        mask = g.apply(op, {"a": a, "b": b}, infix=True)
+    other: Expr | float | None = g.pick(lambda e: is_float(e) and e.type.shape == a.type.shape
+                                        and e is not a)
     if mask is None or other is None:
         return False
-    out = g.apply("select", {"mask": mask, "a": a, "b": other})
+    if mask.op != "input" and g.ch.coin(0.2):
+        mask = g.bind(mask)
+        g.stats.features["mask named"] += 1
+    value: Expr | None = a
+    if a.type.rank >= 2 and g.ch.coin(0.15):
+        perm = list(range(a.type.rank))
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+        seen, value = (g.apply("transpose", {"x": e}, {"perm": perm}) for e in (mask, a))
+        if seen is None or value is None:
+            return False
+        mask, other = seen, g.ch.pick([0.5, -1.0])
+        g.stats.features["mask through a view"] += 1
+    out = g.apply("select", {"mask": mask, "a": value, "b": other})
     if out is None:
         return False
     g.bind(out)

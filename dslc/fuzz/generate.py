@@ -79,7 +79,10 @@ def _outputs(g: Gen) -> None:
             chosen.append(g.ch.pick(inner))
     for i, e in enumerate(chosen):
         typ = ""
-        if e.type.dtype in ("f32", "f16", "bf16") and g.ch.coin(0.15):  # stored in another dtype
+        if e.type.dtype == "bool":  # a mask returned as one (else it is stored as 0s and 1s)
+            typ = ": bool"
+            g.stats.features["mask output"] += 1
+        elif e.type.dtype in ("f32", "f16", "bf16") and g.ch.coin(0.15):  # another dtype
             typ = ": " + g.ch.pick([d for d in ("f32", "f16", "bf16") if d != e.type.dtype])
             g.stats.features["output dtype written"] += 1
         g.prog.outputs.append((f"o{i + 1}", e.text, typ))

@@ -185,7 +185,7 @@ def needs_met(graph: Graph) -> None:
 def make_inputs(specs: Any, run_dims: dict[str, int], declared: Any, seed: int,
                 ) -> dict[str, np.ndarray]:
     """Normal random inputs in each input's declared dtype (so the f32 run and the declared run
-    read the same values)."""
+    read the same values); a mask is true where its normal draw is positive."""
     from dslc.core import dims
 
     rng = np.random.default_rng(seed)
@@ -193,7 +193,9 @@ def make_inputs(specs: Any, run_dims: dict[str, int], declared: Any, seed: int,
     out = {}
     for spec in specs:
         shape = tuple(dims.evaluate(d, run_dims, declared.env) for d in spec.type.shape)
-        out[spec.name] = rng.standard_normal(shape).astype(NUMPY_DTYPES[dtypes[spec.name]])
+        x = rng.standard_normal(shape)
+        out[spec.name] = x > 0 if dtypes[spec.name] == "bool" else \
+            x.astype(NUMPY_DTYPES[dtypes[spec.name]])
     return out
 
 
