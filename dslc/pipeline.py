@@ -25,6 +25,7 @@ from dslc.diag.diagnostic import Diagnostic, Failed, Sink
 from dslc.fuse import FusionPlan, format_plan, fuse
 from dslc.ir.graph import Graph
 from dslc.ir.printer import format_graph
+from dslc.ir.verify import verify as verify_ir
 from dslc.lower import lower
 from dslc.parse import ast
 from dslc.parse.dump import format_module
@@ -76,9 +77,29 @@ def _front_end(path: Path, options: Options, sink: Sink, program: Program) -> Fr
     return FrontEnd(program, module, model)
 
 
-def lower_and_fuse(model: CheckedModel) -> tuple[Graph, FusionPlan]:
-    """Checked model -> lowered IR and its fusion plan."""
-    lowered = lower(model.graph)
+class IRVerifyError(Exception):
+    """The IR a stage made fails the verifier (`--verify`): a bug in dslc, named by stage."""
+
+    def __init__(self, stage: str, problems: list[str]) -> None:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(f"the IR after {stage} fails the verifier: {problems[0]}{more}")
+        self.stage = stage
+        self.problems = problems
+
+
+def lower_and_fuse(model: CheckedModel, verify: bool = False) -> tuple[Graph, FusionPlan]:
+    """Checked model -> lowered IR and its fusion plan; with `verify`, the IR verifier runs on
+    the checked graph and after every lowering pass, and the first to fail is named
+    (IRVerifyError)."""
+    def verified(stage: str, graph: Graph) -> None:
+        problems = verify_ir(graph, model.env)
+        if problems:
+            raise IRVerifyError(stage, problems)
+
+    if verify:
+        verified("check", model.graph)
+    lowered = lower(model.graph, (lambda name, g: verified(f"the lowering pass `{name}`", g))
+                    if verify else None)
     return lowered, fuse(lowered)
 
 
@@ -100,6 +121,7 @@ class BuildOptions:
     weights: Mapping[str, np.ndarray] | None = None  # checked; written beside the bundle
     progress: Callable[[str], None] | None = None  # "compiling [3/9] ...", "tuning ..."
     show: Callable[[str, str], None] | None = None  # each dump (file name, text) once written
+    verify: bool = False  # the IR verifier after every lowering pass (IRVerifyError)
 
 
 @dataclass
@@ -132,7 +154,7 @@ def build(front: FrontEnd, options: BuildOptions) -> Built:
 
     assert front.model is not None
     model = front.model
-    lowered, plan = lower_and_fuse(model)
+    lowered, plan = lower_and_fuse(model, options.verify)
     out = Built(lowered, plan)
     _dump(front, out, options)
     started = time.perf_counter()

@@ -43,7 +43,8 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
     target = load_target(args.target)
     options = BuildOptions(target, outdir, _buckets(args.bucket, model), wanted,
                            _tune_options_of(args) if target.live and args.tune else None,
-                           checked, progress, _show_dump if len(wanted) > 1 else _show_text)
+                           checked, progress, _show_dump if len(wanted) > 1 else _show_text,
+                           verify=args.verify)
     try:
         built = build(result, options)
     except WriteFailed as err:
@@ -270,6 +271,9 @@ def add_commands(sub: Any, diag_options: Any) -> None:
     p.add_argument("--no-tune", dest="tune", action="store_false",
                    help="on a GPU, keep the heuristics' plans (tune later with `dslc tune`)")
     _tune_options(p)
+    p.add_argument("--verify", action="store_true",
+                   help="run the IR verifier on the checked graph and after every lowering pass; "
+                        "a failure names the pass (a bug in dslc, exit 4)")
     p.add_argument("-q", "--quiet", action="store_true")
     diag_options(p)
     p.set_defaults(run=cmd_compile)
