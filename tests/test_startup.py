@@ -10,15 +10,23 @@ from typing import Any
 import pytest
 
 from dslc.core.errors import RunnerError
+from dslc.runtime.records import Environment
 from dslc.runtime.startup import decide
 
-TUNED = {"live": True, "cudnn_backend": 92100, "cudnn_frontend": "1.16.0", "cuda_runtime": 12090,
+FIELDS = {"live": True, "cudnn_backend": 92100, "cudnn_frontend": "1.16.0", "cuda_runtime": 12090,
          "driver": 13000, "driver_release": "580.95", "device_name": "NVIDIA H200",
          "compute_capability": "9.0", "sm_count": 132, "memory_bytes": 150 << 30}
 
 
-def live(**changes: Any) -> dict[str, Any]:
-    return {**TUNED, **changes}
+TUNED = Environment(**FIELDS)
+
+
+def env(**fields: Any) -> Environment:
+    return Environment(**{**FIELDS, **fields})
+
+
+def live(**changes: Any) -> Environment:
+    return env(**changes)
 
 
 def test_same_environment_restores() -> None:
@@ -68,7 +76,7 @@ def test_error_policy_refuses_with_the_changed_fields() -> None:
 
 def test_untuned_bundle_restores_what_it_has() -> None:
     # Compiled deviceless: nothing was measured, so there is nothing to distrust or re-time.
-    deviceless = {**TUNED, "live": False, "driver": None}
+    deviceless = env(live=False, driver=None)
     assert decide(deviceless, live(driver="590.10")).action == "restore"
 
 
@@ -109,13 +117,13 @@ def test_each_change_under_each_policy(fields: tuple[str, ...], policy: str) -> 
             decide(TUNED, live(**changed), policy)
         assert err.value.code == "R0802"
         for f in fields:
-            assert f"{f} ({TUNED[f]} -> {changed[f]})" in str(err.value)
+            assert f"{f} ({FIELDS[f]} -> {changed[f]})" in str(err.value)
         return
     d = decide(TUNED, live(**changed), policy)
     assert d.action == want
     assert sorted(c[0] for c in d.changes) == sorted(fields)
     for f, was, now, act in d.changes:
-        assert (was, now, act) == (TUNED[f], changed[f], WHAT_CHANGES[f][0])
+        assert (was, now, act) == (FIELDS[f], changed[f], WHAT_CHANGES[f][0])
         assert f"{f}: {was} -> {now} ({act})" in d.explain()
 
 
@@ -126,8 +134,9 @@ def test_a_deviceless_bundle_never_measures_what_it_never_measured(field: str,
     """Compiled without a GPU (`live` false): the plans are the heuristics' choice for the target
     profile. A library change still replays; a changed GPU re-tunes (or, by policy, takes the
     heuristics' choice or refuses); what nothing recorded cannot have changed."""
-    deviceless = {**TUNED, "live": False, "cuda_runtime": None, "driver_release": None}
-    d_fields = {k for k, v in deviceless.items() if v is not None and k in WHAT_CHANGES}
+    d_data = {**FIELDS, "live": False, "cuda_runtime": None, "driver_release": None}
+    deviceless = Environment(**d_data)
+    d_fields = {k for k, v in d_data.items() if v is not None and k in WHAT_CHANGES}
     action, value = WHAT_CHANGES[field]
     if field not in d_fields:
         assert decide(deviceless, live(**{field: value}), policy).action == "restore"

@@ -4,9 +4,11 @@ across builds; concurrent writers sharing one file keep every entry."""
 from __future__ import annotations
 
 import multiprocessing
+from dataclasses import replace
 from pathlib import Path
 
 from dslc.backend.spec import group_spec
+from dslc.runtime.records import Environment, PlanRecord
 from dslc.tune.db import TuningDB, env_key, spec_key
 from tests.test_compile_deviceless import compiled
 
@@ -32,15 +34,19 @@ def test_keys_differ_by_size_and_environment() -> None:
     a = spec_key(group_spec(c.graph, step.group, {"N": 1}, c.model.env))
     b = spec_key(group_spec(c.graph, step.group, {"N": 32}, c.model.env))
     assert a != b
-    env = {"device_name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132,
-           "cudnn_backend": 91900, "cudnn_frontend": "1.32.0"}
-    assert env_key(env) != env_key({**env, "cudnn_backend": 92000})
+    env = Environment(device_name="NVIDIA H200", compute_capability="9.0", sm_count=132,
+                      cudnn_backend=91900, cudnn_frontend="1.32.0")
+    assert env_key(env) != env_key(replace(env, cudnn_backend=92000))
+
+
+def measured(i: int) -> PlanRecord:
+    return PlanRecord(engine_id=i, knobs={}, workspace=0, serialized=None, ms=1.0)
 
 
 def _writer(path: str, worker: int) -> None:
     db = TuningDB(Path(path))
     for i in range(25):
-        db.put("env", f"w{worker}-{i}", {"engine_id": i, "knobs": {}, "ms": 1.0})
+        db.put("env", f"w{worker}-{i}", measured(i))
 
 
 def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
@@ -54,4 +60,15 @@ def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
         assert p.exitcode == 0
     db = TuningDB(path)
     assert db.size() == 100
-    assert db.get("env", "w3-24") == {"engine_id": 24, "knobs": {}, "ms": 1.0}
+    assert db.get("env", "w3-24") == measured(24)
+
+
+def test_an_entry_keeps_what_was_measured_not_the_plan_bytes(tmp_path: Path) -> None:
+    import json
+
+    db = TuningDB(tmp_path / "tuning.json")
+    plan = replace(measured(3), serialized=b"\x00\x01", workspace=4096, reused=False)
+    db.put("env", "k", plan)
+    [entry] = json.loads((tmp_path / "tuning.json").read_text())["entries"]["env"].values()
+    assert "serialized" not in entry and "workspace" not in entry and entry["ms"] == 1.0
+    assert db.get("env", "k") == replace(plan, serialized=None, workspace=0)

@@ -19,15 +19,18 @@ from typing import Any
 import pytest
 
 from dslc import fsutil
+from dslc.runtime.records import PlanRecord
 from dslc.tune.db import VERSION, TuningDB
 
 
-def record(i: int) -> dict[str, Any]:
+def record(i: int) -> PlanRecord:
     """A record as the tuner writes it (`TuneResult.record`)."""
-    return {"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": 0.5 + i, "error": 1e-3,
-            "heuristic": {"engine_id": 0, "knobs": {}, "ms": 1.0 + i},
-            "top": [{"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": 0.5 + i,
-                     "error": 1e-3}], "candidates": 4, "tuned": True, "tune_s": 0.2}
+    return PlanRecord.from_data(
+        {"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": 0.5 + i, "error": 1e-3,
+         "heuristic": {"engine_id": 0, "knobs": {}, "ms": 1.0 + i},
+         "top": [{"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": 0.5 + i,
+                  "error": 1e-3}], "candidates": 4, "tuned": True, "tune_s": 0.2},
+        "record", tuning=True)
 
 
 def fifty(path: Path) -> TuningDB:

@@ -19,6 +19,7 @@ from dslc.core.errors import RunnerError
 from dslc.pipeline import STAGES, BuildOptions, Built, FrontEnd, TuneOptions, WriteFailed, build
 from dslc.runtime import startup
 from dslc.runtime.bundle import load
+from dslc.runtime.records import Environment
 from dslc.runtime.schedule import Schedule
 from dslc.tune import format_report, tune, tuned_bundle
 from dslc.tune.db import TuningDB
@@ -180,7 +181,7 @@ def _target_file(spec: str | None) -> Path | None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     bundle = load(args.bundle)  # validated records
     if args.env:
-        return _inspect_env(bundle.environment.to_data(), args.on_mismatch)
+        return _inspect_env(bundle.environment, args.on_mismatch)
     program = Schedule(bundle)
     env = bundle.environment
     print(f"model {bundle.model}  (from {bundle.source}, dslc {bundle.dslc_version}, "
@@ -212,24 +213,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _inspect_env(recorded: dict[str, Any], policy: str) -> int:
-    if recorded.get("live"):
-        print(f"bundle tuned on: {recorded.get('device_name')}, cuDNN {recorded.get('cudnn_backend')}"
-              f" (frontend {recorded.get('cudnn_frontend')}), CUDA {recorded.get('cuda_runtime')}, "
-              f"driver {recorded.get('driver_release') or recorded.get('driver')}")
+def _inspect_env(recorded: Environment, policy: str) -> int:
+    if recorded.live:
+        print(f"bundle tuned on: {recorded.device_name}, cuDNN {recorded.cudnn_backend}"
+              f" (frontend {recorded.cudnn_frontend}), CUDA {recorded.cuda_runtime}, "
+              f"driver {recorded.driver_release or recorded.driver}")
     else:
-        print(f"bundle compiled deviceless (untuned) for {recorded.get('device_name')} "
-              f"(sm {recorded.get('compute_capability')}), cuDNN {recorded.get('cudnn_backend')}"
-              f" (frontend {recorded.get('cudnn_frontend')})")
+        print(f"bundle compiled deviceless (untuned) for {recorded.device_name} "
+              f"(sm {recorded.compute_capability}), cuDNN {recorded.cudnn_backend}"
+              f" (frontend {recorded.cudnn_frontend})")
     if not live_device_available():
         print("this machine: no GPU; start-up would stop with R0801")
         return EXIT_OK
-    live = environment.live()
-    print(f"this machine:    {live.get('device_name')}, cuDNN {live.get('cudnn_backend')} "
-          f"(frontend {live.get('cudnn_frontend')}), CUDA {live.get('cuda_runtime')}, driver "
-          f"{live.get('driver')}")
+    live = Environment.from_data(environment.live(), "live environment")
+    print(f"this machine:    {live.device_name}, cuDNN {live.cudnn_backend} "
+          f"(frontend {live.cudnn_frontend}), CUDA {live.cuda_runtime}, driver {live.driver}")
     for name in startup.FIELD_ACTION:
-        was, now = recorded.get(name), live.get(name)
+        was, now = getattr(recorded, name), getattr(live, name)
         mark = "same" if str(was) == str(now) else f"changed -> {startup.FIELD_ACTION[name]}"
         print(f"  {name:<20} {was!s:<24} {now!s:<24} {mark}")
     try:

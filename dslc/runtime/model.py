@@ -115,7 +115,7 @@ class Executable:
             ready = prepare(spec, cached, m.handle, where, m.log)
         if path is not None and ready.how != "restored":
             plan = plan_record(ready)
-            if plan["serialized"] is not None:
+            if plan.serialized is not None:
                 plancache.store(path, plan)
         return ready
 
@@ -135,7 +135,7 @@ class Model:
         # Plans for sizes between buckets, kept across processes (None: memory only).
         self.plan_cache = (plancache.default_dir() if plan_cache == "default" else
                            Path(plan_cache) if plan_cache is not None else None)
-        self._live: dict[str, Any] | None = None
+        self._live: Environment | None = None
         # Sizes between buckets built with dynamic shapes and cuDNN's kernel cache: a second
         # size of a graph builds ~4x faster, but its plans ran ResNet-50 at batch 48 1.55x
         # slower on the H200 (docs/benchmarks.md), so it is opt-in, for many short-lived sizes.
@@ -192,9 +192,8 @@ class Model:
         """What start-up does with the saved plans here (decided once, logged)."""
         if self._decision is None:
             self.cupy  # noqa: B018 - R0801 without a GPU
-            self._live = environment.live()
-            self._decision = startup.decide(self.bundle.environment.to_data(), self._live,
-                                            self.on_mismatch)
+            self._live = Environment.from_data(environment.live(), "live environment")
+            self._decision = startup.decide(self.bundle.environment, self._live, self.on_mismatch)
             self.log.info("start-up of %s: %s", self.bundle.model, self._decision.explain())
         return self._decision
 
@@ -217,7 +216,7 @@ class Model:
             return None
         self.decision()  # the live environment
         assert self._live is not None
-        return plancache.path_for(self.plan_cache, spec.data(), self._live)
+        return plancache.path_for(self.plan_cache, spec, self._live)
 
     # -- weights -------------------------------------------------------------------------------
     def load_weights(self, path: str | Path) -> None:
@@ -265,7 +264,7 @@ class Model:
             for signature, entry in bucket.graphs.items():
                 ready = exe.graphs[signature]
                 plans[(bucket.key, signature)] = entry.plan.updated(
-                    {**plan_record(ready), "made_at_startup": ready.how},
+                    {**plan_record(ready).to_data(), "made_at_startup": ready.how},
                     f"buckets.{bucket.key}.graphs.{signature}.plan")
         live = Environment.from_data(environment.live(properties=True))
         target = Path(path) if path is not None else self.path

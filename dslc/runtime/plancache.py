@@ -17,12 +17,12 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import msgpack
 
 from dslc import fsutil
-from dslc.runtime.records import BundleError, PlanRecord
+from dslc.backend.spec import GroupSpec
+from dslc.runtime.records import BundleError, Environment, PlanRecord
 
 LOG = logging.getLogger("dslc.runtime")
 MAX_BYTES = 16 << 20  # one plan: a serialized cuDNN plan is kilobytes
@@ -36,10 +36,11 @@ def default_dir() -> Path:
     return Path(user_cache_dir("dslc")) / "plans"
 
 
-def path_for(root: Path, spec_data: dict[str, Any], env: dict[str, Any]) -> Path:
+def path_for(root: Path, spec: GroupSpec, env: Environment) -> Path:
     """The file of a group graph's plan (its concrete cuDNN form, names included: they are the
     tensor names the plan was built with) in an environment."""
-    text = json.dumps([spec_data, [env.get(k) for k in ENV_FIELDS]], sort_keys=True, default=str)
+    text = json.dumps([spec.data(), [getattr(env, k) for k in ENV_FIELDS]], sort_keys=True,
+                      default=str)
     return root / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.plan"
 
 
@@ -56,8 +57,8 @@ def load(path: Path) -> PlanRecord | None:
     return plan if plan.serialized else None
 
 
-def store(path: Path, plan: dict[str, Any]) -> None:
+def store(path: Path, plan: PlanRecord) -> None:
     try:
-        fsutil.write_bytes(path, msgpack.packb(plan, use_bin_type=True))
+        fsutil.write_bytes(path, msgpack.packb(plan.to_data(), use_bin_type=True))
     except OSError as err:  # a read-only cache folder costs speed, not correctness
         LOG.debug("plan cache %s not written (%s)", path, err)

@@ -31,15 +31,14 @@ class Ready:
     kernel_cache: bool = False  # built with dynamic shapes and cuDNN's kernel cache
 
 
-def plan_record(ready: Ready) -> dict[str, Any]:
+def plan_record(ready: Ready) -> PlanRecord:
     """What a bundle or the plan cache keeps of a ready graph; `serialized` is None when the
     plan does not serialize (start-up then replays its (engine_id, knobs))."""
     try:
         blob: bytes | None = bytes(ready.graph.serialize(as_bytes=True))
     except Exception:
         blob = None
-    return {"engine_id": ready.engine_id, "knobs": dict(ready.knobs or {}),
-            "workspace": ready.workspace, "serialized": blob}
+    return PlanRecord(ready.engine_id, dict(ready.knobs or {}), ready.workspace, blob)
 
 
 def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,

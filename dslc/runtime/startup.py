@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dslc.core.errors import RunnerError
+from dslc.runtime.records import Environment
 
 RANK = {"restore": 0, "replay": 1, "retime": 2, "retune": 3}
 FIELD_ACTION = {"cudnn_backend": "replay", "cudnn_frontend": "replay", "cuda_runtime": "replay",
@@ -40,15 +41,15 @@ class Decision:
         return f"{'; '.join(parts)}: {self.action}"
 
 
-def decide(recorded: dict[str, Any], live: dict[str, Any], policy: str = "retune") -> Decision:
+def decide(recorded: Environment, live: Environment, policy: str = "retune") -> Decision:
     """What start-up does with a bundle tuned in `recorded`, running in `live`."""
     if policy not in POLICIES:
         raise ValueError(f"on_mismatch must be one of {', '.join(POLICIES)}, not {policy!r}")
     changes = []
     action = "restore"
-    untuned = not recorded.get("live")  # compiled deviceless: plans were never measured
+    untuned = not recorded.live  # compiled deviceless: plans were never measured
     for name, act in FIELD_ACTION.items():
-        was, now = recorded.get(name), live.get(name)
+        was, now = getattr(recorded, name), getattr(live, name)
         if was is None or now is None or str(was) == str(now):
             continue
         changes.append((name, was, now, act))

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dslc.backend import environment
@@ -66,7 +66,7 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
     (`tuned_bundle` makes the tuned one)."""
     _, cudnn = require()
     handle = cudnn.create_handle()
-    live = environment.live(properties=True)
+    live = Environment.from_data(environment.live(properties=True), "live environment")
     env = env_key(live)
     program = Schedule(bundle)
     names = {s.signature: s.name for s in program.steps}
@@ -89,27 +89,27 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
             report.rows.append(Row(bucket.key, signature, group, *row))
             if plan is not None:
                 plans[(bucket.key, signature)] = entry.plan.updated(
-                    plan, f"buckets.{bucket.key}.graphs.{signature}.plan")
+                    plan.to_data(), f"buckets.{bucket.key}.graphs.{signature}.plan")
     report.seconds = time.perf_counter() - started
-    return Tuned(plans, Environment.from_data(live), report)
+    return Tuned(plans, live, report)
 
 
 def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
               handle: Any, db: TuningDB | None, env: str, over_budget: bool,
-              how: tuple[float, str, str]) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
+              how: tuple[float, str, str]) -> tuple[tuple[Any, ...], PlanRecord | None]:
     """One graph at one size: its report row (after bucket, signature and group) and its new
-    plan's fields (None: the saved plan stays)."""
+    plan (None: the saved plan stays)."""
     from dslc.backend.graphs import build  # imports cudnn: only where tuning runs
 
     key = spec_key(spec)
-    record = db.get(env, key) if db is not None else None
-    if record is not None and record.get("engine_id") is not None:
-        built = build(spec, handle, engine=(record["engine_id"], record["knobs"]))
+    found = db.get(env, key) if db is not None else None
+    if found is not None and found.engine_id is not None:
+        built = build(spec, handle, engine=(found.engine_id, dict(found.knobs)))
         if built.has_plan:
-            plan = {**record, "serialized": built.serialized, "workspace": built.workspace,
-                    "reused": True}
-            return ((record.get("heuristic") or {}).get("ms"), record.get("ms"),
-                    record.get("error"), "database", record.get("candidates", 0)), plan
+            plan = replace(found, serialized=built.serialized, workspace=built.workspace,
+                           reused=True)
+            return (found.heuristic.ms if found.heuristic else None, found.ms, found.error,
+                    "database", found.candidates or 0), plan
     if over_budget:
         return (None, None, None, "untimed (over budget)"), None
     budget_s, search, where = how
@@ -120,12 +120,12 @@ def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
         return (None, None, None, "failed"), None
     if result.chosen is None:
         return (None, None, None, "failed", len(result.candidates)), None
-    record = result.record()
+    record = PlanRecord.from_data(result.record(), "tuned plan", tuning=True)
     if db is not None:
         db.put(env, key, record)
     heur = result.heuristic.ms if result.heuristic else None
-    plan = {**record, "serialized": result.serialized, "workspace": result.workspace,
-            "reused": False}
+    plan = replace(record, serialized=result.serialized, workspace=result.workspace,
+                   reused=False)
     return (heur, result.chosen.ms, result.chosen.error, "tuned", len(result.candidates)), plan
 
 

@@ -29,7 +29,7 @@ from filelock import FileLock
 
 from dslc import fsutil
 from dslc.backend.spec import GroupSpec
-from dslc.runtime.records import BundleError, PlanRecord
+from dslc.runtime.records import BundleError, Environment, PlanRecord
 
 VERSION = 1
 LOCK_TIMEOUT_S = 120.0
@@ -55,9 +55,9 @@ def spec_key(spec: GroupSpec) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def env_key(env: dict[str, Any]) -> str:
-    return "|".join(str(env.get(k)) for k in ("device_name", "compute_capability", "sm_count",
-                                               "cudnn_backend", "cudnn_frontend"))
+def env_key(env: Environment) -> str:
+    return "|".join(str(getattr(env, k)) for k in ("device_name", "compute_capability",
+                                                    "sm_count", "cudnn_backend", "cudnn_frontend"))
 
 
 class Unreadable(Exception):
@@ -151,22 +151,25 @@ class TuningDB:
                        f"as `{aside}` and started a new one")
             return {}
 
-    def get(self, env: str, key: str) -> dict[str, Any] | None:
+    def get(self, env: str, key: str) -> PlanRecord | None:
+        """The measured plan under (environment, group), if a valid one is there."""
         found = self._entries().get(env, {}).get(key)
         if found is None:
             return None
         try:
-            PlanRecord.from_data(found, f"entries.{key}", tuning=True)
+            record = PlanRecord.from_data(found, f"entries.{key}", tuning=True)
         except BundleError as err:
             self._warn(f"entry {key}", f"tuning database `{self.path}`: ignoring a damaged "
                        f"entry ({err})")
             return None
         self.hits += 1
-        return found
+        return record
 
-    def put(self, env: str, key: str, record: dict[str, Any]) -> None:
-        """Read-modify-write under the lock: entries others added meanwhile are kept, and a file
+    def put(self, env: str, key: str, plan: PlanRecord) -> None:
+        """What was measured of `plan` (not its serialized bytes, which belong to the bundle),
+        read-modify-write under the lock: entries others added meanwhile are kept, and a file
         that cannot be read is kept aside, never overwritten."""
+        record = {k: v for k, v in plan.to_data().items() if k not in ("serialized", "workspace")}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._require_writable()
