@@ -1131,6 +1131,25 @@ def test_expand(shape: tuple[int, ...], target: tuple[int, ...]) -> None:
     exact(ref("expand", [x], shape=target), T(x).expand(*target).numpy())
 
 
+covers("gather", "arange")
+
+
+@pytest.mark.parametrize(("shape", "axis", "index_shape"), [((7, 4), 0, (3,)), ((7, 4), 0, (2, 5)),
+                                                             ((3, 6, 2), 1, (4,)),
+                                                             ((3, 6, 2), -1, (2, 2))])
+def test_gather(shape: tuple[int, ...], axis: int, index_shape: tuple[int, ...]) -> None:
+    g = rng("gather", shape, axis, index_shape)
+    x = randn(g, *shape)
+    idx = g.integers(0, shape[axis], index_shape).astype(np.int64)
+    a = axis % len(shape)
+    want = torch.index_select(T(x), a, T(idx).reshape(-1))
+    exact(ref("gather", [x, idx], axis=a), want.reshape(*shape[:a], *index_shape, *shape[a + 1:]))
+
+
+def test_arange() -> None:
+    exact(ref("arange", [], n=6, dtype="i64"), torch.arange(6))
+
+
 @pytest.mark.parametrize("storage", ["f16", "bf16"])
 def test_layout_rounded(storage: str) -> None:
     """Moving data never changes a value."""

@@ -253,8 +253,16 @@ def _store(cupy: Any, y: Any, value: Any) -> None:
     y[...] = encode(cupy, value, "bf16") if y.dtype == cupy.uint16 else value.astype(y.dtype)
 
 
+def arange(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    """0, 1, ..., n - 1 made on the device (the generic route would copy numpy's, which a CUDA
+    graph cannot capture)."""
+    import cupy
+
+    y[...] = cupy.arange(y.shape[0], dtype=y.dtype)
+
+
 KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
-                                "concat": concat,
+                                "concat": concat, "arange": arange,
                                 **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",
                                                                  "reduce_max", "reduce_min")}}
 DTYPES = ("f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool")  # bf16 as its uint16 bits

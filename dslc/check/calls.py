@@ -12,7 +12,7 @@ from dslc.check.resolve import DefRef, suggest
 from dslc.check.values import ERROR, DType, Frame, ListVal, Scope, TensorVal, TupleVal, kind_of
 from dslc.core import dims
 from dslc.core.dims import DimEnv
-from dslc.core.types import PrecisionSpec, TensorType, format_type, is_float
+from dslc.core.types import DTYPES, PrecisionSpec, TensorType, format_type, is_float
 from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
@@ -267,6 +267,8 @@ class CallEval:
             value = tuple(value.items) if isinstance(value, ListVal) else value
             items = value if isinstance(value, tuple) else (value,)
             ok = all(isinstance(v, int) and not isinstance(v, bool) for v in items)
+        elif kind is Kind.DIM:
+            ok = isinstance(value, dims.Poly) or (isinstance(value, int) and not isinstance(value, bool))
         elif kind is Kind.SHAPE:
             value = tuple(value.items) if isinstance(value, ListVal) else value
             ok = isinstance(value, tuple) and all(
@@ -289,8 +291,8 @@ class CallEval:
                                 help=(f'did you mean "{hint_}"?',) if hint_ else (), frame=scope.frame)
                 return ERROR
         elif kind is Kind.DTYPE:
-            ok = isinstance(value, DType)
-            value = value.name if ok else value
+            ok = isinstance(value, DType) or value in DTYPES  # a default is the dtype's name
+            value = value.name if isinstance(value, DType) else value
         else:
             ok = False
         if ok:
@@ -351,7 +353,8 @@ def _article(kind: Kind) -> str:
         Kind.TENSOR: "a tensor", Kind.OPT_TENSOR: "a tensor", Kind.TENSORS: "a list of tensors",
         Kind.INT: "a static int", Kind.OPT_INT: "a static int",
         Kind.INTS: "an int or a list of ints", Kind.AXES: "a list of axes",
-        Kind.SHAPE: "a list of dims", Kind.FLOAT: "a float", Kind.OPT_FLOAT: "a float",
+        Kind.SHAPE: "a list of dims", Kind.DIM: "a dim", Kind.FLOAT: "a float",
+        Kind.OPT_FLOAT: "a float",
         Kind.BOOL: "a bool", Kind.STR: "a string", Kind.DTYPE: "a dtype",
     }[kind]
 

@@ -32,6 +32,8 @@ FALLBACK_REASONS = {
     "concat": "a concatenation is a copy into one buffer; it runs on its own",
     "genstats": "genstats runs as its own graph",
     "contiguous": "a copy into a new layout runs on its own",
+    "gather": "cuDNN's graph API has no gather; a fallback kernel runs it",
+    "arange": "cuDNN's graph API makes no index sequence; a fallback kernel runs it",
 }
 
 Check = Callable[[list[Node]], str | None]

@@ -45,7 +45,7 @@ def _prepared(prog: Program, seed: int, tmp: Path) -> tuple[Any, dict[str, np.nd
     path = tmp / "fuzz.cgraph"
     path.write_text(prog.source())
     model = _checked(path, Options())
-    return (model, make_inputs(model.inputs, prog.run_dims, model, seed),
+    return (model, make_inputs(model.inputs, prog.run_dims, model, seed, prog.index_bounds),
             make_weights(model.params, prog.roles(), seed))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import tempfile
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,13 +76,15 @@ class Case:
     run_dims: dict[str, int]
     roles: dict[str, str] = field(default_factory=dict)
     seed: int = 0
+    bounds: dict[str, int] = field(default_factory=dict)  # index inputs: values in [0, bound)
     inputs: dict[str, np.ndarray] | None = None
     weights: dict[str, np.ndarray] | None = None
     expected: dict[str, np.ndarray] | None = None  # PyTorch's outputs, when saved
 
     @staticmethod
     def of(prog: Program, seed: int) -> Case:
-        return Case(prog.source(), dict(prog.run_dims), prog.roles(), seed)
+        return Case(prog.source(), dict(prog.run_dims), prog.roles(), seed,
+                    bounds=dict(prog.index_bounds))
 
 
 def run(prog: Program, seed: int = 0, torch_oracle: bool = True, compile: bool = True) -> Outcome:
@@ -99,7 +102,8 @@ def run_case(case: Case, torch_oracle: bool = True, compile: bool = True) -> Out
             stage = "reference"
             model = _in_f32(path, declared)
             if case.inputs is None:
-                case.inputs = make_inputs(model.inputs, case.run_dims, declared, case.seed)
+                case.inputs = make_inputs(model.inputs, case.run_dims, declared, case.seed,
+                                          case.bounds)
             if case.weights is None:
                 case.weights = make_weights(declared.params, case.roles, case.seed)
             lowered, plan = _lower(model.graph, model.env)
@@ -183,9 +187,10 @@ def needs_met(graph: Graph) -> None:
 
 
 def make_inputs(specs: Any, run_dims: dict[str, int], declared: Any, seed: int,
-                ) -> dict[str, np.ndarray]:
+                bounds: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Normal random inputs in each input's declared dtype (so the f32 run and the declared run
-    read the same values); a mask is true where its normal draw is positive."""
+    read the same values); a mask is true where its normal draw is positive; an index input
+    (in `bounds`) is uniform in [0, bound)."""
     from dslc.core import dims
 
     rng = np.random.default_rng(seed)
@@ -194,8 +199,12 @@ def make_inputs(specs: Any, run_dims: dict[str, int], declared: Any, seed: int,
     for spec in specs:
         shape = tuple(dims.evaluate(d, run_dims, declared.env) for d in spec.type.shape)
         x = rng.standard_normal(shape)
-        out[spec.name] = x > 0 if dtypes[spec.name] == "bool" else \
-            x.astype(NUMPY_DTYPES[dtypes[spec.name]])
+        if bounds and spec.name in bounds:
+            out[spec.name] = rng.integers(0, bounds[spec.name], shape).astype(
+                NUMPY_DTYPES[dtypes[spec.name]])
+        else:
+            out[spec.name] = x > 0 if dtypes[spec.name] == "bool" else \
+                x.astype(NUMPY_DTYPES[dtypes[spec.name]])
     return out
 
 

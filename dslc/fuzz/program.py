@@ -73,6 +73,8 @@ class Program:
     # (output name, value name, a type written on the output: "" or e.g. ": f32")
     outputs: list[tuple[str, str, str]] = field(default_factory=list)
     run_dims: dict[str, int] = field(default_factory=dict)  # where the oracles run it
+    # Integer inputs that index an axis: their values are drawn in [0, bound).
+    index_bounds: dict[str, int] = field(default_factory=dict)
     uses_std: bool = False
     # Declared inputs no output reads are kept (an unread input is part of the model's interface:
     # a bundle built from one once failed to compile).

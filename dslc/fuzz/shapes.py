@@ -170,3 +170,28 @@ def genstats(g: Gen) -> bool:
     for d in (x.type.shape[0], *x.type.shape[2:]):  # largest: a cast to f16 of it overflowed)
         count *= size(d) if static(d) else 64
     return g.bind_tuple("genstats", x, scale=4.0 * count)
+
+
+def gather(g: Gen) -> bool:
+    """Entries of a value along a static axis at integer indices: `arange(m)` (position ids),
+    or a new i64 model input whose values the oracles draw inside the axis (token ids)."""
+    table = g.pick(lambda e: is_float(e) and any(static(d) and size(d) >= 2 for d in e.type.shape))
+    if table is None:
+        return False
+    axis = g.ch.pick([i for i, d in enumerate(table.type.shape) if static(d) and size(d) >= 2])
+    n = size(table.type.shape[axis])
+    if g.ch.coin(0.4):
+        indices = g.apply("arange", {}, {"n": g.ch.between(1, n)})
+        g.stats.features["gather of arange"] += 1
+    else:
+        batch = g.prog.inputs[0].type.shape[0]
+        indices = g.new_input(g.ch.pick([(batch,), (batch, g.ch.between(1, 6))]), dtype="i64")
+        g.prog.index_bounds[indices.text] = n
+        g.stats.features["gather of an index input"] += 1
+    if indices is None or table.type.rank + indices.type.rank > 8:
+        return False
+    out = g.apply("gather", {"x": table, "indices": indices}, {"axis": axis})
+    if out is None:
+        return False
+    g.bind(out)
+    return True

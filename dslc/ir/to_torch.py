@@ -188,6 +188,8 @@ class TorchProgram(nn.Module):
             if step.fn is not None:
                 xs = [_operand(values[i], step.compute) for i in step.inputs]
                 out = step.fn(xs, step.attrs).to(step.dtype)
+                if not xs:  # made from nothing (arange): on the module's device
+                    out = out.to(self._scalars.device)
             elif step.op == "input":
                 out = self._input(step, inputs)
             elif step.op == "param":

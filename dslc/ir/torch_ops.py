@@ -231,6 +231,18 @@ def _genstats(xs: list[Tensor], a: Attrs) -> Tensor:
     return torch.sum(x if a.get("output", 0) == 0 else x * x, dim=axes, keepdim=True)
 
 
+def _gather(xs: list[Tensor], a: Attrs) -> Tensor:
+    """index_select along `axis`, the indices' shape in the axis's place; NaN for an index
+    outside the axis."""
+    x, idx = xs
+    axis, n = int(a["axis"]), x.shape[int(a["axis"])]
+    rows = torch.index_select(x, axis, idx.clamp(0, n - 1).reshape(-1).to(torch.int64))
+    rows = rows.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1:])
+    inside = ((idx >= 0) & (idx < n)).reshape(*(1,) * axis, *idx.shape,
+                                                *(1,) * (x.dim() - axis - 1))
+    return torch.where(inside, rows, torch.full((), float("nan"), dtype=x.dtype, device=x.device))
+
+
 # ---- the table ----------------------------------------------------------------------------------
 
 def _table() -> dict[str, OpFn]:
@@ -260,6 +272,8 @@ def _table() -> dict[str, OpFn]:
         "upsample": _upsample,
         "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
         "expand": lambda xs, a: xs[0].expand(*a["shape"]).contiguous(),
+        "gather": _gather,
+        "arange": lambda xs, a: torch.arange(int(a["n"]), dtype=torch.int64),
         "reshape": lambda xs, a: xs[0].reshape(a["shape"]),
         "transpose": lambda xs, a: xs[0].permute(a["perm"]),
         "slice": lambda xs, a: xs[0][tuple(slice(s, e) for s, e in

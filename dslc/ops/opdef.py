@@ -32,6 +32,7 @@ class Kind(Enum):
     INTS = ("int | [int, ...]", False)  # one per spatial axis, or one for all
     AXES = ("[int, ...]", False)
     SHAPE = ("[dim, ...]", False)
+    DIM = ("dim", False)  # an int or a declared dim (static or dynamic)
     FLOAT = ("float", False)
     OPT_FLOAT = ("float", True)
     BOOL = ("bool", False)

@@ -419,6 +419,15 @@ model m {
   let v = transpose(reshape(matmul(x, wv), [2, 6, 2, 8]), [0, 2, 1, 3])
   output y = reshape(transpose(sdpa(q, k, v, causal=true, window=4), [0, 2, 1, 3]), [2, 6, 32])
 }""",
+    # gather and arange run as fallback kernels (cuDNN's graph API has neither).
+    "token_and_position_embeddings_f16": NN + """model m {
+  precision io=f16
+  dim S = 1..16 tune [7]
+  input ids: i64[4, S]
+  let t = embedding(ids, num=64, dim=32) as "tok"
+  let p = embedding(arange(S), num=16, dim=32) as "pos"
+  output y = layer_norm(t + p)
+}""",
     "cast_inside_a_fused_group_rounds_f32": """model m {
   input x: f32[8, 64]
   let r = relu(x)
