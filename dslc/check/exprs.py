@@ -126,6 +126,9 @@ class ExprEval:
                 return self.cond(expr, scope, hint)
             case ast.Index():
                 return self.index(expr, scope, hint)
+            case ast.Member() if (dotted := ast.dotted_name(expr)) is not None and (
+                    dotted in scope.values or dotted.split(".")[0] not in scope.values):
+                return self.lookup(ast.Name(expr.span, dotted), scope)  # a dotted param
             case ast.Member():
                 self.ctx.report("E0209", "a namespace member can only be called", expr.span,
                                 "not a value", help=(f"call it: `{_text(expr)}(...)`",),

@@ -303,6 +303,16 @@ class _Body:
         for e in ast.walk(expr):
             if isinstance(e, ast.Call):
                 self.call_head(e)
+            elif isinstance(e, ast.Member) and (dotted := ast.dotted_name(e)) is not None and \
+                    id(_root(e)) not in self._heads:
+                root = dotted.split(".")[0]
+                if root in self.ns.aliases and dotted not in self.scope:
+                    self.sink.report(Diagnostic(
+                        "E0209", "a namespace member can only be called", e.span, "not a value",
+                        help=(f"call it: `{dotted}(...)`",)))
+                elif dotted not in self.scope and root not in self.scope:
+                    self._unknown(ast.Name(e.span, dotted))  # no dotted param of that name
+                self._heads.update(id(n) for n in ast.walk(e))  # a dotted name, as a whole
             elif isinstance(e, ast.Name) and not self._is_head(e) and e.name not in self.scope:
                 self._unknown(e)
         self._heads.clear()
@@ -404,6 +414,12 @@ def _std_defs() -> dict[str, str]:
         for name in re.findall(r"^def\s+([A-Za-z_][A-Za-z0-9_]*)", path.read_text(), re.M):
             out.setdefault(name, f"std/{path.name}")
     return out
+
+
+def _root(e: ast.Expr) -> ast.Expr:
+    while isinstance(e, ast.Member):
+        e = e.target
+    return e
 
 
 def _next_name(name: str) -> str:

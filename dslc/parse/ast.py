@@ -370,6 +370,17 @@ def children(expr: Expr | Range | Kwarg) -> tuple[Expr | Range | Kwarg, ...]:
     return get(expr) if get is not None else ()
 
 
+def dotted_name(expr: Expr) -> str | None:
+    """`a.b.c` written as names and members only (a dotted param's name), else None."""
+    parts: list[str] = []
+    while isinstance(expr, Member):
+        parts.append(expr.name.name)
+        expr = expr.target
+    if not isinstance(expr, Name) or not parts:
+        return None
+    return ".".join([expr.name, *reversed(parts)])
+
+
 def walk(expr: Expr | Range | Kwarg) -> list[Expr | Range | Kwarg]:
     """`expr` and all its sub-expressions, pre-order."""
     out: list[Expr | Range | Kwarg] = []

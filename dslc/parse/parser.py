@@ -239,7 +239,13 @@ class _Builder:
         return ast.Input(self.sp(c), self.ident(c[1]), c[3])
 
     def param_stmt(self, c: list[Any]) -> ast.ParamStmt:
-        return ast.ParamStmt(self.sp(c), self.ident(c[1]), c[3], c[4].value if len(c) > 4 else None)
+        """`param a.b.c: T`: a dotted name is the param's path as written (a checkpoint key)."""
+        colon = next(i for i, t in enumerate(c) if _is_tok(t, "COLON"))
+        names = [t for t in c[1:colon] if _is_tok(t, "NAME")]
+        first, last = self.tsp(names[0]), self.tsp(names[-1])
+        name = ast.Ident(first.to(last), ".".join(t[1] for t in names))
+        rest = c[colon + 1:]
+        return ast.ParamStmt(self.sp(c), name, rest[0], rest[1].value if len(rest) > 1 else None)
 
     def let_stmt(self, c: list[Any]) -> ast.Let:
         targets: list[ast.Ident] = c[1]
