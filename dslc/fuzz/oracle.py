@@ -118,7 +118,7 @@ def run_case(case: Case, torch_oracle: bool = True, compile: bool = True) -> Out
                 errors = compare(ours, case.expected, narrowest(model.graph))
             if compile:
                 stage = "compile"
-                roundtrip(declared, Path(tmp), case.inputs, case.weights)
+                roundtrip(declared, Path(tmp), case.inputs, case.weights, case.run_dims)
         except Failure as f:
             f.outcome.stage = f.outcome.stage or stage
             return f.outcome
@@ -282,10 +282,17 @@ def compare(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], dtype: s
     return errors
 
 
+# The arena run against the reference: the same ops in the same dtypes, only the order of a
+# reduction's additions may differ (numpy sums a strided and a contiguous array differently).
+ARENA_TOLERANCE = {"f32": 1e-5, "f16": 4e-3, "bf16": 3e-2}
+
+
 def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
-              weights: dict[str, np.ndarray]) -> None:
+              weights: dict[str, np.ndarray], run_dims: Mapping[str, int]) -> None:
     """Deviceless compile at the declared precision; the bundle written and read back must hold
-    the same graph, and running it must give the same bits as running the compiled graph."""
+    the same graph, running it must give the same bits as running the compiled graph, and the
+    schedule run in one arena as the runtime lays memory out (`dslc.fuzz.arena`) must equal
+    the reference."""
     from dslc.backend.target import load_target
     from dslc.compile.stage import compile_model
     from dslc.emit import bundle as emit_bundle
@@ -312,3 +319,20 @@ def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
         if a[name].tobytes() != b[name].tobytes():
             raise Failure(Outcome("roundtrip", "compile", f"output {name} of the bundle's "
                                                           "reference run differs"))
+    _same_in_the_arena(program, dict(run_dims), inputs, weights, a)
+
+
+def _same_in_the_arena(program: Any, dims: dict[str, int], inputs: dict[str, np.ndarray],
+                       weights: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    from dslc.fuzz import arena
+
+    got = arena.run(program, dims, inputs, weights)
+    tol = ARENA_TOLERANCE[narrowest(program.graph)]
+    for name, w in want.items():
+        a, b = np.asarray(got[name], np.float64), np.asarray(w, np.float64)
+        same_nan = np.array_equal(np.isnan(a), np.isnan(b))
+        err = relative_error(np.where(np.isnan(a), 0, a), np.where(np.isnan(b), 0, b))
+        if not same_nan or err > tol:
+            raise Failure(Outcome("memory", "compile", f"output {name}: the schedule run in "
+                                                       f"its memory plan differs from the "
+                                                       f"reference (relative {err:.2e})"))

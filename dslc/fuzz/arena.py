@@ -1,0 +1,175 @@
+"""The compiled schedule run on the CPU as the runtime runs it on the GPU: one arena of bytes laid
+out by the bundle's memory plan, model inputs, weights and outputs in buffers of their own, each
+step reading and writing through the pointers and strides the runtime would bind, a cuDNN graph
+through its saved tensors' dims and strides (in cuDNN's form) and a fallback kernel through its
+values' storage. The math is the reference's, op by op, so the result equals the reference
+executor bit for bit unless the memory picture is wrong: two live values sharing bytes, a
+tensor bound to the wrong offset or strides, a step reading what nothing has written yet
+(the arena starts filled with a poison byte).
+
+Masks are held as bytes here (cuDNN's bits are `compile.stage.masks_as_bytes`' business)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from dslc.backend.spec import GroupSpec, group_spec
+from dslc.ir import interp
+from dslc.ir.graph import stored_dtype
+from dslc.ir.groups import make_group
+from dslc.ir.interp import ITEMSIZE, NUMPY_DTYPES, concrete_attrs
+from dslc.ir.storage import Storage
+from dslc.runtime.schedule import MemoryPlan, Schedule
+
+POISON = 0xA7  # as f32 bytes about -4.6e-15 repeated: never an output of a well-formed run
+
+
+class Overlap(Exception):
+    """A step writes bytes it also reads: on the GPU, a race between its threads."""
+
+
+class Memory:
+    """The bytes every value lives in: the arena, and a buffer per input, weight and output."""
+
+    def __init__(self, program: Schedule, plan: MemoryPlan) -> None:
+        self.program = program
+        self.plan = plan
+        self.arena = np.full(max(plan.arena, 1), POISON, dtype=np.uint8)
+        self.own: dict[str, np.ndarray] = {}  # base -> its bytes (inputs, weights, outputs)
+
+    def bytes_of(self, base: str) -> tuple[np.ndarray, int]:
+        if base in self.plan.offsets:
+            return self.arena, self.plan.offsets[base]
+        if base not in self.own:
+            s = self.plan.storage[base]
+            self.own[base] = np.full(max(s.nbytes, 1), POISON, dtype=np.uint8)
+        return self.own[base], 0
+
+    def array(self, dims: tuple[int, ...], strides: tuple[int, ...], dtype: str, base: str,
+              offset: int) -> np.ndarray:
+        """The elements at (dims, strides) from `offset` elements into `base`'s memory."""
+        raw, start = self.bytes_of(base)
+        item = ITEMSIZE[dtype]
+        flat = raw[start + offset * item:].view(NUMPY_DTYPES[dtype]) if raw.size > start else \
+            raw.view(NUMPY_DTYPES[dtype])
+        span = 1 + sum((d - 1) * s for d, s in zip(dims, strides, strict=True)) if all(dims) else 0
+        if span > flat.size:
+            raise IndexError(f"{list(dims)} with strides {list(strides)} reaches past `{base}`")
+        return as_strided(flat, dims, tuple(s * item for s in strides), writeable=True)
+
+    def value(self, s: Storage) -> np.ndarray:
+        return self.array(s.shape, s.strides, s.dtype, s.base, s.offset)
+
+    def extent(self, dims: tuple[int, ...], strides: tuple[int, ...], dtype: str, base: str,
+               offset: int) -> tuple[int, int, int]:
+        """(buffer, first byte, one past the last) of a tensor's memory."""
+        raw, start = self.bytes_of(base)
+        span = 1 + sum((d - 1) * s for d, s in zip(dims, strides, strict=True)) if all(dims) else 0
+        first = start + offset * ITEMSIZE[dtype]
+        return id(raw), first, first + span * ITEMSIZE[dtype]
+
+
+def _apart(step: Any, reads: list[tuple[int, int, int]], writes: list[tuple[int, int, int]]) -> None:
+    for w in writes:
+        for r in reads:
+            if w[0] == r[0] and w[1] < r[2] and r[1] < w[2]:
+                raise Overlap(f"step `{step.name[:60]}` writes bytes {w[1]}..{w[2]} it reads "
+                              f"({r[1]}..{r[2]})")
+
+
+def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndarray],
+        weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's outputs, computed step by step in memory laid out as the runtime lays it."""
+    plan = program.memory_plan(dict(dims))
+    mem = Memory(program, plan)
+    for name, node_name in program.inputs.items():
+        np.copyto(mem.value(plan.storage[node_name]),
+                  np.asarray(inputs[name]).astype(NUMPY_DTYPES[plan.storage[node_name].dtype]))
+    loaded = interp.run(program.graph, inputs, weights, program.env,
+                        keep=lambda n: n.name in program.load_time)
+    for name in program.load_time:
+        if program.nodes[name].op != "scalar" and name in loaded:
+            np.copyto(mem.value(plan.storage[name]), loaded[name])
+    specs = _bucket_specs(program, dims)
+    for step in program.steps:
+        if step.kind == "graph":
+            spec = specs.get(step.signature) or _spec_at(program, step, dims)
+            _graph_step(mem, program, step, spec, dims)
+        else:
+            _kernel_step(mem, program, step, dims)
+    return {out: np.array(mem.value(plan.storage[value]))
+            for out, value in program.outputs.items()}
+
+
+def _bucket_specs(program: Schedule, dims: Mapping[str, int]) -> dict[str, GroupSpec]:
+    for bucket in program.bundle.buckets:
+        if dict(bucket.dims) == dict(dims):
+            return {sig: GroupSpec.from_data(g.spec.to_data()) for sig, g in bucket.graphs.items()}
+    return {}
+
+
+def _spec_at(program: Schedule, step: Any, dims: Mapping[str, int]) -> GroupSpec:
+    group = make_group(program.graph, list(step.nodes), step.pattern)
+    return group_spec(program.graph, group, dims, program.env)
+
+
+def _graph_step(mem: Memory, program: Schedule, step: Any, spec: GroupSpec,
+                dims: Mapping[str, int]) -> None:
+    """A cuDNN graph: inputs read and outputs written through the spec's tensors, bound (by
+    uid) to the step's inputs then its nodes, as the runtime binds them."""
+    names = list(step.inputs) + list(step.nodes)
+    values: dict[str, np.ndarray] = {}
+    bound = {t.name: mem.plan.storage[names[t.uid - 1]] for t in spec.tensors
+             if t.role in ("input", "output")}
+    _apart(step, *([mem.extent(t.dims, t.strides, t.dtype, bound[t.name].base,
+                               bound[t.name].offset) for t in spec.tensors if t.role == role]
+                   for role in ("input", "output")))
+    for t in spec.tensors:
+        if t.role == "input":
+            s = mem.plan.storage[names[t.uid - 1]]
+            values[t.name] = np.ascontiguousarray(mem.array(t.dims, t.strides, t.dtype, s.base,
+                                                            s.offset))
+        elif t.role == "scalar":
+            values[t.name] = np.asarray(t.value, np.float32)
+    for op in spec.ops:
+        node = program.nodes[op.node]
+        operands = [_logical(values[i], program, i, dims) for i in op.inputs]
+        t = spec.tensor(op.node)
+        out = interp.evaluate_node(node, operands, concrete_attrs(node, dims, program.env),
+                                   stored_dtype(node, t.role == "virtual"))
+        values[op.node] = out
+        if t.role == "output":
+            s = mem.plan.storage[names[t.uid - 1]]
+            np.copyto(mem.array(t.dims, t.strides, t.dtype, s.base, s.offset),
+                      out.reshape(t.dims).astype(NUMPY_DTYPES[t.dtype]))
+
+
+def _where(s: Storage) -> tuple[tuple[int, ...], tuple[int, ...], str, str, int]:
+    return s.shape, s.strides, s.dtype, s.base, s.offset
+
+
+def _logical(x: np.ndarray, program: Schedule, name: str, dims: Mapping[str, int]) -> np.ndarray:
+    """A tensor read in cuDNN's form, in the value's own shape (same elements, same order)."""
+    node = program.nodes[name]
+    if node.op == "scalar":
+        return np.asarray(x, np.float32)
+    shape = tuple(int(interp.concrete(d, dims, program.env)) for d in node.type.shape)
+    return x.reshape(shape)
+
+
+def _kernel_step(mem: Memory, program: Schedule, step: Any, dims: Mapping[str, int]) -> None:
+    node = program.nodes[step.nodes[0]]
+    storage = mem.plan.storage
+    _apart(step, [mem.extent(*_where(storage[i])) for i in node.inputs
+                  if program.nodes[i].op != "scalar"],
+           [mem.extent(*_where(storage[node.name]))])
+    operands = [np.asarray(float(program.nodes[i].attrs["value"]), np.float32)
+                if program.nodes[i].op == "scalar" else np.ascontiguousarray(mem.value(mem.plan.storage[i]))
+                for i in node.inputs]
+    out = interp.evaluate_node(node, operands, concrete_attrs(node, dims, program.env),
+                               node.type.dtype)
+    np.copyto(mem.value(mem.plan.storage[node.name]), out)
