@@ -22,6 +22,7 @@ from dslc.core.types import Layout
 from dslc.ir.graph import Graph, Node, compute_dtype, stored_dtype
 from dslc.ir.groups import Group
 from dslc.ir.interp import concrete
+from dslc.ir.placement import Placement, slice_of
 from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides
 
@@ -97,10 +98,17 @@ class GroupSpec:
 
 
 def storage(graph_nodes: Mapping[str, Node], name: str, values: Mapping[str, int],
-            env: DimEnv | None = None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """Concrete (shape, strides, element offset) of a stored value, in its base's memory."""
+            env: DimEnv | None = None, placement: Placement | None = None,
+            ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Concrete (shape, strides, element offset) of a stored value, in its base's memory (a
+    concat operand written in place: in the concat's, `placement`)."""
     node = graph_nodes[name]
     shape = tuple(int(concrete(d, values, env)) for d in node.type.shape)
+    if placement and name in placement:
+        concat, steps = placement[name]
+        st, offset = slice_of(graph_nodes[concat], steps)
+        return (shape, tuple(int(concrete(s, values, env)) for s in st),
+                int(concrete(offset, values, env)))
     if node.op == "view":
         strides = tuple(int(concrete(s, values, env)) for s in node.attrs["strides"])
         return shape, strides, int(concrete(node.attrs["offset"], values, env))
@@ -154,8 +162,9 @@ class _Shaper:
     """The cuDNN form of every tensor of one group (see the module docstring)."""
 
     def __init__(self, group: Group, nodes: Mapping[str, Node], values: Mapping[str, int],
-                 env: DimEnv | None) -> None:
+                 env: DimEnv | None, placement: Placement | None = None) -> None:
         self.group = group
+        self.placement = placement or {}
         self.nodes = nodes
         self.values = values
         self.env = env
@@ -176,12 +185,12 @@ class _Shaper:
         node = self.nodes[name]
         if node.op == "scalar":
             return [1] * max(self.rank, 1), [1] * max(self.rank, 1)
-        if node.name in self.group.nodes:
+        if node.name in self.group.nodes and node.name not in self.placement:
             shape = [int(concrete(d, self.values, self.env)) for d in node.type.shape]
             layout = node.type.layout
             strides = _strides(shape, layout) if layout is not None else _dense(shape)
-        else:
-            s, st, _ = storage(self.nodes, name, self.values, self.env)
+        else:  # read from (or, written in place into a concat, written to) its storage
+            s, st, _ = storage(self.nodes, name, self.values, self.env, self.placement)
             shape, strides = list(s), list(st)
         if name in self.dropped:
             shape, strides = _insert_axes(shape, strides, self.dropped[name])
@@ -304,10 +313,11 @@ def _window_inside_image(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anc
 
 
 def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEnv | None = None,
-               ) -> GroupSpec:
-    """The cuDNN form of `group` at the dim values `values` (raises SpecError)."""
+               placement: Placement | None = None) -> GroupSpec:
+    """The cuDNN form of `group` at the dim values `values` (raises SpecError); `placement`:
+    the concat operands written in place (`dslc.ir.placement.in_place`)."""
     nodes = graph.by_name()
-    shaper = _Shaper(group, nodes, values, env)
+    shaper = _Shaper(group, nodes, values, env, placement)
     users: dict[str, Node] = {}
     for name in group.nodes:
         for i in nodes[name].inputs:

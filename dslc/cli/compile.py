@@ -16,10 +16,11 @@ from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked, 
 from dslc.cli.paths import UsageError
 from dslc.cli.weights import checked_weights
 from dslc.core.errors import RunnerError
+from dslc.ir.placement import placed_in
 from dslc.pipeline import STAGES, BuildOptions, Built, FrontEnd, TuneOptions, WriteFailed, build
 from dslc.runtime import startup
 from dslc.runtime.bundle import load
-from dslc.runtime.records import Environment
+from dslc.runtime.records import Environment, StepRecord
 from dslc.runtime.schedule import Schedule
 from dslc.tune import format_report, tune, tuned_bundle
 from dslc.tune.db import TuningDB
@@ -210,7 +211,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 print(f"        {b.key}: {state}")
         if step.reason:
             print(f"        why: {step.reason}")
+        for line in _placement_lines(program, step):
+            print(f"        {line}")
     return EXIT_OK
+
+
+def _placement_lines(program: Schedule, step: StepRecord) -> list[str]:
+    """Where concat operands are written in place (`dslc.ir.placement`), as inspect says it."""
+    lines = [f"writes %{v} in place into its slice of %{program.placement[v][0]} (no copy)"
+             for v in step.outputs if v in program.placement]
+    for name in step.nodes:
+        node = program.nodes[name]
+        if node.op == "concat":
+            placed = placed_in(program.placement, name)
+            copied = [i for i in node.inputs if i not in placed]
+            lines.append("copies nothing: every operand was written in place" if not copied else
+                         f"copies {len(copied)} of {len(node.inputs)} operands "
+                         f"({', '.join('%' + c for c in copied)}); the others were written "
+                         "in place")
+    return lines
 
 
 def _inspect_env(recorded: Environment, policy: str) -> int:

@@ -21,6 +21,7 @@ from dslc.core.dims import bucket_key
 from dslc.ir.graph import Graph, Node
 from dslc.ir.groups import FusionPlan, Group, make_group
 from dslc.ir.interp import ITEMSIZE
+from dslc.ir.placement import Placement
 from dslc.ir.views import aligned
 from dslc.ops import OPS
 
@@ -42,6 +43,8 @@ class Compiled:
     steps: list[Step] = field(default_factory=list)
     builds: dict[tuple[str, str], Built] = field(default_factory=dict)  # (bucket, signature)
     specs: dict[tuple[str, str], GroupSpec] = field(default_factory=dict)
+    # Concat operands their producers write in place (`dslc.ir.placement`).
+    placement: Placement = field(default_factory=dict)
 
     def built(self, bucket: str, signature: str) -> Built:
         return self.builds[(bucket, signature)]
@@ -64,7 +67,8 @@ def compile_model(model: CheckedModel, graph: Graph, plan: FusionPlan, target: T
                   buckets: list[dict[str, int]] | None = None) -> Compiled:
     """Fusion plan -> steps with a cuDNN graph (and plan, where one builds) per bucket (all of
     the model's buckets, or the subset `buckets`)."""
-    out = Compiled(model, graph, plan, target, list(buckets or model.buckets))
+    out = Compiled(model, graph, plan, target, list(buckets or model.buckets),
+                   placement=dict(plan.placement))
     handle = target.handle() if target.live else None
     properties = None if target.live else target.properties()
     for i, group in enumerate(plan.groups):
@@ -147,12 +151,14 @@ def _as_kernels(out: Compiled, step: Step, masks: set[str], handle: Any,
     run: list[str] = []
     why = f"split from the fused group {step.group.name}: {MASK_AS_BYTES}"
     for name in (*step.group.nodes, ""):
-        one = make_group(out.graph, [name], "single", step.group.reason, users) if name else None
+        one = make_group(out.graph, [name], "single", step.group.reason, users,
+                         out.placement) if name else None
         if one is not None and not _touches(out, one, masks):
             run.append(name)
             continue
         if run:
-            part = make_group(out.graph, run, step.group.pattern, step.group.reason, users)
+            part = make_group(out.graph, run, step.group.pattern, step.group.reason, users,
+                              out.placement)
             steps.extend(_compile(out, part, handle, properties, why))
             run = []
         if one is not None:
@@ -184,7 +190,7 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
             key = (bucket_key(bucket), group.signature)
             if key in out.builds:
                 continue
-            spec = group_spec(out.graph, group, bucket, out.model.env)
+            spec = group_spec(out.graph, group, bucket, out.model.env, out.placement)
             out.specs[key] = spec
             built = build(spec, handle, properties)
             out.builds[key] = built
@@ -209,7 +215,8 @@ def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str
     users = out.graph.users()
     steps: list[Step] = []
     for part in (group.nodes[:half], group.nodes[half:]):
-        sub = make_group(out.graph, list(part), group.pattern, group.reason, users)
+        sub = make_group(out.graph, list(part), group.pattern, group.reason, users,
+                         out.placement)
         steps.extend(_compile(out, sub, handle, properties,
                               f"split from the fused group {group.name}: cuDNN rejected it "
                               f"({error})"))

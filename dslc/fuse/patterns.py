@@ -29,7 +29,8 @@ FALLBACK_REASONS = {
                "a fallback kernel runs it",
     "upsample": "cuDNN's resample node is not exposed by the Python frontend; "
                 "a fallback kernel runs it",
-    "concat": "a concatenation is a copy into one buffer; it runs on its own",
+    "concat": "a concatenation runs on its own: it copies each operand its producer did not "
+              "write in place",
     "genstats": "genstats runs as its own graph",
     "contiguous": "a copy into a new layout runs on its own",
     "gather": "cuDNN's graph API has no gather; a fallback kernel runs it",

@@ -22,6 +22,7 @@ from dslc.ir import interp
 from dslc.ir.graph import stored_dtype
 from dslc.ir.groups import make_group
 from dslc.ir.interp import ITEMSIZE, NUMPY_DTYPES, concrete_attrs
+from dslc.ir.placement import placed_in
 from dslc.ir.storage import Storage
 from dslc.runtime.schedule import MemoryPlan, Schedule
 
@@ -65,20 +66,38 @@ class Memory:
         return self.array(s.shape, s.strides, s.dtype, s.base, s.offset)
 
     def extent(self, dims: tuple[int, ...], strides: tuple[int, ...], dtype: str, base: str,
-               offset: int) -> tuple[int, int, int]:
-        """(buffer, first byte, one past the last) of a tensor's memory."""
+               offset: int) -> Extent:
         raw, start = self.bytes_of(base)
+        return Extent(id(raw), start + offset * ITEMSIZE[dtype], dims, strides, ITEMSIZE[dtype])
+
+
+class Extent:
+    """The bytes a tensor covers in one buffer (strided: interleaved slices share a range)."""
+
+    def __init__(self, buffer: int, first: int, dims: tuple[int, ...], strides: tuple[int, ...],
+                 item: int) -> None:
+        self.buffer, self.first, self.dims, self.strides, self.item = buffer, first, dims, strides, item
         span = 1 + sum((d - 1) * s for d, s in zip(dims, strides, strict=True)) if all(dims) else 0
-        first = start + offset * ITEMSIZE[dtype]
-        return id(raw), first, first + span * ITEMSIZE[dtype]
+        self.end = first + span * item
+
+    def bytes(self) -> np.ndarray:
+        addr = np.zeros((), np.int64)
+        for d, s in zip(self.dims, self.strides, strict=True):
+            addr = np.add.outer(addr, np.arange(d, dtype=np.int64) * s * self.item)
+        return np.unique(np.add.outer(addr.ravel() + self.first, np.arange(self.item)))
+
+    def meets(self, other: Extent) -> bool:
+        if self.buffer != other.buffer or self.end <= other.first or other.end <= self.first:
+            return False
+        return bool(np.intersect1d(self.bytes(), other.bytes(), assume_unique=True).size)
 
 
-def _apart(step: Any, reads: list[tuple[int, int, int]], writes: list[tuple[int, int, int]]) -> None:
+def _apart(step: Any, reads: list[Extent], writes: list[Extent]) -> None:
     for w in writes:
         for r in reads:
-            if w[0] == r[0] and w[1] < r[2] and r[1] < w[2]:
-                raise Overlap(f"step `{step.name[:60]}` writes bytes {w[1]}..{w[2]} it reads "
-                              f"({r[1]}..{r[2]})")
+            if w.meets(r):
+                raise Overlap(f"step `{step.name[:60]}` writes bytes it reads "
+                              f"({w.first}..{w.end} and {r.first}..{r.end})")
 
 
 def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndarray],
@@ -113,8 +132,9 @@ def _bucket_specs(program: Schedule, dims: Mapping[str, int]) -> dict[str, Group
 
 
 def _spec_at(program: Schedule, step: Any, dims: Mapping[str, int]) -> GroupSpec:
-    group = make_group(program.graph, list(step.nodes), step.pattern)
-    return group_spec(program.graph, group, dims, program.env)
+    group = make_group(program.graph, list(step.nodes), step.pattern,
+                       placement=program.placement)
+    return group_spec(program.graph, group, dims, program.env, program.placement)
 
 
 def _graph_step(mem: Memory, program: Schedule, step: Any, spec: GroupSpec,
@@ -164,8 +184,9 @@ def _logical(x: np.ndarray, program: Schedule, name: str, dims: Mapping[str, int
 def _kernel_step(mem: Memory, program: Schedule, step: Any, dims: Mapping[str, int]) -> None:
     node = program.nodes[step.nodes[0]]
     storage = mem.plan.storage
+    in_place = placed_in(program.placement, node.name)  # a concat's slices, already there
     _apart(step, [mem.extent(*_where(storage[i])) for i in node.inputs
-                  if program.nodes[i].op != "scalar"],
+                  if program.nodes[i].op != "scalar" and i not in in_place],
            [mem.extent(*_where(storage[node.name]))])
     operands = [np.asarray(float(program.nodes[i].attrs["value"]), np.float32)
                 if program.nodes[i].op == "scalar" else np.ascontiguousarray(mem.value(mem.plan.storage[i]))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dslc.core.types import format_type
 from dslc.ir.graph import Graph, Node
+from dslc.ir.placement import Placement
 from dslc.ir.printer import format_node, format_value
 
 
@@ -30,6 +31,7 @@ class FusionPlan:
     groups: tuple[Group, ...]  # in execution order
     load_time: tuple[str, ...]  # values computed once from the params, at load
     views: tuple[str, ...]  # values that are strides over another value: nothing runs
+    placement: Placement = field(default_factory=dict)  # concat operands written in place
 
     def group_of(self) -> dict[str, Group]:
         return {n: g for g in self.groups for n in g.nodes}
@@ -46,9 +48,10 @@ class FusionPlan:
 
 
 def make_group(graph: Graph, members: list[str], pattern: str, reason: str = "",
-               users: dict[str, list[Node]] | None = None) -> Group:
+               users: dict[str, list[Node]] | None = None,
+               placement: Placement | None = None) -> Group:
     """A group of `members` (in order): what it reads from outside, what it stores, its
-    signature."""
+    signature (`placement`: the concat operands written in place, whose strides it holds)."""
     nodes = graph.by_name()
     users = users if users is not None else graph.users()
     outputs_of_graph = {v for _, v in graph.outputs}
@@ -61,13 +64,14 @@ def make_group(graph: Graph, members: list[str], pattern: str, reason: str = "",
     outputs = tuple(m for m in members if m in outputs_of_graph
                     or any(u.name not in member_set for u in users[m]))
     return Group(members[-1], pattern, tuple(members), members[0], tuple(inputs), outputs,
-                 signature(nodes, tuple(members), tuple(inputs), pattern), reason)
+                 signature(nodes, tuple(members), tuple(inputs), pattern, placement), reason)
 
 
 def signature(graph_nodes: dict[str, Node], nodes: tuple[str, ...], inputs: tuple[str, ...],
-              pattern: str) -> str:
+              pattern: str, placement: Placement | None = None) -> str:
     """A digest of what the group computes, blind to value names and spans: identical blocks
-    (ResNet's repeated bottlenecks) get identical signatures and share one plan."""
+    (ResNet's repeated bottlenecks) get identical signatures and share one plan. A value written
+    in place into a concat adds where it is there (its strides differ from a buffer's own)."""
     index = {name: f"in{i}" for i, name in enumerate(inputs)}
     index.update({name: f"n{i}" for i, name in enumerate(nodes)})
     parts = [pattern]
@@ -81,6 +85,11 @@ def signature(graph_nodes: dict[str, Node], nodes: tuple[str, ...], inputs: tupl
         operands = ",".join(index[i] for i in n.inputs)
         attrs = format_value(tuple(n.attrs.items()))
         parts.append(f"{n.op}({operands}) {attrs} {format_type(n.type)} {n.precision}")
+    for name in (*inputs, *nodes):
+        if placement and name in placement:
+            concat, steps = placement[name]
+            parts.append(f"{index[name]} in {format_type(graph_nodes[concat].type)} "
+                         f"{format_value(steps)}")
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
 
 
@@ -101,6 +110,10 @@ def format_plan(plan: FusionPlan) -> str:
     if plan.views:
         lines.append("\nviews (strides over their base, nothing runs):")
         lines.extend("  " + format_node(nodes[v]) for v in plan.views)
+    if plan.placement:
+        lines.append("\nwritten in place (each into its slice of a concat, which copies it not):")
+        lines.extend(f"  %{v} -> %{c} {format_value(steps[0][1:])}"
+                     for v, (c, steps) in plan.placement.items())
     if plan.load_time:
         lines.append("\nload-time (computed once from the params when the weights load):")
         lines.extend("  " + format_node(nodes[v]) for v in plan.load_time

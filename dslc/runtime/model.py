@@ -201,8 +201,10 @@ class Model:
         return GroupSpec.from_data(data)
 
     def spec_at(self, step: StepRecord, dims: dict[str, int]) -> GroupSpec:
-        group = make_group(self.program.graph, list(step.nodes), step.pattern)
-        return group_spec(self.program.graph, group, dims, self.program.env)
+        group = make_group(self.program.graph, list(step.nodes), step.pattern,
+                           placement=self.program.placement)
+        return group_spec(self.program.graph, group, dims, self.program.env,
+                          self.program.placement)
 
     def kernel_cache(self, signature: str) -> Any:
         if signature not in self._kernel_caches:

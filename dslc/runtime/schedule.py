@@ -18,6 +18,7 @@ from typing import Any
 from dslc.core.dims import DimEnv
 from dslc.ir.graph import Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
+from dslc.ir.placement import in_place, slice_of
 from dslc.ir.serial import plain
 from dslc.ir.storage import Storage
 from dslc.ir.views import layout_strides
@@ -49,16 +50,24 @@ class Schedule:
         self.load_time: set[str] = set(self.bundle.load_time)
         self.inputs = {n.attrs["name"]: n.name for n in self.graph.nodes if n.op == "input"}
         self.outputs = dict(self.graph.outputs)
+        # Concat operands their producers write in place (`dslc.ir.placement`).
+        self.placement = in_place(self.graph, self.load_time)
 
     def storage(self, name: str, values: Mapping[str, int]) -> Storage:
         node = self.nodes[name]
         shape = tuple(self._concrete(d, values, name) for d in node.type.shape)
         if any(not 0 <= d <= MAX_DIM for d in shape):
             raise BundleError(f"graph: `{name}` has shape {list(shape)} at {dict(values)}")
-        if node.op == "view":
-            base = self.storage(node.inputs[0], values)
-            strides = tuple(self._concrete(s, values, name) for s in node.attrs["strides"])
-            offset = base.offset + self._concrete(node.attrs["offset"], values, name)
+        if node.op == "view" or name in self.placement:
+            if name in self.placement:  # a slice of the concat it is written into
+                concat, steps = self.placement[name]
+                base = self.storage(concat, values)
+                symbolic = slice_of(self.nodes[concat], steps)
+            else:
+                base = self.storage(node.inputs[0], values)
+                symbolic = (node.attrs["strides"], node.attrs["offset"])
+            strides = tuple(self._concrete(s, values, name) for s in symbolic[0])
+            offset = base.offset + self._concrete(symbolic[1], values, name)
             out = Storage(shape, strides, node.type.dtype, base.base, offset)
             root = self.storage(base.base, values)
             if len(strides) != len(shape) or min(strides, default=0) < 0 or offset < 0 or \
@@ -94,8 +103,8 @@ class Schedule:
         return out
 
     def _base(self, name: str) -> str:
-        while self.nodes[name].op == "view":
-            name = self.nodes[name].inputs[0]
+        while self.nodes[name].op == "view" or name in self.placement:
+            name = self.placement[name][0] if name in self.placement else self.nodes[name].inputs[0]
         return name
 
     def memory_plan(self, values: Mapping[str, int]) -> MemoryPlan:
@@ -104,7 +113,7 @@ class Schedule:
         first: dict[str, int] = {}
         for i, step in enumerate(self.steps):
             for value in step.outputs:
-                first.setdefault(value, i)
+                first.setdefault(self._base(value), i)
             for value in step.inputs:
                 last[self._base(value)] = i
         for node in self.graph.nodes:

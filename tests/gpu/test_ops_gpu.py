@@ -428,6 +428,18 @@ model m {
   let p = embedding(arange(S), num=16, dim=32) as "pos"
   output y = layer_norm(t + p)
 }""",
+    # A YOLO neck's SPPF: the conv and the three pools write into their slices of the concat,
+    # which copies nothing (dslc.ir.placement); in f16, channels-last, batch 2.
+    "sppf_concat_written_in_place_f16": NN + """model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 32, 20, 20]
+  let cv1 = relu(conv2d(x, out=16, k=1, has_bias=true))
+  let m1 = maxpool(cv1, window=5, stride=1, pad=2)
+  let m2 = maxpool(m1, window=5, stride=1, pad=2)
+  let m3 = maxpool(m2, window=5, stride=1, pad=2)
+  output y = relu(conv2d(concat([cv1, m1, m2, m3], axis=1), out=32, k=1, has_bias=true))
+}""",
     "cast_inside_a_fused_group_rounds_f32": """model m {
   input x: f32[8, 64]
   let r = relu(x)

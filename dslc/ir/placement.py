@@ -1,0 +1,74 @@
+"""Concatenation in place: a value that only a `concat` stores is written by its producer
+straight into its slice of the concatenation's buffer (as TensorRT eliminates concats), so the
+concat copies nothing for it. The value is then stored as a view of the concat: its storage has
+the concat's strides and an offset, and its producer writes, and its readers read, through them.
+
+A pure function of the lowered graph (and of which values are load-time), so the compiler, the
+runtime and the bundle's readers agree without recording it. An operand stays a buffer of its
+own, copied by the concat, when it is an input, a param, a load-time value, a view or another
+concat, a model output, an operand of more than one concat (or twice of one), the base of a
+view (whose strides were planned in its own memory), in another dtype or memory order than the
+concat, or when its slice could start off a 16-byte boundary (cuDNN's 16-byte vector stores).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Mapping
+
+from dslc.core import dims
+from dslc.core.dims import Dim
+from dslc.ir import views
+from dslc.ir.graph import Graph, Node
+from dslc.ir.interp import ITEMSIZE
+
+NOT_PLACED = ("input", "param", "scalar", "view", "concat")
+
+Slice = tuple[str, tuple[Dim, ...], tuple[Dim, ...]]
+Placement = Mapping[str, tuple[str, tuple[Slice]]]  # operand -> (concat, its slice there)
+
+
+def in_place(graph: Graph, load_time: Collection[str]) -> dict[str, tuple[str, tuple[Slice]]]:
+    """Operand -> (the concat it is written into, the view steps of its slice there)."""
+    nodes = graph.by_name()
+    outputs = {v for _, v in graph.outputs}
+    operand_uses = Counter(i for n in graph.nodes if n.op == "concat" for i in n.inputs)
+    viewed = {n.inputs[0] for n in graph.nodes if n.op == "view"}
+    out: dict[str, tuple[str, tuple[Slice]]] = {}
+    for c in graph.nodes:
+        if c.op != "concat" or c.type.layout is None:
+            continue
+        axis = int(c.attrs["axis"])
+        start: Dim = 0
+        for name in c.inputs:
+            x = nodes[name]
+            end = dims.add(start, x.type.shape[axis])
+            step: Slice = ("slice", tuple(start if i == axis else 0 for i in range(c.type.rank)),
+                           tuple(end if i == axis else d for i, d in enumerate(c.type.shape)))
+            start = end
+            if x.op in NOT_PLACED or name in load_time or name in outputs or name in viewed or \
+                    operand_uses[name] != 1 or not _same_storage(x, c):
+                continue
+            found = views.strides(c.type.shape, c.type.layout, (step,))
+            if found is not None and views.aligned(found[1], ITEMSIZE[x.type.dtype]):
+                out[name] = (c.name, (step,))
+    return out
+
+
+def _same_storage(x: Node, c: Node) -> bool:
+    return x.type.dtype == c.type.dtype and x.type.layout is not None and \
+        c.type.layout is not None and views.same_memory(x.type.shape, x.type.layout.order,
+                                                        c.type.layout.order)
+
+
+def slice_of(c: Node, steps: tuple[Slice]) -> tuple[tuple[Dim, ...], Dim]:
+    """(strides, offset) of an operand's slice in the concat `c`'s memory."""
+    assert c.type.layout is not None
+    found = views.strides(c.type.shape, c.type.layout, steps)
+    assert found is not None  # a slice of a laid-out tensor is always a view
+    return found
+
+
+def placed_in(placement: Mapping[str, tuple[str, tuple[Slice]]], concat: str) -> set[str]:
+    """The operands of `concat` its producers write in place."""
+    return {name for name, (c, _) in placement.items() if c == concat}

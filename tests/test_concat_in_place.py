@@ -1,0 +1,111 @@
+"""Concatenation in place (dslc/ir/placement.py): producers write straight into their slice of
+the concat's buffer, so a YOLO neck's SPPF copies nothing; the memory plan, the saved graphs and
+the fallback kernels all address the slices (the arena oracle runs it as the runtime lays memory
+out); and each case where an operand must keep its own buffer does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dslc.backend.target import load_target
+from dslc.compile.stage import compile_model
+from dslc.emit import bundle as emit_bundle
+from dslc.fuzz import arena
+from dslc.fuzz.oracle import relative_error
+from dslc.ir import interp
+from dslc.ir.groups import make_group
+from dslc.ir.placement import in_place
+from dslc.pipeline import lower_and_fuse
+from dslc.runtime.bundle import read
+from dslc.runtime.schedule import Schedule
+from dslc.weights import random_weights
+from tests.helpers import check_source, rng, run_cli
+
+SPPF = """import "std/nn.cgraph"
+model neck {
+  layout NHWC
+  input x: [2, 16, 10, 10]
+  let cv1 = relu(conv2d(x, out=8, k=1, has_bias=true))
+  let m1 = maxpool(cv1, window=5, stride=1, pad=2)
+  let m2 = maxpool(m1, window=5, stride=1, pad=2)
+  let m3 = maxpool(m2, window=5, stride=1, pad=2)
+  output y = relu(conv2d(concat([cv1, m1, m2, m3], axis=1), out=16, k=1, has_bias=true))
+}
+"""
+
+
+def _placement(text: str, tmp_path: Path) -> dict[str, str]:
+    model = check_source(text, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    return {v: c for v, (c, _) in in_place(lowered, plan.load_time).items()}
+
+
+def test_an_sppf_copies_nothing_and_keeps_one_buffer_for_the_four(tmp_path: Path) -> None:
+    model = check_source(SPPF, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    path = tmp_path / "neck.bundle"
+    emit_bundle.write(path, emit_bundle.payload(compile_model(model, lowered, plan,
+                                                              load_target("h200"))))
+    program = Schedule(read(path))
+    concat = next(n.name for n in program.graph.nodes if n.op == "concat")
+    assert {v: c for v, (c, _) in program.placement.items()} == \
+        {v: concat for v in ("cv1", "m1", "m2", "m3")}
+    offsets = program.memory_plan({}).offsets
+    assert not {"cv1", "m1", "m2", "m3"} & set(offsets) and concat in offsets
+    g = rng("concat in place")
+    x = g.standard_normal((2, 16, 10, 10)).astype(np.float32)
+    weights = random_weights(model.params, 3)
+    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
+    want = interp.run(program.graph, {"x": x}, weights, program.env, virtual=virtual)
+    assert relative_error(arena.run(program, {}, {"x": x}, weights)["y"], want["y"]) < 1e-6
+    shown = run_cli("inspect", str(path)).stdout
+    assert "copies nothing: every operand was written in place" in shown
+    assert "writes %m2 in place into its slice of" in shown
+
+
+@pytest.mark.parametrize(("body", "copied"), [
+    # a model input, and a value given twice: each keeps (or gets) its own copy
+    ("let a = relu(x)\n  output y = concat([x, a, a], axis=1)", {"x", "a"}),
+    # a model output has its own buffer
+    ("let a = relu(x)\n  output o = a\n  output y = concat([a, x * 2.0], axis=1)", {"a", "x"}),
+    # the base of a view (its strides were planned in its own memory)
+    ("let a = relu(x)\n  output t = transpose(a, [0, 1, 3, 2])\n"
+     "  output y = concat([a, x * 2.0], axis=1)", {"a", "x"}),
+    # an operand of two concats
+    ("let a = relu(x)\n  output y = concat([a, x], axis=1)\n  output z = concat([x, a], axis=1)",
+     {"a", "x"}),
+])
+def test_an_operand_that_must_keep_its_buffer_does(body: str, copied: set[str],
+                                                   tmp_path: Path) -> None:
+    placed = _placement(f"model m {{\n  input x: [2, 8, 4, 4]\n  {body}\n}}\n", tmp_path)
+    assert not copied & set(placed)
+
+
+def test_a_slice_off_a_16_byte_boundary_is_not_written_in_place(tmp_path: Path) -> None:
+    """f16 row-major: the second slice of [1, 6, 4, 4] starts 96 bytes in (aligned), the
+    second of [1, 1, 1, 6] 6 bytes in (not)."""
+    placed = _placement("""model m {
+  precision io=f16
+  input x: [1, 3, 4, 4]
+  input z: [1, 1, 1, 3]
+  output y = concat([relu(x), relu(x * 2.0)], axis=1)
+  output w = concat([relu(z), relu(z * 2.0)], axis=3)
+}
+""", tmp_path)
+    assert placed == {"y.relu": "y", "y.relu_1": "y", "w.relu": "w"}  # not w.relu_1, at 6 B
+
+
+def test_a_placed_group_and_its_unplaced_twin_get_other_signatures(tmp_path: Path) -> None:
+    """unet's double_conv ends are the same ops, and down1's writes into a concat's slice (other
+    strides): blind to placement the two would share one graph."""
+    model = check_source((Path("models") / "unet.cgraph").read_text(), tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    blind = {g.name: make_group(lowered, list(g.nodes), g.pattern).signature for g in plan.groups}
+    seen = {g.name: g.signature for g in plan.groups}
+    placed = [g.name for g in plan.groups if set(g.outputs) & set(plan.placement)]
+    twins = [(a, b) for a in placed for b in seen if b not in placed and blind[a] == blind[b]]
+    assert twins, "no placed group with an unplaced twin in unet"
+    assert all(seen[a] != seen[b] for a, b in twins)
