@@ -34,8 +34,8 @@ from dslc.parse.loader import Program, load
 if TYPE_CHECKING:
     from dslc.backend.target import Target
     from dslc.compile.stage import Compiled
+    from dslc.runtime.tuningdb import TuningStore
     from dslc.tune import Report
-    from dslc.tune.db import TuningDB
 
 STAGES = ("ast", "types", "ir", "fused")  # what `--dump` writes, as N.<stage>.txt
 
@@ -105,7 +105,7 @@ def lower_and_fuse(model: CheckedModel, verify: bool = False) -> tuple[Graph, Fu
 
 @dataclass
 class TuneOptions:
-    db: TuningDB | None  # the tuning database (None: none)
+    db: TuningStore | None  # the tuning database (None: none)
     budget_s: float = 20.0  # measuring per graph
     model_budget_s: float = 900.0  # for the whole model; the rest keep their plan
     search: str = "heuristics"  # or "exhaustive": also the engine x knob space

@@ -21,8 +21,8 @@ from dslc.runtime import startup
 from dslc.runtime.bundle import load
 from dslc.runtime.records import Environment
 from dslc.runtime.schedule import Schedule
+from dslc.runtime.tuningdb import SpecError, is_file, open_store
 from dslc.tune import format_report, tune, tuned_bundle
-from dslc.tune.db import TuningDB
 
 
 def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Output) -> int:
@@ -104,8 +104,12 @@ def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
 
 
 def _tune_options_of(args: argparse.Namespace) -> TuneOptions:
-    db = None if args.tuning_db == "none" else TuningDB(Path(args.tuning_db) if args.tuning_db
-                                                        else None)
+    """The tuning options; a `--tuning-db` (or `DSLC_TUNING_DB`) that names no database is a
+    usage error, said before any work starts."""
+    try:
+        db = open_store(args.tuning_db)
+    except SpecError as err:
+        raise UsageError(str(err)) from err
     return TuneOptions(db, args.budget, args.model_budget, args.search)
 
 
@@ -142,13 +146,15 @@ def _tune_options(p: argparse.ArgumentParser) -> None:
                    help="seconds for the whole model (default 900); the rest keep their plan")
     p.add_argument("--search", choices=("heuristics", "exhaustive"), default="heuristics",
                    help="candidates: the heuristics' list, or also the engine x knob space")
-    p.add_argument("--tuning-db", metavar="PATH",
-                   help="the tuning database (default: the user cache folder; `none`: no database)")
+    p.add_argument("--tuning-db", metavar="DB",
+                   help="the tuning database: a file (SQLite), redis://HOST:PORT/DB for a fleet, "
+                        "or `none` (default: $DSLC_TUNING_DB, else the user cache folder)")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     if args.output is not None:
         paths.output_dir(args.output)
+    _tune_options_of(args)  # a bad --tuning-db is said now, not after the compile
     out = Output(args.error_format, args.color, args.quiet)
     result = checked(args, out)
     if result is None or result.model is None:
@@ -170,7 +176,7 @@ def _artifact_names(name: str, args: argparse.Namespace) -> list[str]:
 
 
 def _tuning_db(args: argparse.Namespace) -> Path | None:
-    return Path(args.tuning_db) if args.tuning_db not in (None, "none") else None
+    return is_file(args.tuning_db)
 
 
 def _target_file(spec: str | None) -> Path | None:

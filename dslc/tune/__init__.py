@@ -21,7 +21,7 @@ from dslc.backend.measure import tune_spec
 from dslc.backend.spec import GroupSpec
 from dslc.runtime.records import Bundle, Environment, PlanRecord
 from dslc.runtime.schedule import Schedule
-from dslc.tune.db import TuningDB, env_key, spec_key
+from dslc.runtime.tuningdb import TuningStore, env_key, measured, spec_key
 
 LOG = logging.getLogger("dslc.tune")
 
@@ -59,7 +59,7 @@ class Tuned:
     report: Report
 
 
-def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
+def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
          model_budget_s: float = 600.0, search: str = "heuristics",
          progress: Callable[[str], None] | None = None) -> Tuned:
     """Measure every (bucket, graph) of a bundle on this GPU; the bundle is not changed
@@ -95,14 +95,15 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
 
 
 def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
-              handle: Any, db: TuningDB | None, env: str, over_budget: bool,
+              handle: Any, db: TuningStore | None, env: str, over_budget: bool,
               how: tuple[float, str, str]) -> tuple[tuple[Any, ...], PlanRecord | None]:
     """One graph at one size: its report row (after bucket, signature and group) and its new
     plan (None: the saved plan stays)."""
     from dslc.backend.graphs import build  # imports cudnn: only where tuning runs
 
     key = spec_key(spec)
-    found = db.get(env, key) if db is not None else None
+    entry = db.get(env, key) if db is not None else None
+    found = entry.plan if entry is not None else None
     if found is not None and found.engine_id is not None:
         built = build(spec, handle, engine=(found.engine_id, dict(found.knobs)))
         if built.has_plan:
@@ -122,7 +123,7 @@ def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
         return (None, None, None, "failed", len(result.candidates)), None
     record = PlanRecord.from_data(result.record(), "tuned plan", tuning=True)
     if db is not None:
-        db.put(env, key, record)
+        db.put(env, key, measured(record))
     heur = result.heuristic.ms if result.heuristic else None
     plan = replace(record, serialized=result.serialized, workspace=result.workspace,
                    reused=False)

@@ -17,8 +17,8 @@ from dslc.backend.measure import NOISE
 from dslc.core.errors import RunnerError
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import load, read
+from dslc.runtime.tuningdb.sqlite import SQLiteStore
 from dslc.tune import tune, tuned_bundle
-from dslc.tune.db import TuningDB
 from tests.conftest import ROOT
 from tests.gpu.common import TOLERANCE, compile_file, random_inputs, reference, rel_error, to_device, to_host
 
@@ -32,7 +32,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     outdir = tmp_path_factory.mktemp("tuned")
     bundle = compile_file(ROOT / "models" / "mlp.cgraph", outdir, BUCKET)
     records = load(bundle)
-    done = tune(records, TuningDB(outdir / "db.json"), budget_s=3.0)
+    done = tune(records, SQLiteStore(outdir / "tuning.db"), budget_s=3.0)
     emit_bundle.write(bundle, tuned_bundle(records, done))
     return bundle, done.report
 
@@ -126,7 +126,7 @@ def test_error_policy_refuses_a_changed_gpu(tuned: tuple[Path, Any], tmp_path: P
 def test_database_serves_a_second_build(tuned: tuple[Path, Any], tmp_path: Path) -> None:
     bundle = compile_file(ROOT / "models" / "mlp.cgraph", tmp_path, BUCKET)
     records = load(bundle)
-    done = tune(records, TuningDB(tuned[0].parent / "db.json"), budget_s=3.0)
+    done = tune(records, SQLiteStore(tuned[0].parent / "tuning.db"), budget_s=3.0)
     report = done.report
     assert report.rows and all(r.source == "database" for r in report.rows)
     emit_bundle.write(bundle, tuned_bundle(records, done))
