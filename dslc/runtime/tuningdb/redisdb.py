@@ -39,6 +39,10 @@ class RedisStore(TuningStore):
         self.prefix = prefix
         self._client: Any = None
 
+    def __getstate__(self) -> dict[str, object]:
+        """What another process gets (a tuning worker): the address, never the connection."""
+        return {**self.__dict__, "_client": None}
+
     @property
     def client(self) -> Any:
         if self._client is None:

@@ -105,6 +105,10 @@ class SQLiteStore(TuningStore):
         self._conn: sqlite3.Connection | None = None
         self._pid = 0  # a connection is never used across fork
 
+    def __getstate__(self) -> dict[str, object]:
+        """What another process gets (a tuning worker): the place, never the connection."""
+        return {**self.__dict__, "_conn": None, "_pid": 0}
+
     # -- connecting ------------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection | None:
         if self._conn is None or self._pid != os.getpid():
