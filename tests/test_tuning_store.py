@@ -227,3 +227,44 @@ def test_a_writer_killed_50_times_leaves_a_readable_store(backend: Backend) -> N
     if backend.kind == "sqlite":
         with sqlite3.connect(backend.where) as conn:
             assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_an_infinitely_slow_heuristic_choice_round_trips(backend: Backend) -> None:
+    """The heuristics' choice that computed wrongly is timed as infinite (`TuneResult.record`)."""
+    heuristic = record(1).heuristic
+    assert heuristic is not None
+    plan = replace(record(1), heuristic=replace(heuristic, ms=float("inf")))
+    db = backend.open()
+    db.put(ENV, "k", measured(plan))
+    got = backend.open().get(ENV, "k")
+    assert got is not None and got.plan.heuristic is not None
+    assert got.plan.heuristic.ms == float("inf") and got.validated
+
+
+# Redis alone: what a server says that SQLite never does.
+
+def test_a_server_that_refuses_is_unavailable(redis_url: str) -> None:
+    from dslc.runtime.tuningdb import Unavailable
+
+    no_such_db = redis_url.rsplit("/", 1)[0] + "/99"  # the server has 16
+    with pytest.raises(Unavailable, match="cannot be reached"):
+        RedisStore(no_such_db).get(ENV, "k")
+
+
+def test_a_read_only_replica_costs_the_writes_not_the_reads(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    from tests.redis_server import free_port
+
+    writer = RedisStore(redis_url)
+    writer.put(ENV, "k", entry(1))
+    writer.client.replicaof("127.0.0.1", free_port())  # a replica (of nobody): read-only
+    try:
+        replica = RedisStore(redis_url)
+        assert replica.get(ENV, "k") == entry(1)
+        assert replica.put(ENV, "new", entry(2)) == entry(2) and replica.stores == 0
+        assert replica.lease(ENV, "k", "me", 30.0)  # nobody to share the work with through it
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(said) == 1 and "cannot write tuning database" in said[0]
+    finally:
+        writer.client.replicaof("NO", "ONE")
+    assert writer.get(ENV, "new") is None

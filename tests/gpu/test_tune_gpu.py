@@ -40,6 +40,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 def _run(bundle: Path, inputs: dict[str, np.ndarray], **options: Any) -> tuple[Any, dict]:
     from dslc.runtime import Model
 
+    options.setdefault("tuning_db", None)  # each decision path as it is without a database
     model = Model(bundle, bundle.with_suffix(".safetensors"), **options)
     return model, to_host(model.run(to_device(inputs, bundle)))
 
@@ -101,6 +102,27 @@ def test_startup_decision_path(tuned: tuple[Path, Any], tmp_path: Path,
     assert {s["how"] for s in model.startup} == {how}
     assert f"start-up of {read(bundle)['model']}" in caplog.text
     _check(bundle, outputs, inputs)
+
+
+def test_a_changed_gpu_takes_the_databases_plans_before_measuring(
+        tuned: tuple[Path, Any], tmp_path: Path) -> None:
+    """The database the fixture's tuning filled holds this GPU's plans: start-up replays them
+    and measures nothing (`dslc.runtime.fleet`)."""
+    bundle = _edited(tuned[0], tmp_path, {"device_name": "Another GPU"})
+    inputs = random_inputs(bundle, BUCKET, seed=16)
+    start = time.perf_counter()
+    model, outputs = _run(bundle, inputs, tuning_db=str(tuned[0].parent / "tuning.db"))
+    print(f"retune from the database: {time.perf_counter() - start:.2f} s")
+    assert model.decision().action == "retune"
+    assert {s["how"] for s in model.startup} == {"database"}
+    _check(bundle, outputs, inputs)
+    empty = tmp_path / "empty.db"  # nothing there: measured here, and published
+    model, outputs = _run(bundle, inputs, tuning_db=str(empty))
+    assert {s["how"] for s in model.startup} == {"retuned"}
+    _check(bundle, outputs, inputs)
+    from dslc.runtime.tuningdb.sqlite import SQLiteStore
+
+    assert SQLiteStore(empty).size() == len(model.startup)
 
 
 def test_write_back_saves_plans_the_next_start_restores(tuned: tuple[Path, Any],

@@ -3,9 +3,10 @@ replica. An entry is one string key (`dslc:tuning:<schema>:<environment digest>:
 holding the entry's JSON; a put merges under `WATCH` (an optimistic transaction: a concurrent
 put of the same key makes it retry, so the merge rule sees every writer's record); a lease is
 `SET NX PX` and is given back only by its holder (a compare-and-delete script), and expires on
-its own if the holder dies. A server that cannot be reached raises `Unavailable` (after at most
-`CONNECT_S` + `IO_S` seconds), which `tiered.Tiered` turns into the local database; a read-only
-replica costs the writes (said once). Needs the `redis` client (`pip install 'dslc[fleet]'`).
+its own if the holder dies. A server that cannot be reached, or refuses (no such database, a
+password wanted), raises `Unavailable` (after at most `CONNECT_S` + `IO_S` seconds), which
+`tiered.Tiered` turns into the local database; a read-only replica costs the writes (said
+once). Needs the `redis` client (`pip install 'dslc[fleet]'`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class RedisStore(TuningStore):
             return op(*args)
         except redis.exceptions.ReadOnlyError:
             raise
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as err:
+        except (redis.exceptions.RedisError, OSError) as err:  # down, refused, no such DB...
             raise Unavailable(f"tuning database `{self.url}` cannot be reached ({err})") from err
 
     def _read_only(self, err: Exception) -> None:

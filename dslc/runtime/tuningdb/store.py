@@ -84,7 +84,8 @@ class Entry:
                      f.opt_text(d.get("source"), f"{path}.source"))
 
     def encode(self) -> str:
-        return json.dumps(self.to_data(), sort_keys=True, allow_nan=False)
+        # Infinity stays (a heuristics' choice that computed wrongly is timed as infinite).
+        return json.dumps(self.to_data(), sort_keys=True)
 
     @staticmethod
     def decode(text: str | bytes, path: str) -> Entry:
