@@ -302,3 +302,16 @@ def test_a_runner_takes_the_database_as_the_command_line_does(
     assert isinstance(fleet_db, Tiered) and fleet_db.name == "redis://10.1.2.3:6379/1"
     with pytest.raises(ValueError, match=r"^tuning_db `redis://:1/0`: no host"):
         Model(path, tuning_db="redis://:1/0")
+
+
+def test_a_host_without_the_redis_client_reads_the_fleet_as_down(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` fails, as where absent
+    db = Tiered(RedisStore("redis://10.9.8.7:6379/0"), SQLiteStore(tmp_path / "tuning.db"))
+    db.put("env", "k", measured(fake_plan("k")))
+    assert db.get("env", "k") is not None and db.lease("env", "k2", "me", 60.0)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "pip install 'dslc[fleet]'" in said[0]

@@ -12,11 +12,13 @@ once). Needs the `redis` client (`pip install 'dslc[fleet]'`).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from dslc.runtime.records import BundleError
 from dslc.runtime.tuningdb.store import SCHEMA, Entry, TuningStore, Unavailable, better, say_kept
 
+T = TypeVar("T")
 CONNECT_S = 1.0  # a replica's start-up waits at most this long for a server that is down
 IO_S = 2.0
 RELEASE = """
@@ -25,11 +27,19 @@ return 0
 """
 
 
-def client_of(url: str) -> Any:
-    import redis  # an optional package: only a fleet's database needs it
+class ReadOnly(Exception):
+    """The server is a read-only replica: the write is skipped (said once)."""
 
-    return redis.Redis.from_url(url, socket_connect_timeout=CONNECT_S, socket_timeout=IO_S,
-                                retry_on_timeout=False)
+
+def redis_module() -> Any:
+    """The `redis` client package (optional: only a fleet's database needs it); a host without
+    it reads the fleet's database as down."""
+    try:
+        import redis
+    except ImportError as err:
+        raise Unavailable("the fleet's tuning database needs the Redis client, which is not "
+                          "installed here (`pip install 'dslc[fleet]'`)") from err
+    return redis
 
 
 class RedisStore(TuningStore):
@@ -47,7 +57,9 @@ class RedisStore(TuningStore):
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = client_of(self.url)
+            self._client = redis_module().Redis.from_url(
+                self.url, socket_connect_timeout=CONNECT_S, socket_timeout=IO_S,
+                retry_on_timeout=False)
         return self._client
 
     def close(self) -> None:
@@ -59,15 +71,14 @@ class RedisStore(TuningStore):
         digest = hashlib.sha256(env.encode()).hexdigest()[:16]
         return f"{self.prefix}:{kind}:{SCHEMA}:{digest}:{key}"
 
-    def _call(self, op: Any, *args: Any) -> Any:
-        """A server call; a server out of reach is `Unavailable` (a read-only replica's refusal,
-        `ReadOnlyError`, goes to the caller)."""
-        import redis
-
+    def _call(self, op: Callable[[Any], T]) -> T:
+        """`op(client)`; a server out of reach or refusing is `Unavailable`, a read-only
+        replica's refusal `ReadOnly` (the caller skips the write)."""
+        redis = redis_module()
         try:
-            return op(*args)
-        except redis.exceptions.ReadOnlyError:
-            raise
+            return op(self.client)
+        except redis.exceptions.ReadOnlyError as err:
+            raise ReadOnly(str(err)) from err
         except (redis.exceptions.RedisError, OSError) as err:  # down, refused, no such DB...
             raise Unavailable(f"tuning database `{self.url}` cannot be reached ({err})") from err
 
@@ -85,17 +96,17 @@ class RedisStore(TuningStore):
             return None
 
     def get(self, env: str, key: str) -> Entry | None:
-        found = self._decode(self._call(self.client.get, self._name("tuning", env, key)), key)
+        name = self._name("tuning", env, key)
+        found = self._decode(self._call(lambda c: c.get(name)), key)
         if found is not None:
             self.hits += 1
         return found
 
     def put(self, env: str, key: str, entry: Entry) -> Entry:
-        import redis
-
+        name = self._name("tuning", env, key)
         try:
-            kept, stored = self._call(self._merge, self._name("tuning", env, key), key, entry)
-        except redis.exceptions.ReadOnlyError as err:
+            kept, stored = self._call(lambda c: self._merge(c, name, key, entry))
+        except ReadOnly as err:
             self._read_only(err)
             return entry
         if stored:
@@ -104,10 +115,9 @@ class RedisStore(TuningStore):
             say_kept(self.name, key, entry, kept)
         return kept
 
-    def _merge(self, name: str, key: str, entry: Entry) -> tuple[Entry, bool]:
-        import redis
-
-        with self.client.pipeline() as pipe:
+    def _merge(self, client: Any, name: str, key: str, entry: Entry) -> tuple[Entry, bool]:
+        watch_error = redis_module().exceptions.WatchError
+        with client.pipeline() as pipe:
             while True:
                 try:
                     pipe.watch(name)
@@ -120,31 +130,28 @@ class RedisStore(TuningStore):
                     pipe.set(name, entry.encode())
                     pipe.execute()
                     return entry, True
-                except redis.exceptions.WatchError:
+                except watch_error:
                     continue  # another put of this key came first: merge with what it left
 
     def lease(self, env: str, key: str, holder: str, ttl_s: float) -> bool:
-        import redis
-
         name = self._name("lease", env, key)
         ms = max(1, int(ttl_s * 1000))
         try:
-            if self._call(lambda: self.client.set(name, holder, px=ms, nx=True)):
+            if self._call(lambda c: c.set(name, holder, px=ms, nx=True)):
                 return True
-        except redis.exceptions.ReadOnlyError as err:  # nobody to share the work with here
+        except ReadOnly as err:  # nobody to share the work with through it
             self._read_only(err)
             return True
-        current = self._call(self.client.get, name)
+        current = self._call(lambda c: c.get(name))
         return current is not None and current.decode() == holder
 
     def release(self, env: str, key: str, holder: str) -> None:
-        import redis
-
+        name = self._name("lease", env, key)
         try:
-            self._call(self.client.eval, RELEASE, 1, self._name("lease", env, key), holder)
-        except redis.exceptions.ReadOnlyError as err:
+            self._call(lambda c: c.eval(RELEASE, 1, name, holder))
+        except ReadOnly as err:
             self._read_only(err)
 
     def size(self) -> int:
         pattern = f"{self.prefix}:tuning:{SCHEMA}:*"
-        return int(self._call(lambda: sum(1 for _ in self.client.scan_iter(pattern, count=1000))))
+        return self._call(lambda c: sum(1 for _ in c.scan_iter(pattern, count=1000)))
