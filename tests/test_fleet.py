@@ -302,6 +302,8 @@ def test_a_runner_takes_the_database_as_the_command_line_does(
     assert isinstance(fleet_db, Tiered) and fleet_db.name == "redis://10.1.2.3:6379/1"
     with pytest.raises(ValueError, match=r"^tuning_db `redis://:1/0`: no host"):
         Model(path, tuning_db="redis://:1/0")
+    with pytest.raises(ValueError, match="tuning_wait_s must be a number of seconds"):
+        Model(path, tuning_wait_s=-1.0)
 
 
 def test_a_host_without_the_redis_client_reads_the_fleet_as_down(

@@ -247,3 +247,26 @@ def test_only_stale_temporary_files_of_the_same_target_are_removed(tmp_path: Pat
         os.utime(p, (old, old))
     fsutil.write_bytes(tmp_path / "out.bin", b"new")
     assert not stale.exists() and live.exists() and other.exists() and folder.is_dir()
+
+
+def test_threads_sharing_one_store_lose_nothing(tmp_path: Path) -> None:
+    """A service building models from several threads shares one store (one connection)."""
+    import threading
+
+    db = SQLiteStore(tmp_path / "tuning.db")
+    failures: list[BaseException] = []
+
+    def put(worker: int) -> None:
+        try:
+            for i in range(50):
+                db.put("env", f"t{worker}-{i}", entry(i))
+                assert db.get("env", f"t{worker}-{i}") == entry(i)
+        except BaseException as err:
+            failures.append(err)
+
+    threads = [threading.Thread(target=put, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures and db.size() == 200

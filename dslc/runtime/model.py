@@ -168,6 +168,8 @@ class Model:
         # value that names none). Replicas wait `tuning_wait_s` for another's measurement.
         self.tuning_db: TuningStore | None = (
             open_store(None if tuning_db == "default" else tuning_db or "none", "tuning_db"))
+        if not tuning_wait_s >= 0:
+            raise ValueError(f"tuning_wait_s must be a number of seconds, not {tuning_wait_s!r}")
         self.fleet = fleet.FleetOptions(wait_s=tuning_wait_s)
         self.write_back = write_back  # save re-made plans into the bundle (see `save_plans`)
         # Plans for sizes between buckets, kept across processes (None: memory only).

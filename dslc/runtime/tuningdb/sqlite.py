@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -104,10 +105,17 @@ class SQLiteStore(TuningStore):
         self.writable = False
         self._conn: sqlite3.Connection | None = None
         self._pid = 0  # a connection is never used across fork
+        # One operation at a time on the connection: a model built from several threads would
+        # otherwise interleave two transactions on it.
+        self._busy = threading.RLock()
 
     def __getstate__(self) -> dict[str, object]:
         """What another process gets (a tuning worker): the place, never the connection."""
-        return {**self.__dict__, "_conn": None, "_pid": 0}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_conn", "_pid", "_busy")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._conn, self._pid, self._busy = None, 0, threading.RLock()
 
     # -- connecting ------------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection | None:
@@ -297,6 +305,10 @@ class SQLiteStore(TuningStore):
     def _do(self, op: Callable[[sqlite3.Connection], T], default: T, what: str) -> T:
         """`op` on the connection; a file found damaged meanwhile is recovered and `op` tried
         again once; what still fails is said once and gives `default`."""
+        with self._busy:
+            return self._attempts(op, default, what)
+
+    def _attempts(self, op: Callable[[sqlite3.Connection], T], default: T, what: str) -> T:
         for attempt in (0, 1):
             try:
                 conn = self._connection()
