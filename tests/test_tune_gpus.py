@@ -28,7 +28,7 @@ from dslc.runtime.records import Bundle, Environment
 from dslc.runtime.tuningdb import measured, spec_key
 from dslc.runtime.tuningdb.sqlite import SQLiteStore
 from dslc.tune import Report, Row, Tuned, tuned_bundle
-from dslc.tune.gpus import Share, SpreadError, across, cost, parse_gpus, spread
+from dslc.tune.gpus import Share, SpreadError, across, cost, parse_gpus, spread, visible
 from tests.conftest import ROOT
 from tests.helpers import run_cli
 
@@ -150,3 +150,9 @@ def test_gpus_on_the_command_line(tmp_path: Path) -> None:
     assert run.code == 2 and "`--gpus 0,x`: write `all` or GPU numbers" in run.stderr
     run = run_cli("tune", path, "--gpus", "all")  # this machine has no GPU
     assert run.code == 3 and "R0801" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_worker_sees_only_its_gpu_numbered_as_the_parent_sees_them() -> None:
+    assert [visible(g, None) for g in (0, 1)] == ["0", "1"]
+    assert [visible(g, "2,3") for g in (0, 1)] == ["2", "3"]  # a scheduler gave us 2 and 3
+    assert visible(1, "GPU-5f3c, GPU-77aa") == "GPU-77aa" and visible(0, "") == "0"

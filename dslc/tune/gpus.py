@@ -130,9 +130,18 @@ def _kind(tuned: Tuned) -> str:
     return f"{env.device_name} with cuDNN {env.cudnn_backend}"
 
 
+def visible(gpu: int, parent: str | None) -> str:
+    """What a worker on GPU `gpu` sets CUDA_VISIBLE_DEVICES to: GPUs are numbered as this
+    process sees them, so within the parent's own CUDA_VISIBLE_DEVICES where it has one (a
+    scheduler gave it GPUs 2 and 3: `--gpus 1` is GPU 3)."""
+    ids = [part.strip() for part in (parent or "").split(",") if part.strip()]
+    return ids[gpu] if gpu < len(ids) else str(gpu)
+
+
 def tune_share(bundle: Bundle, share: Share) -> Tuned:
     """A worker: this GPU only, then `tune` over the share's jobs (GPU)."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(share.gpu)  # before CUDA is first touched here
+    # Before CUDA is first touched in this process (importing cupy or cudnn does not).
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible(share.gpu, os.environ.get("CUDA_VISIBLE_DEVICES"))
     tuned = tune(bundle, share.db, share.budget_s, share.model_budget_s, share.search,
                  only=share.jobs)
     rows = [replace(r, gpu=share.gpu) for r in tuned.report.rows]
