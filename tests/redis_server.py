@@ -1,6 +1,6 @@
 """A real Redis server for the tests (a pytest plugin, see conftest): `redis-server` started on
 127.0.0.1 at a free port with its files in a temporary folder, no persistence, stopped at the
-end of the session. Tests that need it skip only where the binary is absent here; CI's .ci/run
+end of the test run. Tests that need it skip only where the binary is absent here; CI's .ci/run
 installs it, so there they run."""
 
 from __future__ import annotations
