@@ -34,8 +34,8 @@ from dslc.parse.loader import Program, load
 if TYPE_CHECKING:
     from dslc.backend.target import Target
     from dslc.compile.stage import Compiled
+    from dslc.runtime.tuningdb import TuningStore
     from dslc.tune import Report
-    from dslc.tune.db import TuningDB
 
 STAGES = ("ast", "types", "ir", "fused")  # what `--dump` writes, as N.<stage>.txt
 
@@ -105,10 +105,11 @@ def lower_and_fuse(model: CheckedModel, verify: bool = False) -> tuple[Graph, Fu
 
 @dataclass
 class TuneOptions:
-    db: TuningDB | None  # the tuning database (None: none)
+    db: TuningStore | None  # the tuning database (None: none)
     budget_s: float = 20.0  # measuring per graph
     model_budget_s: float = 900.0  # for the whole model; the rest keep their plan
     search: str = "heuristics"  # or "exhaustive": also the engine x knob space
+    gpus: list[int] | None = None  # one process per GPU of these (None: this process's GPU)
 
 
 @dataclass
@@ -195,12 +196,17 @@ def _emit(compiled: Compiled, out: Built, options: BuildOptions) -> Path:
     from dslc import tune
     from dslc.emit import bundle as emit_bundle
     from dslc.emit.runner import render
+    from dslc.tune.gpus import across
 
     records = emit_bundle.records(compiled)
     how, progress = options.tune, options.progress
     if options.target.live and how is not None:
-        tuned = tune.tune(records, how.db, how.budget_s, how.model_budget_s, how.search,
-                          progress and (lambda text: progress(f"tuning {text}")))
+        if how.gpus is not None:
+            tuned = across(records, how.gpus, how.db, how.budget_s, how.model_budget_s,
+                           how.search)
+        else:
+            tuned = tune.tune(records, how.db, how.budget_s, how.model_budget_s, how.search,
+                              progress and (lambda text: progress(f"tuning {text}")))
         records, out.tuning = tune.tuned_bundle(records, tuned), tuned.report
     name, outdir = compiled.model.name, options.outdir
     runner = render(compiled, f"{name}.bundle", f"{name}_runner")

@@ -230,9 +230,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/dslc-tune")
     shutil.rmtree(work, ignore_errors=True)
-    from dslc.tune.db import TuningDB
+    from dslc.runtime.tuningdb.sqlite import SQLiteStore
 
-    db = TuningDB(work / "tuning.json")
+    db = SQLiteStore(work / "tuning.db")
     models = ROOT / "models"
     r50 = None
     if "resnet50" not in skip:

@@ -65,8 +65,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                  "tests/test_bundle_hostile.py", "tests/test_bundle.py"]),
     "weights": (["dslc/weights.py"],
                 ["tests/test_weights.py", "tests/test_weight_checks.py"]),
-    "tune": (["dslc/tune/db.py"],
-             ["tests/test_tuning_db.py", "tests/test_tuning_db_hostile.py"]),
+    "tune": (["dslc/runtime/tuningdb/*.py"],
+             ["tests/test_tuning_db.py", "tests/test_tuning_db_hostile.py",
+              "tests/test_tuning_store.py"]),
 }
 LINKED = ("dslc", "tests", "models", "grammar")  # what the tests read, linked into a group's folder
 

@@ -15,6 +15,7 @@ from hypothesis import settings
 from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.redis_server"]  # a real Redis server for the tuning-database tests
 
 settings.register_profile("dslc", derandomize=True, print_blob=True)
 settings.load_profile("dslc")

@@ -1,15 +1,24 @@
 """The tuning database: entries keyed by the group's concrete form and the environment, reused
-across builds; concurrent writers sharing one file keep every entry."""
+across builds; where it is (`--tuning-db`, a runner's `tuning_db`, `DSLC_TUNING_DB`) and what a
+value that names none says; the JSON database of before is imported, never lost."""
 
 from __future__ import annotations
 
-import multiprocessing
+import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from dslc.backend.spec import group_spec
+from dslc.runtime import tuningdb
 from dslc.runtime.records import Environment, PlanRecord
-from dslc.tune.db import TuningDB, env_key, spec_key
+from dslc.runtime.tuningdb import SpecError, env_key, measured, open_store, spec_key
+from dslc.runtime.tuningdb.redisdb import RedisStore
+from dslc.runtime.tuningdb.sqlite import SQLiteStore
+from dslc.runtime.tuningdb.tiered import Tiered
+from tests.helpers import run_cli
 from tests.test_compile_deviceless import compiled
 
 
@@ -39,36 +48,110 @@ def test_keys_differ_by_size_and_environment() -> None:
     assert env_key(env) != env_key(replace(env, cudnn_backend=92000))
 
 
-def measured(i: int) -> PlanRecord:
-    return PlanRecord(engine_id=i, knobs={}, workspace=0, serialized=None, ms=1.0)
+def record(i: int) -> dict[str, object]:
+    """A record as the JSON database held it (`TuneResult.record`)."""
+    return {"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": 0.5 + i, "error": 1e-3,
+            "heuristic": {"engine_id": 0, "knobs": {}, "ms": 1.0 + i}, "top": [],
+            "candidates": 4, "tuned": True, "tune_s": 0.2}
 
 
-def _writer(path: str, worker: int) -> None:
-    db = TuningDB(Path(path))
-    for i in range(25):
-        db.put("env", f"w{worker}-{i}", measured(i))
+def json_database(path: Path, n: int, env: str = "env") -> None:
+    path.write_text(json.dumps({"version": 1, "entries": {env: {f"k{i}": record(i)
+                                                                for i in range(n)}}}))
 
 
-def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
-    path = tmp_path / "tuning.json"
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(str(path), w)) for w in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    db = TuningDB(path)
-    assert db.size() == 100
-    assert db.get("env", "w3-24") == measured(24)
+def test_where_the_database_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(tuningdb.ENV_VAR, raising=False)
+    monkeypatch.setattr(tuningdb, "default_path", lambda: tmp_path / "cache" / "tuning.db")
+    default = open_store(None)
+    assert isinstance(default, SQLiteStore) and default.path == tmp_path / "cache" / "tuning.db"
+    assert default.beside == tmp_path / "cache" / "tuning.json"  # the one before, imported
+    named = open_store(str(tmp_path / "x.db"))
+    assert isinstance(named, SQLiteStore) and named.path == tmp_path / "x.db"
+    assert open_store("none") is None
+    fleet = open_store("redis://db.internal:6380/2")
+    assert isinstance(fleet, Tiered) and isinstance(fleet.shared, RedisStore)
+    assert fleet.shared.url == "redis://db.internal:6380/2" and isinstance(fleet.local, SQLiteStore)
+    assert fleet.local.path == tmp_path / "cache" / "tuning.db"  # this machine's, under it
+    monkeypatch.setenv(tuningdb.ENV_VAR, "redis://10.0.0.5:6379/0")
+    assert isinstance(open_store(None), Tiered)  # the variable, where no option is given
+    assert isinstance(open_store(str(tmp_path / "x.db")), SQLiteStore)  # the option first
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("redis://db:notaport/0", "the port must be a number"),
+    ("redis://db:0/0", "the port must be a number"),
+    ("redis://:6379/0", "no host"),
+    ("redis://db:6379/zero", "the database must be a number"),
+    ("redis://db:6379/0?timeout=3", "without options"),
+    ("postgres://db/tuning", "not a database dslc knows"),
+    ("", "is empty"),
+])
+def test_a_value_that_names_no_database_is_one_sentence(spec: str, words: str) -> None:
+    with pytest.raises(SpecError, match=words) as err:
+        open_store(spec)
+    assert str(err.value).count(". ") == 0 and "--tuning-db" in str(err.value)
+
+
+def test_a_bad_tuning_db_is_a_usage_error_before_any_work(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    run = run_cli("compile", "models/mlp.cgraph", "-o", str(tmp_path / "out"), "-q",
+                  "--tuning-db", "redis://db:port/0")
+    assert run.code == 2 and "the port must be a number" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()
+    monkeypatch.setenv(tuningdb.ENV_VAR, "redis://:1/0")
+    run = run_cli("compile", "models/mlp.cgraph", "-o", str(tmp_path / "out"), "-q")
+    assert run.code == 2 and "DSLC_TUNING_DB `redis://:1/0`: no host" in run.stderr
 
 
 def test_an_entry_keeps_what_was_measured_not_the_plan_bytes(tmp_path: Path) -> None:
-    import json
+    import sqlite3
 
-    db = TuningDB(tmp_path / "tuning.json")
-    plan = replace(measured(3), serialized=b"\x00\x01", workspace=4096, reused=False)
-    db.put("env", "k", plan)
-    [entry] = json.loads((tmp_path / "tuning.json").read_text())["entries"]["env"].values()
-    assert "serialized" not in entry and "workspace" not in entry and entry["ms"] == 1.0
-    assert db.get("env", "k") == replace(plan, serialized=None, workspace=0)
+    db = SQLiteStore(tmp_path / "tuning.db")
+    plan = replace(PlanRecord.from_data(record(3), "r", tuning=True), serialized=b"\x00\x01",
+                   workspace=4096, reused=False)
+    db.put("env", "k", measured(plan))
+    db.close()
+    with sqlite3.connect(tmp_path / "tuning.db") as conn:
+        [(text,)] = conn.execute("SELECT entry FROM plans").fetchall()
+    stored = json.loads(text)["plan"]
+    assert "serialized" not in stored and "workspace" not in stored and stored["ms"] == 3.5
+    got = SQLiteStore(tmp_path / "tuning.db").get("env", "k")
+    assert got is not None and got.plan == replace(plan, serialized=None, workspace=0)
+
+
+def test_the_json_database_beside_is_imported_once_and_kept(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    old = tmp_path / "tuning.json"
+    json_database(old, 30)
+    before = old.read_bytes()
+    with caplog.at_level(logging.INFO, logger="dslc.tuningdb"):
+        db = SQLiteStore(tmp_path / "tuning.db", beside=old)
+        assert db.size() == 30
+    got = db.get("env", "k7")
+    assert got is not None and got.plan == PlanRecord.from_data(record(7), "r", tuning=True)
+    assert got.source == f"imported from {old}" and got.dslc_version == "unknown"
+    assert "imported 30 of 30 entries" in caplog.text
+    assert old.read_bytes() == before  # never removed: an older dslc may still use it
+    db.close()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dslc.tuningdb"):
+        again = SQLiteStore(tmp_path / "tuning.db", beside=old)
+        again.put("env", "new", measured(PlanRecord.from_data(record(40), "r", tuning=True)))
+        assert again.size() == 31 and "imported" not in caplog.text  # once
+    again.close()
+    json_database(old, 35)  # an older dslc wrote to it since: the new entries come in
+    assert SQLiteStore(tmp_path / "tuning.db", beside=old).size() == 36
+
+
+def test_a_json_database_at_the_path_is_kept_aside_and_imported(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "db.json"  # `--tuning-db db.json`, as before
+    json_database(path, 12)
+    before = path.read_bytes()
+    db = SQLiteStore(path)
+    assert db.size() == 12 and db.get("env", "k3") is not None
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("db.json.v1-")]
+    assert aside.read_bytes() == before
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and f"kept it as `{aside}`; imported its 12 entries" in said[0]

@@ -1,8 +1,10 @@
-"""The tuning database against what goes wrong on shared machines: a damaged file or one of
-another version is kept aside (never overwritten: 50 entries stay 50), said once with both
-paths; a wrong shape or a damaged entry is a miss, not a crash; a writer killed with SIGKILL
-mid-write leaves a readable database; a read-only database is readable; and the atomic writes
-underneath flush to disk and clean up what killed writers left."""
+"""The SQLite tuning database against what goes wrong on shared machines: a file that is no
+database of this schema (torn, damaged, another version, another shape, JSON of another
+version) is kept aside, never written over (50 entries stay 50), said once with both paths; a
+damaged entry is a miss, not a crash; a writer killed inside its transaction costs nobody a wait
+and leaves the store as it was; concurrent writers over a damaged file keep it aside once; a
+read-only database is readable; and the atomic writes of the other artifacts flush to disk and
+clean up what killed writers left."""
 
 from __future__ import annotations
 
@@ -11,137 +13,169 @@ import logging
 import multiprocessing
 import os
 import signal
+import sqlite3
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dslc import fsutil
-from dslc.runtime.records import PlanRecord
-from dslc.tune.db import VERSION, TuningDB
+from dslc.runtime.tuningdb import Entry, measured
+from dslc.runtime.tuningdb.sqlite import SQLiteStore
+from dslc.runtime.tuningdb.store import SCHEMA
+from tests.test_tuning_store import record
+
+FORK = multiprocessing.get_context("fork")
 
 
-def record(i: int) -> PlanRecord:
-    """A record as the tuner writes it (`TuneResult.record`)."""
-    return PlanRecord.from_data(
-        {"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": 0.5 + i, "error": 1e-3,
-         "heuristic": {"engine_id": 0, "knobs": {}, "ms": 1.0 + i},
-         "top": [{"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": 0.5 + i,
-                  "error": 1e-3}], "candidates": 4, "tuned": True, "tune_s": 0.2},
-        "record", tuning=True)
+def entry(i: int) -> Entry:
+    return measured(record(i), host="host-a", at="2026-11-01T10:00:00+00:00")
 
 
-def fifty(path: Path) -> TuningDB:
-    db = TuningDB(path)
+def fifty(path: Path) -> None:
+    db = SQLiteStore(path)
     for i in range(50):
-        db.put("env", f"k{i}", record(i))
-    return db
+        db.put("env", f"k{i}", entry(i))
+    db.close()  # the last connection: the log is folded into the file, which stands alone
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def _sql(path: Path, *statements: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in statements:
+        conn.execute(statement)
+    conn.close()
+
+
+def _torn(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _prefixed(path: Path) -> None:
+    path.write_bytes(b"\x00" + path.read_bytes())
+
+
+def _newer(path: Path) -> None:
+    _sql(path, f"UPDATE meta SET value = '{SCHEMA + 1}' WHERE name = 'schema'")
+
+
+def _another_database(path: Path) -> None:
+    path.unlink()
+    _sql(path, "CREATE TABLE users (name TEXT)", "INSERT INTO users VALUES ('x')")
+
+
+def _another_shape(path: Path) -> None:
+    _sql(path, "DROP TABLE plans", "CREATE TABLE plans (env TEXT, key TEXT, data BLOB)")
+
+
+def _json_of_another_version(path: Path) -> None:
+    path.write_text(json.dumps({"version": 7, "entries": {}}))
+
+
+def _torn_json(path: Path) -> None:
+    path.write_text('{"version": 1, "entries": {"env": {"k0": {"engine')
+
+
 @pytest.mark.parametrize("damage, tag", [
-    (lambda text: text[: len(text) // 2], "unreadable"),  # a torn file
-    (lambda text: "\x00" + text, "unreadable"),
-    (lambda text: json.dumps({**json.loads(text), "version": VERSION + 1}), f"v{VERSION + 1}"),
-    (lambda text: json.dumps({"version": VERSION, "entries": []}), "unreadable"),
-    (lambda text: json.dumps({"version": VERSION, "entries": {"env": [1]}}), "unreadable"),
-])
+    (_torn, "unreadable"), (_prefixed, "unreadable"), (_newer, f"v{SCHEMA + 1}"),
+    (_another_database, "unreadable"), (_another_shape, "unreadable"),
+    (_json_of_another_version, "v7"), (_torn_json, "unreadable"),
+], ids=["torn", "prefixed", "newer schema", "another database", "another shape",
+        "json v7", "torn json"])
 def test_a_file_it_cannot_read_is_kept_aside_and_never_overwritten(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Any, tag: str) -> None:
-    path = tmp_path / "tuning.json"
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path], None],
+        tag: str) -> None:
+    path = tmp_path / "tuning.db"
     fifty(path)
-    original = damage(path.read_text())
-    path.write_text(original)
-    db = TuningDB(path)
+    damage(path)
+    original = path.read_bytes()
+    db = SQLiteStore(path)
     assert db.get("env", "k1") is None and db.size() == 0  # read as empty, not a crash
-    db.put("env", "new", record(99))
-    db.put("env", "newer", record(98))
-    kept = [p for p in tmp_path.iterdir() if p.name.startswith(f"tuning.json.{tag}-")]
-    assert len(kept) == 1 and kept[0].read_text() == original  # nothing lost
-    assert TuningDB(path).size() == 2 and db.get("env", "new") == record(99)
+    db.put("env", "new", entry(99))
+    db.put("env", "newer", entry(98))
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith(f"tuning.db.{tag}-")]
+    assert len(kept) == 1 and kept[0].read_bytes() == original  # nothing lost
+    assert SQLiteStore(path).size() == 2 and db.get("env", "new") == entry(99)
     said = warnings_of(caplog)  # once, naming both paths
     assert len(said) == 1 and str(path) in said[0] and f"kept it as `{kept[0]}`" in said[0]
 
 
 def test_a_damaged_entry_is_a_miss_and_the_others_stay(tmp_path: Path,
                                                        caplog: pytest.LogCaptureFixture) -> None:
-    path = tmp_path / "tuning.json"
+    path = tmp_path / "tuning.db"
     fifty(path)
-    data = json.loads(path.read_text())
-    data["entries"]["env"]["k3"]["engine_id"] = "x"  # would reach cuDNN as an engine id
-    data["entries"]["env"]["k4"]["knobs"] = {"KERNEL_CFG": 2**40}
-    path.write_text(json.dumps(data))
-    db = TuningDB(path)
+    bad = entry(3).to_data()
+    bad["plan"]["engine_id"] = "x"  # would reach cuDNN as an engine id
+    worse = entry(4).to_data()
+    worse["plan"]["knobs"] = {"KERNEL_CFG": 2**40}
+    _sql(path, f"UPDATE plans SET entry = '{json.dumps(bad)}' WHERE key = 'k3'",
+         f"UPDATE plans SET entry = '{json.dumps(worse)}' WHERE key = 'k4'")
+    db = SQLiteStore(path)
     assert db.get("env", "k3") is None and db.get("env", "k4") is None
-    assert db.get("env", "k5") == record(5) and db.hits == 1
-    db.put("env", "k50", record(50))
-    assert TuningDB(path).size() == 51  # the damaged entries are kept, not dropped
-    assert any("entries.k3.engine_id" in w for w in warnings_of(caplog))
+    assert db.get("env", "k5") == entry(5) and db.hits == 1
+    db.put("env", "k50", entry(50))
+    assert SQLiteStore(path).size() == 51  # the damaged entries are kept, not dropped
+    assert any("entries.k3.plan.engine_id" in w for w in warnings_of(caplog))
 
 
 def _writer(path: str, worker: int) -> None:
-    db = TuningDB(Path(path))
+    db = SQLiteStore(Path(path))
     for i in range(20):
-        db.put(f"env{worker % 2}", f"w{worker}-{i}", record(i))
+        db.put(f"env{worker % 2}", f"w{worker}-{i}", entry(i))
+    db.close()
 
 
 def test_concurrent_writers_over_a_damaged_file_lose_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "tuning.json"
+    path = tmp_path / "tuning.db"
     path.write_text("{ torn")
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(str(path), w)) for w in range(4)]
+    procs = [FORK.Process(target=_writer, args=(str(path), w)) for w in range(4)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(60)
         assert p.exitcode == 0
-    assert TuningDB(path).size() == 80
+    assert SQLiteStore(path).size() == 80
     kept = [p for p in tmp_path.iterdir() if ".unreadable-" in p.name]
     assert len(kept) == 1 and kept[0].read_text() == "{ torn"  # set aside once, not per writer
 
 
-def _killed_mid_write(path: str, flag: str) -> None:
-    """A writer as `TuningDB.put` is one (the lock, then an atomic write), stopped halfway
-    through its bytes: it tells the test, which kills it there."""
-    db = TuningDB(Path(path))
-
-    def half_then_wait(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            f.write('{"version": 1, "entries": {"env": {"half')
-            f.flush()
-            Path(flag).touch()
-            time.sleep(600)
-
-    with db.lock:
-        fsutil.atomic_write(Path(path), half_then_wait)
+def _killed_mid_transaction(path: str, flag: str) -> None:
+    """A writer as `SQLiteStore.put` is one, stopped inside its transaction (the write lock
+    held, a row written, no commit): it tells the test, which kills it there."""
+    db = SQLiteStore(Path(path))
+    conn = db._connection()
+    assert conn is not None
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO plans VALUES ('env', 'half', '{\"plan\": ')")
+    Path(flag).touch()
+    time.sleep(600)
 
 
 def test_a_writer_killed_mid_write_leaves_a_readable_database(tmp_path: Path) -> None:
-    path = tmp_path / "tuning.json"
+    path = tmp_path / "tuning.db"
     fifty(path)
     flag = tmp_path / "halfway"
-    p = multiprocessing.get_context("spawn").Process(target=_killed_mid_write,
-                                                     args=(str(path), str(flag)))
+    p = FORK.Process(target=_killed_mid_transaction, args=(str(path), str(flag)))
     p.start()
-    deadline = time.time() + 120
+    deadline = time.time() + 60
     while not flag.exists() and time.time() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert flag.exists() and p.pid is not None
     os.kill(p.pid, signal.SIGKILL)
     p.join(30)
-    assert TuningDB(path).size() == 50  # the file as it was
-    leftovers = list(tmp_path.glob(".tuning.json.*.tmp"))
-    assert len(leftovers) == 1  # the half-written file, beside it
-    os.utime(leftovers[0], (time.time() - 2 * fsutil.STALE_TMP_S,) * 2)  # an hour later
-    db = TuningDB(path)
-    db.put("env", "after", record(1))  # the lock died with its holder: no wait
-    assert db.stores == 1 and TuningDB(path).size() == 51
-    assert not list(tmp_path.glob(".tuning.json.*.tmp"))  # and the leftover is gone
+    assert SQLiteStore(path).size() == 50  # the database as it was
+    db = SQLiteStore(path, timeout_s=5.0)
+    started = time.monotonic()
+    db.put("env", "after", entry(1))  # the lock died with its holder: no wait
+    assert time.monotonic() - started < 2.0
+    assert db.stores == 1 and SQLiteStore(path).size() == 51 and db.get("env", "half") is None
 
 
 def _read_only_child(folder: str, queue: Any) -> None:
@@ -149,34 +183,33 @@ def _read_only_child(folder: str, queue: Any) -> None:
         os.setgid(65534)
         os.setuid(65534)
     logging.basicConfig(level=logging.WARNING)
-    db = TuningDB(Path(folder) / "tuning.json")
+    db = SQLiteStore(Path(folder) / "tuning.db")
     got = db.get("env", "k7")
-    db.put("env", "new", record(1))  # cannot: a warning, not an error
+    db.put("env", "new", entry(1))  # cannot: a warning, not an error
     queue.put((got, db.size(), db.stores))
 
 
 @pytest.mark.parametrize("damaged", [False, True])
 def test_a_read_only_database_is_readable(damaged: bool) -> None:
-    """Readable without the lock; a damaged one reads as empty (it cannot be kept aside)."""
+    """Readable without writing anything beside it; a damaged one reads as empty (it cannot be
+    kept aside)."""
     folder = Path(tempfile.mkdtemp(prefix="dslc-ro-"))  # not under pytest's private folder
     try:
-        path = folder / "tuning.json"
+        path = folder / "tuning.db"
         fifty(path)
-        (folder / "tuning.json.lock").unlink(missing_ok=True)  # readers must not need it
         if damaged:
-            path.write_text(path.read_text()[:-10])
+            _prefixed(path)
         before = path.read_bytes()
         path.chmod(0o444)
         folder.chmod(0o555)
-        ctx = multiprocessing.get_context("fork")
-        queue = ctx.Queue()
-        p = ctx.Process(target=_read_only_child, args=(str(folder), queue))
+        queue = FORK.Queue()
+        p = FORK.Process(target=_read_only_child, args=(str(folder), queue))
         p.start()
         got, size, stores = queue.get(timeout=60)
         p.join(30)
         assert p.exitcode == 0
-        assert (got, size) == ((None, 0) if damaged else (record(7), 50)) and stores == 0
-        assert path.read_bytes() == before and sorted(os.listdir(folder)) == ["tuning.json"]
+        assert (got, size) == ((None, 0) if damaged else (entry(7), 50)) and stores == 0
+        assert path.read_bytes() == before and sorted(os.listdir(folder)) == ["tuning.db"]
     finally:
         folder.chmod(0o755)
         for f in folder.iterdir():
@@ -214,3 +247,26 @@ def test_only_stale_temporary_files_of_the_same_target_are_removed(tmp_path: Pat
         os.utime(p, (old, old))
     fsutil.write_bytes(tmp_path / "out.bin", b"new")
     assert not stale.exists() and live.exists() and other.exists() and folder.is_dir()
+
+
+def test_threads_sharing_one_store_lose_nothing(tmp_path: Path) -> None:
+    """A service building models from several threads shares one store (one connection)."""
+    import threading
+
+    db = SQLiteStore(tmp_path / "tuning.db")
+    failures: list[BaseException] = []
+
+    def put(worker: int) -> None:
+        try:
+            for i in range(50):
+                db.put("env", f"t{worker}-{i}", entry(i))
+                assert db.get("env", f"t{worker}-{i}") == entry(i)
+        except BaseException as err:
+            failures.append(err)
+
+    threads = [threading.Thread(target=put, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures and db.size() == 200

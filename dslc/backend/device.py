@@ -42,6 +42,16 @@ def require() -> tuple[Any, Any]:
     return cupy, cudnn
 
 
+def device_count() -> int:
+    """How many CUDA GPUs this machine has (0 without CuPy or a driver)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
 @dataclass
 class ArrayRef:
     """A device array as the runtime sees it: pointer, shape, strides in elements, dtype."""

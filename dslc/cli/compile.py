@@ -10,6 +10,7 @@ from typing import Any
 
 from dslc import fsutil
 from dslc.backend import environment
+from dslc.backend.device import device_count, require
 from dslc.backend.target import capture, live_device_available, load_target
 from dslc.cli import paths
 from dslc.cli.front import EXIT_BACKEND, EXIT_ERRORS, EXIT_OK, Output, checked, parse_precision, sources
@@ -22,8 +23,9 @@ from dslc.runtime import startup
 from dslc.runtime.bundle import load
 from dslc.runtime.records import Environment, StepRecord
 from dslc.runtime.schedule import Schedule
+from dslc.runtime.tuningdb import SpecError, is_file, open_store
 from dslc.tune import format_report, tune, tuned_bundle
-from dslc.tune.db import TuningDB
+from dslc.tune.gpus import SpreadError, across, parse_gpus
 
 
 def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Output) -> int:
@@ -51,6 +53,9 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, outdir: Path, out: Ou
         built = build(result, options)
     except WriteFailed as err:
         raise UsageError(f"cannot write `{err.path}`: {paths.describe(err.error)}") from err
+    except SpreadError as err:  # tuning across GPUs: a worker failed, or two kinds of GPU
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BACKEND
     finally:
         if not quiet and sys.stderr.isatty():
             print("\r\x1b[K", end="", file=sys.stderr)
@@ -104,10 +109,19 @@ def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
     return chosen
 
 
-def _tune_options_of(args: argparse.Namespace) -> TuneOptions:
-    db = None if args.tuning_db == "none" else TuningDB(Path(args.tuning_db) if args.tuning_db
-                                                        else None)
-    return TuneOptions(db, args.budget, args.model_budget, args.search)
+def _tune_options_of(args: argparse.Namespace, on_gpu: bool = True) -> TuneOptions:
+    """The tuning options; a `--tuning-db` (or `DSLC_TUNING_DB`) that names no database, or a
+    `--gpus` that names no GPUs here, is a usage error, said before any work starts (without a
+    GPU, `on_gpu` False, `--gpus` is only read)."""
+    count = device_count() if on_gpu and args.gpus is not None else None
+    if count == 0:
+        require()  # no GPU: R0801 (exit 3), as tuning without --gpus says
+    try:
+        db = open_store(args.tuning_db)
+        gpus = None if args.gpus is None else parse_gpus(args.gpus, count)
+    except (SpecError, SpreadError) as err:
+        raise UsageError(str(err)) from err
+    return TuneOptions(db, args.budget, args.model_budget, args.search, gpus)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -125,7 +139,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"\r\x1b[K  tuning {text}", end="", file=sys.stderr, flush=True)
 
     try:
-        tuned = tune(records, how.db, how.budget_s, how.model_budget_s, how.search, progress)
+        if how.gpus is not None:
+            tuned = across(records, how.gpus, how.db, how.budget_s, how.model_budget_s,
+                           how.search)
+        else:
+            tuned = tune(records, how.db, how.budget_s, how.model_budget_s, how.search, progress)
+    except SpreadError as err:  # a worker failed, or the GPUs are of two kinds
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BACKEND
     finally:
         if not quiet and sys.stderr.isatty():
             print("\r\x1b[K", end="", file=sys.stderr)
@@ -143,13 +164,18 @@ def _tune_options(p: argparse.ArgumentParser) -> None:
                    help="seconds for the whole model (default 900); the rest keep their plan")
     p.add_argument("--search", choices=("heuristics", "exhaustive"), default="heuristics",
                    help="candidates: the heuristics' list, or also the engine x knob space")
-    p.add_argument("--tuning-db", metavar="PATH",
-                   help="the tuning database (default: the user cache folder; `none`: no database)")
+    p.add_argument("--gpus", metavar="all|0,1",
+                   help="tune on these GPUs of this machine, one process each, the distinct "
+                        "graphs spread over them (default: one GPU)")
+    p.add_argument("--tuning-db", metavar="DB",
+                   help="the tuning database: a file (SQLite), redis://HOST:PORT/DB for a fleet, "
+                        "or `none` (default: $DSLC_TUNING_DB, else the user cache folder)")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     if args.output is not None:
         paths.output_dir(args.output)
+    _tune_options_of(args, on_gpu=False)  # a bad --tuning-db or --gpus: said now, not later
     out = Output(args.error_format, args.color, args.quiet)
     result = checked(args, out)
     if result is None or result.model is None:
@@ -171,7 +197,7 @@ def _artifact_names(name: str, args: argparse.Namespace) -> list[str]:
 
 
 def _tuning_db(args: argparse.Namespace) -> Path | None:
-    return Path(args.tuning_db) if args.tuning_db not in (None, "none") else None
+    return is_file(args.tuning_db)
 
 
 def _target_file(spec: str | None) -> Path | None:

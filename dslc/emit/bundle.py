@@ -16,6 +16,7 @@ from dslc import fsutil
 from dslc.backend import environment
 from dslc.compile.stage import Compiled
 from dslc.core.dims import bucket_key
+from dslc.core.version import VERSION
 from dslc.emit.manifest import manifest_record
 from dslc.runtime import bundle
 from dslc.runtime.irdata import GraphRecord
@@ -29,8 +30,6 @@ from dslc.runtime.records import (
     StepRecord,
 )
 from dslc.runtime.schedule import Schedule, check_buckets
-
-VERSION = "0.1.0"
 
 
 def _plan(compiled: Compiled, key: tuple[str, str]) -> PlanRecord:

@@ -24,12 +24,13 @@ from dslc.ir.groups import make_group
 from dslc.ir.interp import concrete_attrs
 from dslc.ir.storage import Storage
 from dslc.runtime import bundle as bundlefile
-from dslc.runtime import params, plancache, startup
+from dslc.runtime import fleet, params, plancache, startup
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.manifest import Manifest
-from dslc.runtime.plans import Ready, plan_record, prepare, retime, retune
+from dslc.runtime.plans import Ready, measure_here, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, Environment, PlanRecord, StepRecord
 from dslc.runtime.schedule import ITEMSIZE, MemoryPlan, Schedule
+from dslc.runtime.tuningdb import TuningStore, open_store
 
 LOG = logging.getLogger("dslc.runtime")
 
@@ -44,9 +45,14 @@ class Executable:
         self.memory: MemoryPlan = model.program.memory_plan(dims)
         self.graphs: dict[str, Ready] = {}
         decision = model.decision()
-        for step, spec, plan in self._specs():
+        specs = self._specs()
+        shared = self._shared()
+        for step, spec, plan in specs:
             where = f"group {step.name} ({step.signature}) at {self.key}"
-            if plan is not None:
+            outcome = shared.get(step.signature)
+            if outcome is not None:
+                ready = self._from_fleet(model.spec_from(spec.to_data()), outcome, where)
+            elif plan is not None:
                 ready = self._saved(model.spec_from(spec.to_data()), plan, decision.action, where)
             else:
                 ready = self._between_buckets(spec, step, where)
@@ -83,6 +89,31 @@ class Executable:
             m.program.check_bindings(step, out[step.signature][1], self.memory.storage,
                                      self.dims, f"group {step.name} at {self.key}")
         return list(out.values())
+
+    def _shared(self) -> dict[str, fleet.Outcome]:
+        """Where start-up does not trust the bucket's saved plans: the tuning database's, or
+        measured here under the key's lease and published (`dslc.runtime.fleet`)."""
+        m = self.model
+        bucket = m.buckets.get(self.key)
+        if bucket is None or m.tuning_db is None:
+            return {}
+        names = {s.signature: s.name for s in m.program.steps}
+
+        def measure(w: fleet.Wanted) -> PlanRecord | None:
+            return measure_here(w.spec, m.program.nodes, self.memory.storage, m.handle)
+
+        return fleet.consult(m.tuning_db, m.live_environment(), m.decision(),
+                             fleet.wanted_in(bucket, names), measure, m.log, m.fleet)
+
+    def _from_fleet(self, spec: Any, outcome: fleet.Outcome, where: str) -> Ready:
+        """A graph from what the database or this replica's measurement gave: a measured plan
+        restored from its bytes, another host's replayed from its engine and knobs (its bytes
+        stay with that host), or the heuristics' choice."""
+        m = self.model
+        ready = prepare(spec, outcome.plan, m.handle, where, m.log)
+        if ready.how in ("restored", "replayed") and outcome.plan is not None:
+            ready.how = "retuned" if outcome.how == "tuned" else "database"
+        return ready
 
     def _saved(self, spec: Any, plan: PlanRecord, action: str, where: str) -> Ready:
         """A bucket's graph, as the start-up decision says (see `dslc.runtime.startup`)."""
@@ -127,10 +158,19 @@ class Model:
     def __init__(self, bundle: str | Path, weights: str | Path | None = None, *,
                  on_mismatch: str = "retune", write_back: bool = False,
                  plan_cache: str | Path | None = "default", shared_kernels: bool = False,
+                 tuning_db: str | Path | None = "default", tuning_wait_s: float = 120.0,
                  log: logging.Logger | None = None) -> None:
         if on_mismatch not in startup.POLICIES:
             raise ValueError(f"on_mismatch must be one of {', '.join(startup.POLICIES)}")
         self.on_mismatch = on_mismatch
+        # Where re-tuning looks first and publishes to: a path, redis://HOST:PORT/DB, "none"
+        # or None; "default": $DSLC_TUNING_DB, else this machine's database (ValueError: a
+        # value that names none). Replicas wait `tuning_wait_s` for another's measurement.
+        self.tuning_db: TuningStore | None = (
+            open_store(None if tuning_db == "default" else tuning_db or "none", "tuning_db"))
+        if not tuning_wait_s >= 0:
+            raise ValueError(f"tuning_wait_s must be a number of seconds, not {tuning_wait_s!r}")
+        self.fleet = fleet.FleetOptions(wait_s=tuning_wait_s)
         self.write_back = write_back  # save re-made plans into the bundle (see `save_plans`)
         # Plans for sizes between buckets, kept across processes (None: memory only).
         self.plan_cache = (plancache.default_dir() if plan_cache == "default" else
@@ -197,6 +237,11 @@ class Model:
             self.log.info("start-up of %s: %s", self.bundle.model, self._decision.explain())
         return self._decision
 
+    def live_environment(self) -> Environment:
+        self.decision()
+        assert self._live is not None
+        return self._live
+
     def spec_from(self, data: Mapping[str, Any]) -> GroupSpec:
         return GroupSpec.from_data(data)
 
@@ -216,9 +261,7 @@ class Model:
     def plan_cache_file(self, spec: Any) -> Path | None:
         if self.plan_cache is None:
             return None
-        self.decision()  # the live environment
-        assert self._live is not None
-        return plancache.path_for(self.plan_cache, spec, self._live)
+        return plancache.path_for(self.plan_cache, spec, self.live_environment())
 
     # -- weights -------------------------------------------------------------------------------
     def load_weights(self, path: str | Path) -> None:

@@ -132,22 +132,34 @@ def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str,
                  built.engine_id, built.knobs)
 
 
+def measure_here(spec: GroupSpec, nodes: Mapping[str, Any], storage: Mapping[str, Any],
+                 handle: Any, budget_s: float = 20.0) -> PlanRecord | None:
+    """Measure the candidates of a graph here, as the tuner does (each checked against the
+    reference): the fastest valid plan, with its serialized bytes and workspace, or None."""
+    from dslc.backend.measure import tune_spec
+
+    result = tune_spec(spec, nodes, storage, handle, budget_s)
+    if result.chosen is None or result.serialized is None:
+        return None
+    return PlanRecord.from_data({**result.record(), "serialized": result.serialized,
+                                 "workspace": result.workspace}, "measured plan", tuning=True)
+
+
 def retune(spec: GroupSpec, nodes: Mapping[str, Any], storage: dict[str, Any], handle: Any,
            where: str, log: logging.Logger, budget_s: float = 20.0) -> Ready:
     """The GPU changed: measure the candidates here (checked against the reference)."""
     from dslc.backend import graphs as cbuild
-    from dslc.backend.measure import tune_spec
 
     start = time.perf_counter()
-    result = tune_spec(spec, nodes, storage, handle, budget_s)
-    if result.chosen is None or result.serialized is None:
+    plan = measure_here(spec, nodes, storage, handle, budget_s)
+    if plan is None or plan.serialized is None:
         log.info("%s: re-tuning found no valid plan; heuristics", where)
         return prepare(spec, None, handle, where, log)
-    log.info("%s: re-tuned %d candidates; engine %s (%.3f ms)", where, len(result.candidates),
-             result.chosen.engine_id, result.chosen.ms)
-    graph = cbuild.restore(result.serialized, handle)
-    return Ready(graph, spec, result.workspace, "retuned", time.perf_counter() - start,
-                 result.chosen.engine_id, result.chosen.knobs)
+    log.info("%s: re-tuned %s candidates; engine %s (%.3f ms)", where, plan.candidates,
+             plan.engine_id, plan.ms)
+    graph = cbuild.restore(plan.serialized, handle)
+    return Ready(graph, spec, plan.workspace, "retuned", time.perf_counter() - start,
+                 plan.engine_id, dict(plan.knobs))
 
 
 def _short(err: BaseException) -> str:

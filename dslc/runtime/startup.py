@@ -11,6 +11,10 @@ and decide what to do with the saved plans.
 The user's policy (`on_mismatch`) applies where saved plans cannot be trusted as they are:
 "retune" (the default) measures, "heuristic" takes the heuristics' choice, "error" refuses to
 start (R0802). Re-timed and re-tuned plans are checked against the reference before use.
+
+Where plans are replayed, re-tuned or taken from the heuristics, the tuning database is asked
+first (`dslc.runtime.fleet`): a plan measured in an equal environment is taken as it is, and on
+re-tune only what nobody has measured is measured, once per fleet.
 """
 
 from __future__ import annotations

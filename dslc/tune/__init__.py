@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,7 +21,7 @@ from dslc.backend.measure import tune_spec
 from dslc.backend.spec import GroupSpec
 from dslc.runtime.records import Bundle, Environment, PlanRecord
 from dslc.runtime.schedule import Schedule
-from dslc.tune.db import TuningDB, env_key, spec_key
+from dslc.runtime.tuningdb import TuningStore, env_key, measured, spec_key
 
 LOG = logging.getLogger("dslc.tune")
 
@@ -36,6 +36,7 @@ class Row:
     error: float | None
     source: str  # tuned | database | untimed (over budget) | failed
     candidates: int = 0
+    gpu: int | None = None  # which GPU measured it, when tuning across several (`gpus`)
 
 
 @dataclass
@@ -59,11 +60,13 @@ class Tuned:
     report: Report
 
 
-def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
+def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
          model_budget_s: float = 600.0, search: str = "heuristics",
-         progress: Callable[[str], None] | None = None) -> Tuned:
-    """Measure every (bucket, graph) of a bundle on this GPU; the bundle is not changed
-    (`tuned_bundle` makes the tuned one)."""
+         progress: Callable[[str], None] | None = None,
+         only: Collection[tuple[str, str]] | None = None) -> Tuned:
+    """Measure every (bucket, graph) of a bundle on this GPU (or those of `only`, by bucket key
+    and signature: one GPU's share, `dslc.tune.gpus`); the bundle is not changed (`tuned_bundle`
+    makes the tuned one)."""
     _, cudnn = require()
     handle = cudnn.create_handle()
     live = Environment.from_data(environment.live(properties=True), "live environment")
@@ -73,11 +76,17 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
     report = Report()
     plans: dict[tuple[str, str], PlanRecord] = {}
     started = time.perf_counter()
-    total = sum(len(b.graphs) for b in bundle.buckets)
+    chosen = {(b.key, sig) for b in bundle.buckets for sig in b.graphs
+              if only is None or (b.key, sig) in only}
+    total = len(chosen)
     done = 0
     for bucket in bundle.buckets:
+        if not any(key == bucket.key for key, _ in chosen):
+            continue
         storage = program.memory_plan(dict(bucket.dims)).storage
         for signature, entry in bucket.graphs.items():
+            if (bucket.key, signature) not in chosen:
+                continue
             done += 1
             group = names.get(signature, signature)
             if progress:
@@ -95,14 +104,15 @@ def tune(bundle: Bundle, db: TuningDB | None = None, budget_s: float = 20.0,
 
 
 def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
-              handle: Any, db: TuningDB | None, env: str, over_budget: bool,
+              handle: Any, db: TuningStore | None, env: str, over_budget: bool,
               how: tuple[float, str, str]) -> tuple[tuple[Any, ...], PlanRecord | None]:
     """One graph at one size: its report row (after bucket, signature and group) and its new
     plan (None: the saved plan stays)."""
     from dslc.backend.graphs import build  # imports cudnn: only where tuning runs
 
     key = spec_key(spec)
-    found = db.get(env, key) if db is not None else None
+    entry = db.get(env, key) if db is not None else None
+    found = entry.plan if entry is not None else None
     if found is not None and found.engine_id is not None:
         built = build(spec, handle, engine=(found.engine_id, dict(found.knobs)))
         if built.has_plan:
@@ -122,7 +132,7 @@ def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
         return (None, None, None, "failed", len(result.candidates)), None
     record = PlanRecord.from_data(result.record(), "tuned plan", tuning=True)
     if db is not None:
-        db.put(env, key, record)
+        db.put(env, key, measured(record))
     heur = result.heuristic.ms if result.heuristic else None
     plan = replace(record, serialized=result.serialized, workspace=result.workspace,
                    reused=False)
@@ -143,7 +153,9 @@ def format_report(report: Report) -> str:
         s = (f"{r.heuristic_ms / r.tuned_ms:.2f}" if r.heuristic_ms and r.tuned_ms
              and math.isfinite(r.heuristic_ms) else "-")
         e = f"{r.error:.1e}" if r.error is not None else "-"
-        lines.append(f"{r.bucket:<16} {r.group[:28]:<28} {h:>12} {t:>9} {s:>8} {e:>8}  {r.source}")
+        on = f" (GPU {r.gpu})" if r.gpu is not None else ""
+        lines.append(f"{r.bucket:<16} {r.group[:28]:<28} {h:>12} {t:>9} {s:>8} {e:>8}  "
+                     f"{r.source}{on}")
     lines.append(f"geomean speedup over the heuristics' choice: {report.geomean_speedup():.3f}; "
                  f"{report.seconds:.1f} s")
     return "\n".join(lines)

@@ -17,8 +17,8 @@ from dslc.backend.measure import NOISE
 from dslc.core.errors import RunnerError
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import load, read
+from dslc.runtime.tuningdb.sqlite import SQLiteStore
 from dslc.tune import tune, tuned_bundle
-from dslc.tune.db import TuningDB
 from tests.conftest import ROOT
 from tests.gpu.common import TOLERANCE, compile_file, random_inputs, reference, rel_error, to_device, to_host
 
@@ -32,7 +32,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     outdir = tmp_path_factory.mktemp("tuned")
     bundle = compile_file(ROOT / "models" / "mlp.cgraph", outdir, BUCKET)
     records = load(bundle)
-    done = tune(records, TuningDB(outdir / "db.json"), budget_s=3.0)
+    done = tune(records, SQLiteStore(outdir / "tuning.db"), budget_s=3.0)
     emit_bundle.write(bundle, tuned_bundle(records, done))
     return bundle, done.report
 
@@ -40,6 +40,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 def _run(bundle: Path, inputs: dict[str, np.ndarray], **options: Any) -> tuple[Any, dict]:
     from dslc.runtime import Model
 
+    options.setdefault("tuning_db", None)  # each decision path as it is without a database
     model = Model(bundle, bundle.with_suffix(".safetensors"), **options)
     return model, to_host(model.run(to_device(inputs, bundle)))
 
@@ -103,6 +104,27 @@ def test_startup_decision_path(tuned: tuple[Path, Any], tmp_path: Path,
     _check(bundle, outputs, inputs)
 
 
+def test_a_changed_gpu_takes_the_databases_plans_before_measuring(
+        tuned: tuple[Path, Any], tmp_path: Path) -> None:
+    """The database the fixture's tuning filled holds this GPU's plans: start-up replays them
+    and measures nothing (`dslc.runtime.fleet`)."""
+    bundle = _edited(tuned[0], tmp_path, {"device_name": "Another GPU"})
+    inputs = random_inputs(bundle, BUCKET, seed=16)
+    start = time.perf_counter()
+    model, outputs = _run(bundle, inputs, tuning_db=str(tuned[0].parent / "tuning.db"))
+    print(f"retune from the database: {time.perf_counter() - start:.2f} s")
+    assert model.decision().action == "retune"
+    assert {s["how"] for s in model.startup} == {"database"}
+    _check(bundle, outputs, inputs)
+    empty = tmp_path / "empty.db"  # nothing there: measured here, and published
+    model, outputs = _run(bundle, inputs, tuning_db=str(empty))
+    assert {s["how"] for s in model.startup} == {"retuned"}
+    _check(bundle, outputs, inputs)
+    from dslc.runtime.tuningdb.sqlite import SQLiteStore
+
+    assert SQLiteStore(empty).size() == len(model.startup)
+
+
 def test_write_back_saves_plans_the_next_start_restores(tuned: tuple[Path, Any],
                                                         tmp_path: Path) -> None:
     bundle = _edited(tuned[0], tmp_path, {"driver": 1})
@@ -126,7 +148,7 @@ def test_error_policy_refuses_a_changed_gpu(tuned: tuple[Path, Any], tmp_path: P
 def test_database_serves_a_second_build(tuned: tuple[Path, Any], tmp_path: Path) -> None:
     bundle = compile_file(ROOT / "models" / "mlp.cgraph", tmp_path, BUCKET)
     records = load(bundle)
-    done = tune(records, TuningDB(tuned[0].parent / "db.json"), budget_s=3.0)
+    done = tune(records, SQLiteStore(tuned[0].parent / "tuning.db"), budget_s=3.0)
     report = done.report
     assert report.rows and all(r.source == "database" for r in report.rows)
     emit_bundle.write(bundle, tuned_bundle(records, done))

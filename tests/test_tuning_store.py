@@ -1,0 +1,270 @@
+"""The tuning database's contract, held by both stores alike (each test runs on SQLite and on a
+real Redis server): entries round-trip with their provenance; the merge rule keeps the fastest
+validated record and says when a put lost; a damaged entry is a miss and stays; leases are held
+by one holder at a time, given back only by it and expire by themselves; 8 writer processes of
+200 puts each lose nothing; concurrent puts of one key keep the fastest of all; a writer killed
+with SIGKILL 50 times leaves a readable store holding exactly what it committed."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import sqlite3
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from dslc.core.version import VERSION
+from dslc.runtime.records import PlanRecord
+from dslc.runtime.tuningdb import Entry, TuningStore, better, measured
+from dslc.runtime.tuningdb.redisdb import RedisStore
+from dslc.runtime.tuningdb.sqlite import SQLiteStore
+
+ENV = "NVIDIA H200|9.0|132|91900|1.32.0"
+FORK = multiprocessing.get_context("fork")  # children start at once: nothing to import again
+
+
+def record(i: int, ms: float | None = None, error: float | None = 1e-3) -> PlanRecord:
+    """A validated record as the tuner makes it (`TuneResult.record`)."""
+    ms = 0.5 + i if ms is None else ms
+    return PlanRecord.from_data(
+        {"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": ms, "error": error,
+         "heuristic": {"engine_id": 0, "knobs": {}, "ms": ms * 2},
+         "top": [{"engine_id": i % 7, "knobs": {"KERNEL_CFG": i}, "ms": ms, "error": error}],
+         "candidates": 4, "tuned": True, "tune_s": 0.2}, "record", tuning=True)
+
+
+def entry(i: int, ms: float | None = None, host: str = "host-a", **kw: float | None) -> Entry:
+    return measured(record(i, ms, **kw), host=host, at="2026-11-01T10:00:00+00:00")
+
+
+@dataclass
+class Backend:
+    """One store kind at one place: `open` makes a new handle (what another process does)."""
+
+    kind: str
+    where: str
+
+    def open(self) -> TuningStore:
+        return SQLiteStore(Path(self.where)) if self.kind == "sqlite" else RedisStore(self.where)
+
+    def corrupt(self, env: str, key: str, text: str) -> None:
+        """Overwrite one entry's stored text behind the store's back."""
+        if self.kind == "sqlite":
+            with sqlite3.connect(self.where) as conn:
+                conn.execute("UPDATE plans SET entry = ? WHERE env = ? AND key = ?",
+                             (text, env, key))
+            return
+        store = RedisStore(self.where)
+        store.client.set(store._name("tuning", env, key), text)
+        store.close()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        return Backend("sqlite", str(tmp_path / "tuning.db"))
+    return Backend("redis", request.getfixturevalue("redis_url"))
+
+
+def test_an_entry_round_trips_with_its_provenance(backend: Backend) -> None:
+    db = backend.open()
+    assert db.get(ENV, "k") is None and db.size() == 0
+    plan = replace(record(3), serialized=b"\x00\x01", workspace=4096)
+    kept = db.put(ENV, "k", measured(plan, host="gpu-07"))
+    got = backend.open().get(ENV, "k")
+    assert got == kept and got is not None
+    assert got.plan == replace(plan, serialized=None, workspace=0)  # what was measured only
+    assert (got.host, got.dslc_version, got.plan.error) == ("gpu-07", VERSION, 1e-3)
+    assert got.at.endswith("+00:00") and db.stores == 1
+    assert backend.open().get("another environment", "k") is None
+
+
+def test_the_fastest_validated_record_is_kept(backend: Backend,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    db = backend.open()
+    slow, fast = entry(1, ms=2.0, host="slow"), entry(2, ms=1.0, host="fast")
+    assert db.put(ENV, "k", slow) == slow
+    assert db.put(ENV, "k", fast) == fast  # faster: replaces
+    with caplog.at_level(logging.INFO, logger="dslc.tuningdb"):
+        assert db.put(ENV, "k", slow) == fast  # slower: loses, and says so
+    assert "kept the record of fast (1.0 ms)" in caplog.text and "one from slow" in caplog.text
+    unchecked = entry(3, ms=0.1, host="unchecked", error=None)  # never checked: cannot win
+    assert not unchecked.validated and db.put(ENV, "k", unchecked) == fast
+    assert backend.open().get(ENV, "k") == fast and db.size() == 1
+
+
+def test_the_merge_rule() -> None:
+    fast, slow = entry(1, ms=1.0), entry(2, ms=2.0)
+    unchecked = entry(3, ms=0.1, error=None)
+    assert better(fast, None) and better(unchecked, None)
+    assert better(fast, slow) and not better(slow, fast)
+    assert not better(entry(4, ms=1.0), fast)  # a tie keeps the one there
+    assert better(slow, unchecked) and not better(unchecked, slow)
+    assert not better(entry(5, ms=0.05, error=None), unchecked)
+    infinite = measured(replace(record(6), ms=float("inf")))
+    assert not infinite.validated and not better(infinite, slow)
+
+
+def test_a_damaged_entry_is_a_miss_and_stays(backend: Backend,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    db = backend.open()
+    for i in range(5):
+        db.put(ENV, f"k{i}", entry(i))
+    backend.corrupt(ENV, "k1", "{ torn")
+    # an engine id that would reach cuDNN as a string
+    backend.corrupt(ENV, "k2", entry(2).encode().replace('"engine_id": 2', '"engine_id": "x"'))
+    db = backend.open()
+    assert db.get(ENV, "k1") is None and db.get(ENV, "k2") is None
+    assert db.get(ENV, "k3") == entry(3) and db.hits == 1
+    assert db.size() == 5  # kept, not dropped
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("entries.k2.plan.engine_id" in w for w in said)
+    assert any("entries.k1: not JSON" in w for w in said)
+    assert db.put(ENV, "k1", entry(1)) == entry(1)  # a valid record replaces a damaged one
+
+
+def test_leases_are_held_by_one_holder_at_a_time(backend: Backend) -> None:
+    a, b = backend.open(), backend.open()
+    assert a.lease(ENV, "k", "replica-a", 30.0)
+    assert not b.lease(ENV, "k", "replica-b", 30.0)
+    assert a.lease(ENV, "k", "replica-a", 30.0)  # its holder holds it still
+    assert b.lease(ENV, "other key", "replica-b", 30.0)  # per key
+    b.release(ENV, "k", "replica-b")  # not its lease: nothing happens
+    assert not b.lease(ENV, "k", "replica-b", 30.0)
+    a.release(ENV, "k", "replica-a")
+    assert b.lease(ENV, "k", "replica-b", 30.0)
+
+
+def test_a_lease_expires_by_itself(backend: Backend) -> None:
+    a, b = backend.open(), backend.open()
+    assert a.lease(ENV, "k", "replica-a", 0.3)  # then the holder dies without giving it back
+    assert not b.lease(ENV, "k", "replica-b", 30.0)
+    time.sleep(0.5)
+    assert b.lease(ENV, "k", "replica-b", 30.0)
+
+
+def _writer(backend: Backend, worker: int) -> None:
+    db = backend.open()
+    for i in range(200):
+        db.put(ENV if worker % 2 else "env 2", f"w{worker}-{i}", entry(i, host=f"w{worker}"))
+    db.close()
+
+
+def _join_all(procs: list[multiprocessing.process.BaseProcess], timeout: float) -> None:
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+
+
+def test_eight_writers_of_200_puts_lose_nothing(backend: Backend) -> None:
+    # No store yet: the writers race to make it too.
+    _join_all([FORK.Process(target=_writer, args=(backend, w)) for w in range(8)], 60)
+    db = backend.open()
+    assert db.size() == 1600
+    for w in range(8):
+        for i in (0, 99, 199):
+            assert db.get(ENV if w % 2 else "env 2", f"w{w}-{i}") == entry(i, host=f"w{w}")
+
+
+def _racer(backend: Backend, worker: int) -> None:
+    db = backend.open()
+    rng = random.Random(worker)
+    for _ in range(25):
+        k = rng.randrange(5)
+        db.put(ENV, f"k{k}", entry(k, ms=1.0 + worker + k / 10, host=f"w{worker}"))
+    db.close()
+
+
+def test_concurrent_puts_of_one_key_keep_the_fastest_of_all(backend: Backend) -> None:
+    backend.open().size()
+    _join_all([FORK.Process(target=_racer, args=(backend, w)) for w in range(8)], 60)
+    db = backend.open()
+    for k in range(5):  # the fastest that any writer put of this key
+        wrote = [w for w in range(8) if k in _keys_of(w)]
+        assert wrote, "every key is written by some writer"
+        got = db.get(ENV, f"k{k}")
+        best = min(wrote)
+        assert got is not None and got.host == f"w{best}" and got.plan.ms == 1.0 + best + k / 10
+
+
+def _keys_of(worker: int) -> set[int]:
+    rng = random.Random(worker)
+    return {rng.randrange(5) for _ in range(25)}
+
+
+def _endless_writer(backend: Backend) -> None:
+    db = backend.open()
+    n = db.size()  # go on where the last one was killed
+    while True:
+        db.put(ENV, f"k{n}", entry(n))
+        n += 1
+
+
+def test_a_writer_killed_50_times_leaves_a_readable_store(backend: Backend) -> None:
+    rng = random.Random(5)
+    for _ in range(50):
+        p = FORK.Process(target=_endless_writer, args=(backend,))
+        p.start()
+        time.sleep(rng.uniform(0.0, 0.06))  # anywhere: opening, mid-transaction, committing
+        assert p.pid is not None
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        assert p.exitcode == -signal.SIGKILL
+    db = backend.open()
+    n = db.size()
+    assert n > 50  # the writers got on, and each entry committed is whole
+    assert all(db.get(ENV, f"k{i}") == entry(i) for i in range(n))
+    assert db.get(ENV, f"k{n}") is None
+    if backend.kind == "sqlite":
+        with sqlite3.connect(backend.where) as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_an_infinitely_slow_heuristic_choice_round_trips(backend: Backend) -> None:
+    """The heuristics' choice that computed wrongly is timed as infinite (`TuneResult.record`)."""
+    heuristic = record(1).heuristic
+    assert heuristic is not None
+    plan = replace(record(1), heuristic=replace(heuristic, ms=float("inf")))
+    db = backend.open()
+    db.put(ENV, "k", measured(plan))
+    got = backend.open().get(ENV, "k")
+    assert got is not None and got.plan.heuristic is not None
+    assert got.plan.heuristic.ms == float("inf") and got.validated
+
+
+# Redis alone: what a server says that SQLite never does.
+
+def test_a_server_that_refuses_is_unavailable(redis_url: str) -> None:
+    from dslc.runtime.tuningdb import Unavailable
+
+    no_such_db = redis_url.rsplit("/", 1)[0] + "/99"  # the server has 16
+    with pytest.raises(Unavailable, match="cannot be reached"):
+        RedisStore(no_such_db).get(ENV, "k")
+
+
+def test_a_read_only_replica_costs_the_writes_not_the_reads(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    from tests.redis_server import free_port
+
+    writer = RedisStore(redis_url)
+    writer.put(ENV, "k", entry(1))
+    writer.client.replicaof("127.0.0.1", free_port())  # a replica (of nobody): read-only
+    try:
+        replica = RedisStore(redis_url)
+        assert replica.get(ENV, "k") == entry(1)
+        assert replica.put(ENV, "new", entry(2)) == entry(2) and replica.stores == 0
+        assert replica.lease(ENV, "k", "me", 30.0)  # nobody to share the work with through it
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(said) == 1 and "cannot write tuning database" in said[0]
+    finally:
+        writer.client.replicaof("NO", "ONE")
+    assert writer.get(ENV, "new") is None
