@@ -950,6 +950,31 @@ def test_sdpa_f32(case: tuple[Any, ...]) -> None:
     close(got, want, **tol(max(dk, skv)))
 
 
+@pytest.mark.parametrize(("sq", "skv", "hq", "hk"), [(1, 9, 2, 2), (3, 8, 4, 2), (5, 5, 1, 1)])
+def test_sdpa_causal_bottom_right_equals_torch_lower_right(sq: int, skv: int, hq: int,
+                                                         hk: int) -> None:
+    """A query block at the end of the keys: PyTorch's own lower-right causal bias."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    g = rng("sdpa-bottom-right", sq, skv, hq)
+    q, k, v = randn(g, 2, hq, sq, 8), randn(g, 2, hk, skv, 8), randn(g, 2, hk, skv, 8)
+    got = ref("sdpa", [q, k, v], scale=None, causal=True, window=None, align="bottom_right")
+    want = F.scaled_dot_product_attention(T(q), T(k), T(v), attn_mask=causal_lower_right(sq, skv),
+                                          enable_gqa=True)
+    close(got, want, **tol(skv))
+
+
+def test_sdpa_window_bottom_right_keeps_the_last_keys_up_to_each_query() -> None:
+    """Window 2, one query block of 2 over 5 keys: query 0 stands at key 3 (keys 2, 3), query 1
+    at key 4 (keys 3, 4). With v the one-hot keys, the weights are read off directly."""
+    q = np.zeros((1, 1, 2, 8), np.float32)  # equal scores: the kept keys share the weight
+    k = np.zeros((1, 1, 5, 8), np.float32)
+    v = np.eye(5, 8, dtype=np.float32)[None, None]
+    got = ref("sdpa", [q, k, v], scale=None, causal=True, window=2, align="bottom_right")
+    np.testing.assert_allclose(got[0, 0, :, :5], [[0, 0, .5, .5, 0], [0, 0, 0, .5, .5]],
+                               atol=1e-7)
+
+
 def test_sdpa_without_operands_attr() -> None:
     """q, k, v only: `operands` may be absent."""
     g = rng("sdpa-plain")

@@ -399,13 +399,25 @@ def attention(g: Gen) -> bool:
     if x is None:
         return False
     b, s = x.type.shape[0], x.type.shape[1]
+    # Sometimes a query block: the last t positions attend to all s keys (decoding, chunked
+    # prefill), masks aligned bottom-right (the last query at the last key) or top-left.
+    sq, queries = s, x
+    if static(s) and size(s) >= 2 and g.ch.coin(0.25):
+        sq = g.ch.between(1, size(s) - 1)
+        block = g.apply("slice", {"x": x}, {"starts": (0, size(s) - sq, 0),
+                                            "ends": (b, s, x.type.shape[2])})
+        if block is None:
+            return False
+        queries = block
+        g.stats.features["attention of a query block"] += 1
     qkv: list[Expr] = []
     for name, h in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
         w = g.new_param((size(x.type.shape[2]), h * head_dim))
-        proj = g.apply("matmul", {"a": tame(g, x), "b": w})
+        proj = g.apply("matmul", {"a": tame(g, queries if name == "q" else x), "b": w})
         if proj is None:
             return False
-        split = g.apply("reshape", {"x": g.bind(proj, name)}, {"shape": (b, s, h, head_dim)})
+        length = sq if name == "q" else s
+        split = g.apply("reshape", {"x": g.bind(proj, name)}, {"shape": (b, length, h, head_dim)})
         t = None if split is None else g.apply("transpose", {"x": split}, {"perm": (0, 2, 1, 3)})
         if t is None:
             return False
@@ -413,17 +425,19 @@ def attention(g: Gen) -> bool:
     attrs: dict[str, object] = {"causal": g.ch.coin(0.4)}
     if g.ch.coin(0.3):
         attrs["scale"] = g.ch.pick([0.125, 0.5])
-    if g.ch.coin(0.2):  # self-attention: every query keeps at least its own key
+    if g.ch.coin(0.2):  # every query keeps at least the key it stands at
         attrs["window"] = g.ch.pick([1, 2, 4])
+    if g.ch.coin(0.5 if sq != s else 0.1):
+        attrs["align"] = g.ch.pick(["bottom_right", "top_left"])
     tensors: dict[str, Expr | None] = dict(zip("qkv", qkv, strict=True))
     if static(s) and g.ch.coin(0.2):
-        tensors["bias"] = g.new_param((size(s), size(s)), "shift")
+        tensors["bias"] = g.new_param((size(sq), size(s)), "shift")
     out = g.apply("sdpa", tensors, attrs)
     if out is None:
         return False
     merged = g.apply("transpose", {"x": g.bind(out)}, {"perm": (0, 2, 1, 3)})
     merged = None if merged is None else g.apply("reshape", {"x": merged},
-                                                 {"shape": (b, s, width)})
+                                                 {"shape": (b, sq, width)})
     if merged is None:
         return False
     g.bind(merged)

@@ -182,7 +182,8 @@ def _instancenorm(xs: list[Tensor], a: Attrs) -> Tensor:
 
 def _sdpa(xs: list[Tensor], a: Attrs) -> Tensor:
     """Heads of k and v repeated for GQA (query head h reads kv head h // group); `causal` keeps
-    key j <= query i (top-left aligned), `window` keeps j > i - window; bias adds to the scores.
+    key j <= query i's place (i top-left, i + Skv - Sq bottom-right), `window` keeps
+    j > place - window; bias adds to the scores.
     A query that keeps no key at all is undefined (PyTorch returns 0 there, numpy NaN)."""
     t = _named(xs, a, ("q", "k", "v"))
     q, k, v = t["q"], t["k"], t["v"]
@@ -190,7 +191,9 @@ def _sdpa(xs: list[Tensor], a: Attrs) -> Tensor:
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     mask: Tensor | None = t.get("bias")
     if a["causal"] or a["window"] is not None:
-        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        # bottom-right: query i stands at key i + (Skv - Sq), the last query at the last key
+        shift = k.shape[2] - q.shape[2] if a.get("align") == "bottom_right" else 0
+        i = torch.arange(q.shape[2], device=q.device)[:, None] + shift
         j = torch.arange(k.shape[2], device=q.device)[None, :]
         keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
         if a["causal"]:

@@ -95,6 +95,13 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
     if window is not None and window < 1:
         ctx.error("E0305", "`window` of `sdpa` must be at least 1", at="window")
         return None
+    if a.get("align") == "bottom_right" and a.get("causal") and \
+            isinstance(sq, int) and isinstance(k.shape[2], int) and sq > k.shape[2]:
+        ctx.error("E0305", f"a bottom-right causal mask leaves the first {sq - k.shape[2]} "
+                  "queries no key", at="align",
+                  notes=(f"{sq} queries, {k.shape[2]} keys: the last query sees every key, "
+                         "each earlier one a key fewer",))
+        return None
     if not common.check_compute(ctx, "sdpa", [q, k, v], need_f32=True):
         return None
     scale = a.get("scale")
@@ -113,7 +120,9 @@ def _last_axis_innermost(types: Mapping[str, TensorType]) -> str | None:
 
 def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     """softmax(q k^T * scale + bias) v, heads of k and v repeated for GQA; `causal` masks keys
-    after the query (top-left aligned), `window` keeps only the last `window` keys up to it."""
+    after the query, `window` keeps only the last `window` keys up to it; aligned top-left
+    (query i is at key i) or bottom-right (the last query is at the last key: a query block at
+    the end of a longer key sequence)."""
     operands = a.get("operands") or ("q", "k", "v")
     named = dict(zip(operands, xs, strict=True))
     q, k, v = named["q"], named["k"], named["v"]
@@ -127,10 +136,11 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     i = xp.arange(q.shape[2])[:, None]
     j = xp.arange(k.shape[2])[None, :]
     mask = xp.zeros((q.shape[2], k.shape[2]), dtype=bool)
+    at = i + (k.shape[2] - q.shape[2] if a.get("align") == "bottom_right" else 0)
     if a["causal"]:
-        mask |= j > i
+        mask |= j > at
     if a["window"] is not None:
-        mask |= j <= i - a["window"]
+        mask |= j <= at - a["window"]
     scores = np.where(mask, -np.inf, scores)
     special = special_functions(scores)
     return np.matmul(special.softmax(scores, axis=-1).astype(q.dtype), v)
@@ -159,7 +169,8 @@ def _lower_sdpa(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # p
                              "is not used")
         kwargs["bias"] = named["bias"]
     if a["causal"] or a["window"] is not None:
-        kwargs["diagonal_alignment"] = ctx.enum("diagonal_alignment", "TOP_LEFT")
+        kwargs["diagonal_alignment"] = ctx.enum(
+            "diagonal_alignment", "BOTTOM_RIGHT" if a.get("align") == "bottom_right" else "TOP_LEFT")
     if a["causal"]:
         kwargs["diagonal_band_right_bound"] = 0
     if a["window"] is not None:
@@ -173,7 +184,8 @@ OPS = [
     OpDef("sdpa", "attention",
           (Param("q", Kind.TENSOR), Param("k", Kind.TENSOR), Param("v", Kind.TENSOR),
            Param("scale", Kind.OPT_FLOAT, None), Param("causal", Kind.BOOL, False),
-           Param("bias", Kind.OPT_TENSOR, None), Param("window", Kind.OPT_INT, None)),
+           Param("bias", Kind.OPT_TENSOR, None), Param("window", Kind.OPT_INT, None),
+           Param("align", Kind.STR, "top_left", ("top_left", "bottom_right"))),
           _sdpa, "[B, Hq, Sq, Dv]",
           "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk)", fusion="anchor",
           reference=_sdpa_ref, lower=_lower_sdpa, needs=_last_axis_innermost),

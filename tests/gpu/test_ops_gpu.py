@@ -440,6 +440,16 @@ model m {
   let m3 = maxpool(m2, window=5, stride=1, pad=2)
   output y = relu(conv2d(concat([cv1, m1, m2, m3], axis=1), out=32, k=1, has_bias=true))
 }""",
+    # A query block of 3 at the end of 16 keys, the causal mask and a window aligned
+    # bottom-right (cuDNN's diagonal_alignment BOTTOM_RIGHT).
+    "sdpa_query_block_bottom_right_f16": """model m {
+  precision io=f16
+  input q: [2, 4, 3, 64]
+  input k: [2, 2, 16, 64]
+  input v: [2, 2, 16, 64]
+  output o = sdpa(q, k, v, causal=true, align="bottom_right")
+  output w = sdpa(q, k, v, causal=true, window=4, align="bottom_right")
+}""",
     "cast_inside_a_fused_group_rounds_f32": """model m {
   input x: f32[8, 64]
   let r = relu(x)
