@@ -89,3 +89,51 @@ def test_each_op_left_alone_says_why(tmp_path: Path) -> None:
     assert reasons["s"] == "%m is also read by %t, so it is stored and this op starts a new graph"
     assert reasons["t"] == "%m is also read by %s, so it is stored and this op starts a new graph"
     assert reasons["o5"] == "%a is a model output, so it is stored"
+
+
+def test_the_partitioner_reasons_for_every_other_case(tmp_path: Path) -> None:
+    """An op after load-time operands is judged by what follows them; an op whose input's
+    group ended is named against that group; an op no pattern starts with, whose group's
+    pattern is `single`."""
+    model = check_source("""model m {
+  dim B = 1..4 tune [2]
+  input x: [B, 8]
+  param w: [8]
+  param p: [1, 8]
+  let f = w * 2.0
+  let a = f + x
+  let (s, q) = genstats(reshape(x, [B, 8, 1]))
+  let b = bias_add(q, w[0:1], axis=1)
+  let e = expand(p, [B, 8])
+  output o1 = a
+  output o2 = b
+  output o3 = e
+  output o4 = x > 0.5
+}
+""", tmp_path).model
+    _, plan = lower_and_fuse(model)
+    alone = {g.nodes[0]: g for g in plan.groups if len(g.nodes) == 1}
+    assert alone["a"].reason == "it reads the model input %x; no op runs before it"
+    genstats = next(n for n in alone if n.startswith("s_q.genstats"))
+    assert alone["b"].reason == f"no fusion pattern continues the group of %{genstats} " \
+                                "(genstats) with bias_add"
+    assert alone["e"].reason == "no fusion pattern starts with this op"
+    assert alone["o4"].reason == "no fusion pattern starts with this op"
+    assert (alone["o4"].pattern, alone["e"].pattern, alone["a"].pattern) == \
+        ("single", "single", "pointwise")
+
+
+def test_the_plan_lists_the_views_nothing_runs_and_no_other_value(tmp_path: Path) -> None:
+    model = check_source("""model m {
+  input x: [4, 8]
+  param w: [4, 8]
+  let a = relu(x)
+  output y = transpose(a, [1, 0])
+  output z = matmul(a, transpose(w, [1, 0]) * 1.0 + 0.0)
+}
+""", tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    assert plan.views and all(nodes[v].op == "view" for v in plan.views)
+    assert set(plan.views) == {n.name for n in lowered.nodes if n.op == "view"} - \
+        set(plan.load_time)

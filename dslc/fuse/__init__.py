@@ -29,23 +29,12 @@ class _Partition:
     def runs(self, node: Node) -> bool:
         return node.op not in NOT_RUN and node.name not in self.constant
 
-    def _reaches(self, start: str, members: set[str], floor: int) -> bool:
-        """Whether `start` depends on a member (searching only nodes after index `floor`)."""
-        stack, seen = [start], set()
-        while stack:
-            name = stack.pop()
-            if name in members:
-                return True
-            if name in seen or self.index[name] <= floor:
-                continue
-            seen.add(name)
-            stack.extend(self.nodes[name].inputs)
-        return False
-
     def grow(self, anchor: Node, pattern: FusionPattern) -> list[str]:
+        """The chain from `anchor` through the only reader of each value. No other operand of
+        a joining op can depend on a member: that dependence would be a second reader of one
+        (so a group never needs, as its input, a value computed from its own)."""
         members = [anchor.name]
         value = anchor
-        floor = self.index[anchor.name]
         while value.name not in self.outputs:
             users = self.users[value.name]
             if len(users) != 1:
@@ -53,9 +42,6 @@ class _Partition:
             user = users[0]
             if (user.op not in pattern.epilogue or user.name in self.grouped
                     or user.type.shape != value.type.shape):
-                break
-            others = [i for i in user.inputs if i != value.name]
-            if any(self._reaches(i, set(members), floor) for i in others):
                 break
             members.append(user.name)
             value = user
@@ -88,7 +74,7 @@ class _Partition:
             return self.refused[node.name]
         for name in node.inputs:
             p = self.nodes[name]
-            if p.op in ("param", "scalar") or name in self.constant:
+            if name in self.constant:  # params, scalars and what load time computes
                 continue
             if p.op == "input":
                 return f"it reads the model input %{name}; no op runs before it"
