@@ -87,7 +87,7 @@ FAMILIES = {
         {"cin": 16, "cout": 64, "temb": 48, "context": 40, "heads": 2, "groups": 8}),
     "yolo_sppf": Family(conv.YoloSPPF, _named(features=_f32(2, 32, 9, 13)), {"C": 32},
                         {"c": 32}),
-    "llama_layer": Family(attn.LlamaLayer, _named(hidden_states=_f32(2, 12, 128)),
+    "llama_layer": Family(attn.LlamaLayer, _named(hidden_states=_f32(2, 48, 128)),
                           {"D": 128, "HEADS": 4, "KV_HEADS": 2, "FFN": 192},
                           {"d": 128, "heads": 4, "kv_heads": 2, "ffn": 192}),
 }

@@ -146,12 +146,14 @@ def test_family_matches_pytorch(name: str, bundles: dict[str, Path]) -> None:
     dtype = output_dtype(bundle, out)
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     net = FAMILIES[name]()
-    state = {k: torch.from_numpy(v.astype(np.float32)) for k, v in
+    state = {k: torch.from_numpy(v.astype(np.float32)).to(torch_dtype) for k, v in
              load_file(str(bundle.with_suffix(".safetensors"))).items()}
-    missing, unexpected = net.load_state_dict(state, strict=False)
+    # assign: the params take the storage dtype, the buffers the module computes stay as they
+    # are (Llama's rotary frequencies in f32, as Hugging Face keeps them)
+    missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
     assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing), \
         (missing, unexpected)
-    net = net.eval().cuda().to(torch_dtype)
+    net = net.eval().cuda()
     xs = {k: torch.from_numpy(v).cuda() if v.dtype.kind in "iu" else
           torch.from_numpy(v.astype(np.float32)).cuda().to(torch_dtype) for k, v in inputs.items()}
     with torch.no_grad():
