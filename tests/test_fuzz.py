@@ -54,6 +54,14 @@ CASES = {
     "resnet18.cgraph": 300,
     "resnet50.cgraph": 300,
     "encoder.cgraph": 200,
+    # the model families, fewer each (seven files, about 30 ms of CPU a mutant)
+    "mobilenet_v3.cgraph": 40,
+    "convnext.cgraph": 40,
+    "vit_front.cgraph": 40,
+    "bert.cgraph": 40,
+    "sd_down_block.cgraph": 40,
+    "yolo_sppf.cgraph": 40,
+    "llama_layer.cgraph": 40,
 }
 DEFAULT_CASES = 200  # a model added to models/ later
 # A longer campaign, still reproducible: DSLC_FUZZ_SCALE=20 DSLC_FUZZ_SEED=7 pytest tests/test_fuzz.py
@@ -332,8 +340,10 @@ def _report(source: Path, failures: list[Failure], total: int, path: Path) -> st
 
 @pytest.fixture
 def mutant_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A folder beside which `import "resnet.cgraph"` still resolves; `std/...` resolves anyway."""
-    shutil.copy(MODELS / "resnet.cgraph", tmp_path / "resnet.cgraph")
+    """A folder beside which the models' imports of each other (`import "resnet.cgraph"`,
+    `import "encoder.cgraph" as enc`) still resolve; `std/...` resolves anyway."""
+    for imported in ("resnet.cgraph", "encoder.cgraph"):
+        shutil.copy(MODELS / imported, tmp_path / imported)
     monkeypatch.setattr(check_context, "MAX_NODES", MAX_NODES)
     return tmp_path
 

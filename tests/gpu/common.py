@@ -74,9 +74,11 @@ def to_device(arrays: dict[str, np.ndarray], bundle: Path) -> dict[str, Any]:
     for name, a in arrays.items():
         node = program.nodes[program.inputs[name]]
         order = node.type.layout.order if node.type.layout is not None else tuple(range(a.ndim))
-        t = torch.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(order)))
-        t = t.to(dtype=getattr(torch, {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
-                                       "bool": "bool"}[node.type.dtype])).cuda()
+        dtype = getattr(torch, {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
+                                "bool": "bool", "i32": "int32", "i64": "int64"}[node.type.dtype])
+        # integers (token ids) as they are: through f32 an id above 2**24 would change
+        host = a if a.dtype.kind in "iu" else a.astype(np.float32)
+        t = torch.from_numpy(np.ascontiguousarray(host.transpose(order))).to(dtype=dtype).cuda()
         inverse = tuple(order.index(i) for i in range(a.ndim))
         out[name] = t.permute(inverse)
     return out

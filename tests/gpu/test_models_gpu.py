@@ -1,5 +1,6 @@
 """Every example model end to end on the GPU: against the reference executor; ResNets against
-torchvision and the encoder against PyTorch, fed the same random weights; a bundle reloaded by a
+torchvision, the encoder and the model families (MobileNetV3, ConvNeXt, ViT, BERT, Stable
+Diffusion, YOLO, Llama) against PyTorch, fed the same random weights; a bundle reloaded by a
 fresh process gives the same outputs without building plans; CUDA-graph replay equals the plain
 runner."""
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import torch_attention_families as attn
+from tests import torch_conv_families as conv
 from tests.conftest import ROOT
 from tests.gpu.common import (
     TOLERANCE,
@@ -30,7 +33,27 @@ pytestmark = pytest.mark.gpu
 
 # model -> the bucket compiled for the test (small, to keep plan builds few).
 MODELS = {"mlp": {"N": 16}, "resnet18": {"N": 32}, "resnet50": {"N": 32},
-          "encoder": {"B": 8, "S": 200}, "unet": {"N": 1, "H": 256, "W": 256}}
+          "encoder": {"B": 8, "S": 200}, "unet": {"N": 1, "H": 256, "W": 256},
+          "mobilenet_v3": {"N": 32, "H": 14, "W": 14}, "convnext": {"N": 32, "H": 56, "W": 56},
+          "vit_front": {"N": 8}, "bert": {"B": 8, "S": 128}, "sd_down_block": {"B": 2, "H": 32, "W": 32},
+          "yolo_sppf": {"N": 16, "H": 20, "W": 20}, "llama_layer": {"B": 1, "S": 128}}
+# The model families' PyTorch modules (at the sizes the .cgraph files declare), and the
+# largest relative error allowed against them in the model's storage dtype.
+FAMILIES = {"mobilenet_v3": conv.MobileNetV3Blocks, "convnext": conv.ConvNeXtStage1,
+            "vit_front": attn.ViTFront, "bert": attn.BertFront,
+            "sd_down_block": attn.SDDownBlock1, "yolo_sppf": conv.YoloSPPF,
+            "llama_layer": attn.LlamaLayer}
+AGAINST_PYTORCH = {"f16": 2e-2, "bf16": 5e-2}
+
+
+def _inputs(name: str, bundle: Path, seed: int) -> dict[str, np.ndarray]:
+    """Random inputs at the test's bucket; BERT's as a tokenizer makes them (ids in the
+    vocabulary, segment ids 0 and 1, a 0/1 padding mask)."""
+    if name == "bert":
+        dims = MODELS[name]
+        return attn.bert_inputs(np.random.default_rng(seed), vocab=30522, batch=dims["B"],
+                                seq=dims["S"])
+    return random_inputs(bundle, MODELS[name], seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +77,7 @@ def _run(bundle: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("name", MODELS)
 def test_model_matches_reference_executor(name: str, bundles: dict[str, Path]) -> None:
     bundle = bundles[name]
-    inputs = random_inputs(bundle, MODELS[name], seed=1)
+    inputs = _inputs(name, bundle, seed=1)
     ours = _run(bundle, inputs)
     want = reference(bundle, inputs)
     for out, value in want.items():
@@ -108,6 +131,36 @@ def test_encoder_matches_pytorch(bundles: dict[str, Path]) -> None:
     print(f"encoder: relative error {err:.2e} against PyTorch (bf16)")
     assert err <= 5e-2
 
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_family_matches_pytorch(name: str, bundles: dict[str, Path]) -> None:
+    """The hand-written PyTorch module (tests/torch_*_families.py) on the GPU in the model's
+    storage dtype, loaded from the bundle's weight file by name."""
+    import torch
+    from safetensors.numpy import load_file
+
+    bundle = bundles[name]
+    inputs = _inputs(name, bundle, seed=2)
+    [(out, ours)] = _run(bundle, inputs).items()
+    dtype = output_dtype(bundle, out)
+    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    net = FAMILIES[name]()
+    state = {k: torch.from_numpy(v.astype(np.float32)).to(torch_dtype) for k, v in
+             load_file(str(bundle.with_suffix(".safetensors"))).items()}
+    # assign: the params take the storage dtype, the buffers the module computes stay as they
+    # are (Llama's rotary frequencies in f32, as Hugging Face keeps them)
+    missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing), \
+        (missing, unexpected)
+    net = net.eval().cuda()
+    xs = {k: torch.from_numpy(v).cuda() if v.dtype.kind in "iu" else
+          torch.from_numpy(v.astype(np.float32)).cuda().to(torch_dtype) for k, v in inputs.items()}
+    with torch.no_grad():
+        theirs = net(**xs).float().cpu().numpy()
+    err = rel_error(ours, theirs)
+    print(f"{name}: relative error {err:.2e} against PyTorch ({dtype})")
+    assert err <= AGAINST_PYTORCH[dtype]
 
 def test_an_input_in_another_layout_is_r0501(bundles: dict[str, Path]) -> None:
     """The UNet declares its image NHWC: a row-major (NCHW) tensor is refused, not misread."""
