@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dslc.backend.target import TargetError
 from dslc.cli import compile as compile_commands
+from dslc.cli import fmt as fmt_commands
 from dslc.cli import run as run_commands
 from dslc.cli import weights as weights_commands
 from dslc.cli.front import (
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ops", help="list the built-in operations and their signatures")
     p.add_argument("--family", help="only this family (conv, matmul, pointwise, ...)")
     p.set_defaults(run=cmd_ops)
+    fmt_commands.add_commands(sub)
     run_commands.add_commands(sub)
     weights_commands.add_commands(sub)
     compile_commands.add_commands(sub, add_diag_options)

@@ -56,15 +56,24 @@ class Output:
             print(printable(text), file=sys.stdout if self.fmt == "human" else sys.stderr)
 
 
+def add_render_options(p: argparse.ArgumentParser) -> None:
+    """How diagnostics are written."""
+    p.add_argument("--error-format", choices=("human", "json", "github"), default="human",
+                   help="diagnostics for people (stderr), as JSON lines or as GitHub "
+                        "annotations (stdout); default human")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour in human diagnostics; auto: on a terminal, unless NO_COLOR is set")
+
+
 def add_diag_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-I", dest="include", action="append", default=[], metavar="DIR",
                    type=Path, help="also look for imports in DIR")
-    p.add_argument("--error-format", choices=("human", "json", "github"), default="human")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    add_render_options(p)
     p.add_argument("--deny-warnings", action="store_true", help="treat warnings as errors")
     p.add_argument("--allow", action="append", default=[], metavar="CODE",
                    help="silence a warning code, e.g. --allow W0301")
-    p.add_argument("--max-errors", type=int, default=50, metavar="N")
+    p.add_argument("--max-errors", type=int, default=50, metavar="N",
+                   help="stop after N errors (default 50)")
 
 
 def make_sink(args: argparse.Namespace) -> Sink:
