@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dslc import fsutil
+from dslc import __version__, fsutil
 from dslc.backend import environment
 from dslc.compile.stage import Compiled
 from dslc.core.dims import bucket_key
@@ -29,8 +29,6 @@ from dslc.runtime.records import (
     StepRecord,
 )
 from dslc.runtime.schedule import Schedule, check_buckets
-
-VERSION = "0.1.0"
 
 
 def _plan(compiled: Compiled, key: tuple[str, str]) -> PlanRecord:
@@ -65,7 +63,7 @@ def records(compiled: Compiled) -> Bundle:
                   for s in compiled.steps)
     env = (environment.live(properties=True) if compiled.target.live
            else environment.from_profile(compiled.target.properties_json))
-    out = Bundle(model.name, model.file, VERSION,
+    out = Bundle(model.name, model.file, __version__,
                  _created(),
                  manifest_record(model, record=graph), graph,
                  tuple(compiled.plan.load_time), steps, compiled.target.name,
