@@ -14,7 +14,7 @@ from typing import Any
 
 from dslc import fsutil
 from dslc.cli import paths
-from dslc.cli.front import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, Output, add_render_options
+from dslc.cli.front import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, Output, add_render_options, command
 from dslc.cli.paths import UsageError
 from dslc.diag.diagnostic import Sink
 from dslc.diag.span import SourceMap, display_name, printable
@@ -140,8 +140,8 @@ def _summary(tally: _Tally, check: bool) -> str:
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("fmt", help="lay out .cgraph files in the canonical style (LANGUAGE.md "
-                                   "2.7), comments kept")
+    p = command(sub, "fmt", "lay out .cgraph files in the canonical style (docs/LANGUAGE.md "
+                            "2.7), comments kept")
     p.add_argument("files", nargs="+", type=Path, metavar="FILE",
                    help="a .cgraph file, a folder (its *.cgraph files, recursively), or `-` for "
                         "standard input to standard output")

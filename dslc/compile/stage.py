@@ -72,7 +72,8 @@ def compile_model(model: CheckedModel, graph: Graph, plan: FusionPlan, target: T
     properties = None if target.live else target.properties()
     for i, group in enumerate(plan.groups):
         if progress:
-            progress(f"[{i + 1}/{len(plan.groups)}] {group.name} ({group.pattern})")
+            progress(f"[{i + 1}/{len(plan.groups)}] {group.name} ({group.pattern}); "
+                     f"{len(out.builds)} graphs built")
         out.steps.extend(_compile(out, group, handle, properties, ""))
     masks_as_bytes(out, handle, properties)
     # A split group's parts are named after their own anchors: each name once in the schedule.

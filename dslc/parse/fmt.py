@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from dslc.diag.diagnostic import Sink
+from dslc.parse import ast
 from dslc.parse.lalr import Tok
 from dslc.parse.parser import parse_text
 from dslc.parse.roles import CLOSE, DECL, Roles, Unit, roles
@@ -77,6 +78,23 @@ def format_text(text: str, file: str, sink: Sink) -> str | None:
         return None
     out = _Layout(text, tokens, roles(module, tokens)).render()
     _check(text, tokens, out, file)
+    return out
+
+
+def def_signatures(text: str, file: str, sink: Sink) -> list[tuple[ast.Def, str]] | None:
+    """Each def of `text` with its signature on one line, spaced as the layout spaces it:
+    `linear(x: [*L, K], out: int, has_bias: bool = true) -> [*L, out]`. None once syntax errors
+    are reported."""
+    tokens: list[Tok] = []
+    module = parse_text(text, file, sink, tokens=tokens)
+    if module is None:
+        return None
+    layout = _Layout(text, tokens, roles(module, tokens))
+    index = {(t[2], t[3]): i for i, t in enumerate(tokens)}
+    out = []
+    for d in module.defs:
+        brace = index[(d.header_span.end_line, d.header_span.end_col)]  # the header ends at `{`
+        out.append((d, layout.one_line(index[(d.name.span.line, d.name.span.col)], brace - 1)))
     return out
 
 
@@ -204,7 +222,14 @@ class _Layout:
             out.append(e)
         return out
 
-    def one_line(self, item: _Item) -> bool:
+    def one_line(self, first: int, last: int) -> str:
+        """Tokens `first`..`last` on one line."""
+        toks: list[Event] = list(range(first, last + 1))
+        kept = [e for e in self.without_trailing_commas(toks) if isinstance(e, int)]
+        return "".join((self.space(a, b) if a is not None else "") + self.tokens[b][1]
+                       for a, b in zip([None, *kept], kept))
+
+    def fits_one_line(self, item: _Item) -> bool:
         """A unit printed on one line: no comment inside it, no line break kept."""
         last = len(item.events) - 1
         if any(isinstance(e, _Comment) and k != last for k, e in enumerate(item.events)):
@@ -220,7 +245,7 @@ class _Layout:
         for item in [*self.items, None]:
             first = item.events[0] if item is not None and item.unit is not None else None
             let = self.roles.lets.get(first) if isinstance(first, int) else None
-            if let is not None and item is not None and not self.one_line(item):
+            if let is not None and item is not None and not self.fits_one_line(item):
                 let = None
             if item is None or item.blank or let is None:
                 width = max((n for _, n in run), default=0)
