@@ -302,3 +302,14 @@ def test_compile_to_a_log_shows_no_progress(tmp_path: Path) -> None:
     r = run_cli("compile", "models/mlp.cgraph", "-o", str(tmp_path))
     assert r.code == 0 and "\r" not in r.stderr and r.stderr == ""
     assert r.stdout.startswith("compiled models/mlp.cgraph for h200: 3 steps")
+
+
+@pytest.mark.parametrize("args", [("inspect", "models/mlp.cgraph"), ("tune", "models/mlp.cgraph"),
+                                  ("weights", "prepare", "models/mlp.cgraph", "w.safetensors",
+                                   "-o", "{tmp}/p.safetensors")],
+                         ids=["inspect", "tune", "weights prepare"])
+def test_a_source_file_given_for_a_bundle_says_so(args: tuple[str, ...], tmp_path: Path) -> None:
+    r = run_cli(*(a.format(tmp=tmp_path) for a in args))
+    assert r.code == 2
+    assert r.stderr == ("error: `models/mlp.cgraph` is .cgraph source, not a bundle: compile it "
+                        "first (`dslc compile models/mlp.cgraph`)\n")

@@ -143,7 +143,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     target = args.output or args.bundle  # in place unless told otherwise
     paths.output_file(target, [_tuning_db(args)], option="-o" if args.output else "")
-    records = load(args.bundle)
+    records = load(paths.bundle_file(args.bundle))
     how = _tune_options_of(args)
     progress = Progress(args.quiet)
     try:

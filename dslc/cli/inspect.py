@@ -11,6 +11,7 @@ from typing import Any
 
 from dslc.backend import environment
 from dslc.backend.target import live_device_available
+from dslc.cli import paths
 from dslc.cli.front import EXIT_OK, command
 from dslc.core.errors import RunnerError
 from dslc.runtime import startup
@@ -22,7 +23,7 @@ NO_GPU = "this machine has no GPU: start-up would stop with R0801"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    bundle = load(args.bundle)  # validated records
+    bundle = load(paths.bundle_file(args.bundle))  # validated records
     if args.env:
         report = env_report(bundle.environment, args.on_mismatch)
         print(json.dumps(report, indent=2) if args.format == "json" else _env_text(report))

@@ -135,7 +135,7 @@ def cmd_weights_prepare(args: argparse.Namespace) -> int:
     """The load-time values of a bundle (batchnorm folding, layouts) computed once and saved, so
     start-up uploads them as they are."""
     paths.output_file(args.output, [args.bundle, args.weights])
-    program = Schedule(read(args.bundle))
+    program = Schedule(read(paths.bundle_file(args.bundle)))
     try:
         tensors = params.read(args.weights, program.bundle.manifest, runtime_warn(args))
     except RunnerError as err:
