@@ -22,10 +22,11 @@ class UnreadableFile(OSError):
     """Not a regular file, or larger than the caller accepts (`strerror` says which)."""
 
 
-def atomic_write(path: Path, write: Callable[[str], object]) -> None:
+def atomic_write(path: Path, write: Callable[[str], object], mode: int | None = None) -> None:
     """`write(tmp_path)` fills a temporary file, which then replaces `path` in one step. Only a
     regular file is ever replaced: a device (`/dev/null`), FIFO or folder at `path` is refused
-    (renaming over it as root would replace the device for the whole machine)."""
+    (renaming over it as root would replace the device for the whole machine). The new file's
+    permissions are `mode`, or those the umask gives a new file."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise UnreadableFile(errno.EINVAL, "not a regular file, so not replaced", str(path))
@@ -37,9 +38,11 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     os.close(fd)
     try:
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; artifacts are not
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask  # mkstemp makes the file private; artifacts are not
+        os.chmod(tmp, mode)
         _fsync(tmp, os.O_RDONLY)  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
         _fsync(str(path.parent), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # and the rename
@@ -87,8 +90,8 @@ def write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
-def write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+def write_text(path: Path, text: str, mode: int | None = None) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), mode)
 
 
 def replace_together(files: list[tuple[Path, Callable[[str], object]]]) -> None:

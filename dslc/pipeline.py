@@ -120,7 +120,8 @@ class BuildOptions:
     dumps: frozenset[str] = frozenset()  # stages whose text is written (`STAGES`)
     tune: TuneOptions | None = None  # measure plans on a live target (None: the heuristics')
     weights: Mapping[str, np.ndarray] | None = None  # checked; written beside the bundle
-    progress: Callable[[str], None] | None = None  # "compiling [3/9] ...", "tuning ..."
+    progress: Callable[[str], None] | None = None  # "lowering and fusing", "compiling [3/9]
+    # ...", "tuning ...", "writing ...": what the build is doing now
     show: Callable[[str, str], None] | None = None  # each dump (file name, text) once written
     verify: bool = False  # the IR verifier after every lowering pass (IRVerifyError)
 
@@ -155,11 +156,13 @@ def build(front: FrontEnd, options: BuildOptions) -> Built:
 
     assert front.model is not None
     model = front.model
+    progress = options.progress
+    if progress:
+        progress("lowering and fusing")
     lowered, plan = lower_and_fuse(model, options.verify)
     out = Built(lowered, plan)
     _dump(front, out, options)
     started = time.perf_counter()
-    progress = options.progress
     try:
         compiled = compile_model(model, lowered, plan, options.target,
                                  progress and (lambda text: progress(f"compiling {text}")),
@@ -198,8 +201,10 @@ def _emit(compiled: Compiled, out: Built, options: BuildOptions) -> Path:
     from dslc.emit.runner import render
     from dslc.tune.gpus import across
 
-    records = emit_bundle.records(compiled)
     how, progress = options.tune, options.progress
+    if progress:
+        progress("assembling the bundle")
+    records = emit_bundle.records(compiled)
     if options.target.live and how is not None:
         if how.gpus is not None:
             tuned = across(records, how.gpus, how.db, how.budget_s, how.model_budget_s,
@@ -209,6 +214,8 @@ def _emit(compiled: Compiled, out: Built, options: BuildOptions) -> Path:
                               progress and (lambda text: progress(f"tuning {text}")))
         records, out.tuning = tune.tuned_bundle(records, tuned), tuned.report
     name, outdir = compiled.model.name, options.outdir
+    if progress:
+        progress(f"writing {outdir}/")
     runner = render(compiled, f"{name}.bundle", f"{name}_runner")
     beside: list[tuple[Path, Callable[[str], object]]] = [
         (outdir / f"{name}_runner.py", lambda tmp: Path(tmp).write_text(runner, encoding="utf-8"))]

@@ -196,6 +196,12 @@ def test_a_step_naming_a_node_that_does_not_exist_is_refused(tmp_path: Path) -> 
     refused(write(tmp_path, data), "steps[1].nodes[0]: `nope` is not a value of the graph")
 
 
+def test_two_steps_of_one_name_are_refused(tmp_path: Path) -> None:
+    data = payload("mlp")
+    data["steps"][2]["name"] = data["steps"][0]["name"]
+    refused(write(tmp_path, data), "steps[2].name: `w1+b1+relu` names an earlier step too")
+
+
 def test_a_step_reading_what_no_step_wrote_is_refused(tmp_path: Path) -> None:
     data = payload("mlp")
     data["steps"][0], data["steps"][1] = data["steps"][1], data["steps"][0]
@@ -228,7 +234,7 @@ def test_a_saved_scalar_that_is_not_the_graph_constant_is_refused(tmp_path: Path
 @pytest.mark.parametrize("change, message", [
     (lambda t: t.update(dims=[1, 4096, 784]), "reaches past the memory of `x`"),
     (lambda t: t.update(strides=[784, 785, 1]), "reaches past the memory of `x`"),
-    (lambda t: t.update(uid=9), "is bound to no input of step `h1`"),
+    (lambda t: t.update(uid=9), "is bound to no input of step `w1+b1+relu`"),
     (lambda t: t.update(dtype="f32"), "reaches past the memory of `x`"),
     (lambda t: t.update(dims=[1] * 9, strides=[1] * 9), "expected 1..8"),
 ])
@@ -303,11 +309,11 @@ def test_a_size_between_buckets_is_checked_as_a_saved_one() -> None:
             specs[step.name] = group_spec(program.graph, make_group(
                 program.graph, list(step.nodes), step.pattern), dims, program.env)
             program.check_bindings(step, specs[step.name], layout.storage, dims, step.name)
-    step = next(s for s in program.steps if s.name == "logits")  # [N, 512] @ [512, 1000]
-    pooled = specs["logits"].tensors[0]
+    step = next(s for s in program.steps if s.name == "fc+bias_add+cast")  # [N, 512] @ [512, 1000]
+    pooled = specs[step.name].tensors[0]
     assert pooled.dims == (1, 5, 512)
-    bad = replace(specs["logits"], tensors=(replace(pooled, dims=(1, 6, 512)),
-                                            *specs["logits"].tensors[1:]))
+    bad = replace(specs[step.name], tensors=(replace(pooled, dims=(1, 6, 512)),
+                                               *specs[step.name].tensors[1:]))
     with pytest.raises(BundleError, match="reaches past the memory of `pooled`"):
         program.check_bindings(step, bad, layout.storage, dims, step.name)
 

@@ -75,8 +75,9 @@ model m {
     hand = FusionPlan(lowered, (fused,), plan.load_time, plan.views)
     c = compile_model(model, lowered, hand, load_target("h200"))
     assert [s.group.nodes for s in c.steps] == [(runs[0],), (runs[1],)]
+    assert [s.group.name for s in c.steps] == ["w", "ln"]  # each half after its own anchor
     assert all(s.kind == "graph" for s in c.steps)
-    assert "split from the fused group" in c.steps[0].reason and "cuDNN rejected it" in c.steps[0].reason
+    assert "split from the fused group w+ln" in c.steps[0].reason and "cuDNN rejected it" in c.steps[0].reason
 
 
 def test_exhaustive_search_space_covers_every_engine_and_kernel_config() -> None:

@@ -109,3 +109,17 @@ def test_a_placed_group_and_its_unplaced_twin_get_other_signatures(tmp_path: Pat
     twins = [(a, b) for a in placed for b in seen if b not in placed and blind[a] == blind[b]]
     assert twins, "no placed group with an unplaced twin in unet"
     assert all(seen[a] != seen[b] for a, b in twins)
+
+
+def test_inspect_json_says_what_is_written_in_place(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "neck.cgraph").write_text(SPPF)
+    assert run_cli("compile", str(tmp_path / "neck.cgraph"), "-o", str(tmp_path / "b"),
+                   "-q").code == 0
+    doc = json.loads(run_cli("inspect", str(tmp_path / "b" / "neck.bundle"), "--format",
+                             "json").stdout)
+    concat = next(s for s in doc["steps"] if s["ops"] == ["concat"])
+    assert list(concat["in_place"]["concat_copies"].values()) == [[]]
+    writes = {v: c for s in doc["steps"] for v, c in s["in_place"]["writes"].items()}
+    assert set(writes) == {"cv1", "m1", "m2", "m3"}

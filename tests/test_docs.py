@@ -1,5 +1,6 @@
-"""The documentation stays true: every `cgraph` example in docs/ checks clean, and the grammar
-printed in docs/LANGUAGE.md is the grammar dslc uses."""
+"""The documentation stays true: every `cgraph` example in docs/ checks clean and is in the
+canonical layout (`dslc fmt`), and the grammar printed in docs/LANGUAGE.md is the grammar dslc
+uses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dslc.diag.diagnostic import Sink
+from dslc.parse.fmt import format_text
 from dslc.parse.grammar import grammar_text
 from dslc.pipeline import Options, front_end
 from tests.conftest import ROOT
@@ -35,3 +37,10 @@ def test_the_docs_have_examples_to_check() -> None:
 def test_language_doc_prints_the_real_grammar() -> None:
     doc = (ROOT / "docs" / "LANGUAGE.md").read_text()
     assert grammar_text() in doc
+
+
+@pytest.mark.parametrize("doc, index, text", EXAMPLES,
+                         ids=[f"{d.name}-{i}" for d, i, _ in EXAMPLES])
+def test_cgraph_example_is_in_the_canonical_layout(doc: Path, index: int, text: str) -> None:
+    sink = Sink()
+    assert format_text(text, f"{doc.name} example {index}", sink) == text, sink.diagnostics

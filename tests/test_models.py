@@ -38,8 +38,8 @@ def test_params_table_lists_every_param_and_the_total() -> None:
     run = run_cli("params", "models/mlp.cgraph")
     assert run.code == 0
     lines = run.stdout.splitlines()
-    assert lines[0].split() == ["path", "dtype", "shape"]
-    assert "w1" in run.stdout and "[784, 512]" in run.stdout
+    assert lines[0].split() == ["path", "dtype", "shape", "values"]
+    assert "w1    f16    [784, 512]  401,408" in run.stdout
     assert lines[-1] == "6 params, 669,706 values"
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dslc.core.version import VERSION
+from dslc import __version__ as VERSION
 from dslc.runtime.records import PlanRecord
 from dslc.runtime.tuningdb import Entry, TuningStore, better, measured
 from dslc.runtime.tuningdb.redisdb import RedisStore

@@ -8,10 +8,13 @@ for the GPU it runs on, and `--target FILE.json` uses it.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from dslc.core.errors import RunnerError
 
 PROFILES = ("h200",)
 
@@ -59,6 +62,12 @@ def _profile_text(name: str) -> str:
     return resources.files("dslc.compile").joinpath("targets", f"{name}.json").read_text()
 
 
+def require_device(what: str) -> None:
+    """R0801 (exit code 3, as every command that finds no GPU) unless this machine has one."""
+    if not live_device_available():
+        raise RunnerError("R0801", f"{what} needs a GPU, and this machine has none")
+
+
 def live_device_available() -> bool:
     try:
         import cupy
@@ -83,13 +92,18 @@ def load_target(spec: str | None) -> Target:
     if spec is None:
         spec = "device" if live_device_available() else "h200"
     if spec == "device":
-        if not live_device_available():
-            raise TargetError("`--target device` needs a GPU, and this machine has none")
+        require_device("`--target device`")
         return Target("device", capture(), live=True)
     if spec in PROFILES:
         return Target(spec, _profile_text(spec))
     path = Path(spec)
-    if not path.is_file():
+    if path.suffix == ".json" or os.sep in spec or path.exists():  # it names a file
+        if not path.exists():
+            raise TargetError(f"`--target {spec}`: no such file (a profile JSON is made by `dslc "
+                              "target capture` on the GPU)")
+        if not path.is_file():
+            raise TargetError(f"`--target {spec}` is not a file; name a profile JSON")
+    else:
         raise TargetError(f"unknown target `{spec}`: use {', '.join(PROFILES)}, `device`, or a "
                           "profile JSON made by `dslc target capture`")
     try:

@@ -1,6 +1,7 @@
-"""`dslc`: the command line. Exit codes: 0 success, 1 diagnostics with at least one error, 2 usage
-or I/O error, 3 backend failure (the cuDNN backend missing or unusable too), 4 internal error (a
-bug in dslc: please report it).
+"""`dslc`: the command line. Exit codes: 0 success, 1 diagnostics with at least one error (or a
+file `fmt --check` would change), 2 usage or I/O error, 3 backend failure (no usable GPU where
+one is needed, R0801 from any command; the cuDNN backend missing or unusable), 4 internal error
+(a bug in dslc: please report it).
 
 Human diagnostics go to stderr; `--error-format json|github` write to stdout, where tools and
 GitHub Actions read them.
@@ -15,11 +16,15 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from dslc import __version__
 from dslc.backend.target import TargetError
 from dslc.cli import compile as compile_commands
+from dslc.cli import fmt as fmt_commands
+from dslc.cli import inspect as inspect_commands
 from dslc.cli import run as run_commands
 from dslc.cli import weights as weights_commands
 from dslc.cli.front import (
+    DEBUG_HELP,
     EXIT_BACKEND,
     EXIT_ERRORS,
     EXIT_INTERNAL,
@@ -28,9 +33,10 @@ from dslc.cli.front import (
     add_diag_options,
     cmd_check,
     cmd_explain,
-    cmd_ops,
     cmd_params,
+    command,
 )
+from dslc.cli.ops import cmd_ops, op_families
 from dslc.cli.paths import UsageError, describe
 from dslc.core.errors import RunnerError
 from dslc.diag.diagnostic import Failed
@@ -48,31 +54,39 @@ EXTRAS = {"cudnn": ("the cuDNN frontend", "cudnn"), "cupy": ("CuPy", "gpu")}
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dslc", description="Compile .cgraph models into tuned "
                                      "cuDNN artifacts.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    parser.add_argument("--version", action="version", version=f"dslc {__version__}",
+                        help="print dslc's version and exit")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("check", help="parse and type-check .cgraph files")
-    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p = command(sub, "check", "parse and type-check .cgraph files")
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="the .cgraph files")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     add_diag_options(p)
     p.set_defaults(run=cmd_check)
 
-    p = sub.add_parser("params", help="list the parameters a model loads")
-    p.add_argument("file", type=Path, metavar="FILE")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p = command(sub, "params", "list the parameters a model loads")
+    p.add_argument("file", type=Path, metavar="FILE", help="the model's .cgraph file")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="a table for people (default), or one JSON document")
     add_diag_options(p)
     p.set_defaults(run=cmd_params)
 
-    p = sub.add_parser("explain", help="explain a diagnostic code, e.g. E0301")
-    p.add_argument("code")
+    p = command(sub, "explain", "explain a diagnostic code, e.g. E0301")
+    p.add_argument("code", metavar="CODE", help="a code such as E0301, W0201 or R0601")
     p.set_defaults(run=cmd_explain)
 
-    p = sub.add_parser("ops", help="list the built-in operations and their signatures")
-    p.add_argument("--family", help="only this family (conv, matmul, pointwise, ...)")
+    p = command(sub, "ops", "list the built-in operations and the standard library's defs")
+    p.add_argument("--family", choices=op_families(), metavar="FAMILY",
+                   help=f"only this family: {', '.join(op_families())}")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text for people (default), or one JSON document")
     p.set_defaults(run=cmd_ops)
+    fmt_commands.add_commands(sub)
     run_commands.add_commands(sub)
     weights_commands.add_commands(sub)
     compile_commands.add_commands(sub, add_diag_options)
+    inspect_commands.add_commands(sub)
     return parser
 
 

@@ -1,21 +1,22 @@
-"""The front-end commands: `check`, `params`, `explain`, `ops`; and what all commands share:
-diagnostic options and output."""
+"""The front-end commands: `check`, `params`, `explain`; and what all commands share: their
+parsers (`command`), diagnostic options and output."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from dslc.cli.progress import Progress
 from dslc.core.types import DTYPES, PrecisionSpec
 from dslc.diag import codes
 from dslc.diag.diagnostic import Sink
 from dslc.diag.render import render
 from dslc.diag.span import SourceMap, printable
-from dslc.ops import OPS
 from dslc.pipeline import FrontEnd, Options, front_end
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_BACKEND, EXIT_INTERNAL = 0, 1, 2, 3, 4
@@ -27,6 +28,7 @@ class Output:
     def __init__(self, fmt: str, color: str, quiet: bool = False) -> None:
         self.fmt = fmt
         self.quiet = quiet
+        self.progress = Progress(quiet)  # long work's progress line, erased before any output
         self.stream: TextIO = sys.stderr if fmt == "human" else sys.stdout
         if color == "auto":
             self.color = fmt == "human" and sys.stderr.isatty() and "NO_COLOR" not in os.environ
@@ -40,6 +42,8 @@ class Output:
             files.setdefault(d.span.file, len(files))
         ordered = sorted(sink.diagnostics,
                          key=lambda d: (files[d.span.file], d.span.line, d.span.col))
+        if ordered:
+            self.progress.clear()
         self.stream.write(render(ordered, self.fmt, sources, self.color))
 
     def summary(self, sink: Sink, what: str) -> None:
@@ -48,23 +52,47 @@ class Output:
         warn = sink.warning_count
         tail = f", {warn} warning{'s' if warn != 1 else ''}" if warn else ""
         n = sink.error_count
+        self.progress.clear()
         sys.stderr.write(f"error: could not {what}: {n} error{'s' if n != 1 else ''}{tail}\n")
 
     def info(self, text: str) -> None:
-        """A progress line: stdout for humans; stderr when stdout carries json or github records."""
+        """A result line: stdout for humans; stderr when stdout carries json or github records."""
         if not self.quiet:  # printable: a file name given in bytes that are not UTF-8
+            self.progress.clear()
             print(printable(text), file=sys.stdout if self.fmt == "human" else sys.stderr)
+
+
+DEBUG_HELP = "show the traceback of an internal error (a bug in dslc)"
+
+
+def command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A command's parser (`sub` is the parent's subparsers). Every command takes `--debug`
+    too, so that it may come after the command's name (`dslc compile --debug ...`) as well as
+    before it; left unset here, it keeps the value given before the name."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help,
+                                                description=help[:1].upper() + help[1:] + ".")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    return p
+
+
+def add_render_options(p: argparse.ArgumentParser) -> None:
+    """How diagnostics are written."""
+    p.add_argument("--error-format", choices=("human", "json", "github"), default="human",
+                   help="diagnostics for people (stderr), as JSON lines or as GitHub "
+                        "annotations (stdout); default human")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour in human diagnostics; auto: on a terminal, unless NO_COLOR is set")
 
 
 def add_diag_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-I", dest="include", action="append", default=[], metavar="DIR",
                    type=Path, help="also look for imports in DIR")
-    p.add_argument("--error-format", choices=("human", "json", "github"), default="human")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    add_render_options(p)
     p.add_argument("--deny-warnings", action="store_true", help="treat warnings as errors")
     p.add_argument("--allow", action="append", default=[], metavar="CODE",
                    help="silence a warning code, e.g. --allow W0301")
-    p.add_argument("--max-errors", type=int, default=50, metavar="N")
+    p.add_argument("--max-errors", type=int, default=50, metavar="N",
+                   help="stop after N errors (default 50)")
 
 
 def make_sink(args: argparse.Namespace) -> Sink:
@@ -128,16 +156,18 @@ def cmd_params(args: argparse.Namespace) -> int:
         print(json.dumps({p.path: {"dtype": p.dtype, "shape": list(p.shape)} for p in params},
                          indent=2))
         return EXIT_OK
-    width = max((len(p.path) for p in params), default=4)
-    print(f"{'path':<{width}}  dtype  shape")
-    total = 0
-    for p in params:
-        count = 1
-        for d in p.shape:
-            count *= d
-        total += count
-        print(f"{p.path:<{width}}  {p.dtype:<5}  [{', '.join(map(str, p.shape))}]")
-    print(f"{len(params)} params, {total:,} values")
+    rows = [(p.path, p.dtype, f"[{', '.join(map(str, p.shape))}]", math.prod(p.shape))
+            for p in params]
+    head = ("path", "dtype", "shape", "values")
+    widths = [max([len(head[i]), *(len(str(r[i]) if i < 3 else f"{r[i]:,}") for r in rows)])
+              for i in range(4)]
+    print(f"{head[0]:<{widths[0]}}  {head[1]:<{widths[1]}}  {head[2]:<{widths[2]}}  "
+          f"{head[3]:>{widths[3]}}")
+    for path, dtype, shape, count in rows:
+        print(f"{path:<{widths[0]}}  {dtype:<{widths[1]}}  {shape:<{widths[2]}}  "
+              f"{count:>{widths[3]},}")
+    total = sum(r[3] for r in rows)
+    print(f"{len(params)} param{'s' if len(params) != 1 else ''}, {total:,} values")
     return EXIT_OK
 
 
@@ -149,19 +179,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     text = codes.explanation(entry.code)
     print(text if text else f"{entry.code}: {entry.title}\n")
-    return EXIT_OK
-
-
-def cmd_ops(args: argparse.Namespace) -> int:
-    family = None
-    for op in sorted(OPS.values(), key=lambda o: (o.family, o.name)):
-        if args.family and op.family != args.family:
-            continue
-        if op.family != family:
-            family = op.family
-            print(f"\n{family}:")
-        print(f"  {op.signature()}")
-        print(f"      {op.summary}")
     return EXIT_OK
 
 

@@ -42,6 +42,15 @@ def outputs_in(folder: Path, names: Iterable[str], inputs: Iterable[Path | None]
         _not_an_input(folder / name, given, option, lead)
 
 
+def bundle_file(path: Path) -> Path:
+    """`path`, which a command reads as a bundle: a `.cgraph` file is source, named as such
+    (read as a bundle, it would only be "not msgpack")."""
+    if path.suffix == ".cgraph":
+        raise UsageError(f"`{path}` is .cgraph source, not a bundle: compile it first "
+                         f"(`dslc compile {path}`)")
+    return path
+
+
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
     """A failed write of `path` as a usage/I/O error (the previous file is kept: writes are

@@ -4,6 +4,8 @@ numpy interpreter of the IR) or on cuDNN (a `.cgraph` file is compiled for this 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import shutil
 import sys
 import tempfile
@@ -22,6 +24,7 @@ from dslc.cli.front import (
     Output,
     add_diag_options,
     checked,
+    command,
     parse_precision,
     sources,
 )
@@ -62,7 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if bundle and args.precision is not None:
         raise UsageError(f"`--precision` applies to a .cgraph file; `{args.file}` was compiled "
                          "at its precision (compile it again with `--precision`)")
-    paths.output_file(args.output, [args.file, args.weights, *_input_paths(args.input)])
+    if args.output is not None:
+        paths.output_file(args.output, [args.file, args.weights, *_input_paths(args.input)])
     args.inputs = _inputs(args.input)
     args.weights_file = args.weights
     out = Output(args.error_format, args.color)
@@ -73,7 +77,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = checked(args, out, "run")
     if result is None or result.model is None:
         return EXIT_ERRORS
-    paths.output_file(args.output, sources(result))
+    if args.output is not None:
+        paths.output_file(args.output, sources(result))
     if args.backend == "cudnn":
         return cmd_run_cudnn(args, result)
     model = result.model
@@ -88,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(err, file=sys.stderr)
         return EXIT_ERRORS
     outputs = interp.run(lowered, args.inputs, params, model.env, virtual=plan.virtual())
-    return _write_outputs(args.output, outputs)
+    return _report(args, outputs)
 
 
 def _run_reference_bundle(args: argparse.Namespace) -> int:
@@ -108,20 +113,40 @@ def _run_reference_bundle(args: argparse.Namespace) -> int:
     virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
                if n not in s.outputs}
     outputs = interp.run(program.graph, args.inputs, tensors, program.env, virtual=virtual)
-    return _write_outputs(args.output, outputs)
+    return _report(args, outputs)
 
 
-def _write_outputs(target: Path, outputs: dict[str, np.ndarray]) -> int:
-    with paths.writing(target):
-        fsutil.atomic_write(target, lambda tmp: _savez(tmp, outputs))
-    for name, value in outputs.items():
-        v = value.astype(np.float64)
-        with np.errstate(all="ignore"):  # NaN or infinite outputs print as such, unwarned
-            mean = v.mean()
-        print(f"{name}: {weights.dtype_name(value)}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}"
-              f"  mean {mean:.6g}")
-    print(f"wrote {target}", file=sys.stderr)
+def _report(args: argparse.Namespace, outputs: dict[str, np.ndarray]) -> int:
+    """Write the outputs to `-o` (if given) and describe each: dtype, shape, min, max, mean; as
+    lines, or as one JSON document (non-finite numbers as the strings nan, inf, -inf)."""
+    target: Path | None = args.output
+    if target is not None:
+        with paths.writing(target):
+            fsutil.atomic_write(target, lambda tmp: _savez(tmp, outputs))
+    stats = {name: _stats(value) for name, value in outputs.items()}
+    if args.format == "json":
+        doc = {"backend": args.backend, "written": str(target) if target is not None else None,
+               "outputs": {name: {k: _json_number(v) for k, v in s.items()}
+                           for name, s in stats.items()}}
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        for name, st in stats.items():
+            print(f"{name}: {st['dtype']}{st['shape']}  min {st['min']:.6g}  max {st['max']:.6g}"
+                  f"  mean {st['mean']:.6g}")
+    if target is not None:
+        print(f"wrote {target}", file=sys.stderr)
     return EXIT_OK
+
+
+def _stats(value: np.ndarray) -> dict[str, Any]:
+    v = value.astype(np.float64)
+    with np.errstate(all="ignore"):  # NaN or infinite outputs are described as such, unwarned
+        return {"dtype": weights.dtype_name(value), "shape": list(value.shape),
+                "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean())}
+
+
+def _json_number(x: Any) -> Any:
+    return str(x) if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:
@@ -130,14 +155,23 @@ def _savez(tmp: str, outputs: dict[str, np.ndarray]) -> None:
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a model (a .cgraph file or a bundle) on given inputs")
-    p.add_argument("file", type=Path, metavar="FILE|BUNDLE")
-    p.add_argument("--backend", choices=("reference", "cudnn"), default="reference")
+    p = command(sub, "run", "run a model (a .cgraph file or a bundle) on given inputs")
+    p.add_argument("file", type=Path, metavar="FILE|BUNDLE",
+                   help="a .cgraph file, or a bundle made by `dslc compile`")
+    p.add_argument("--backend", choices=("reference", "cudnn"), default="reference",
+                   help="reference: the numpy interpreter (default, any machine); cudnn: this "
+                        "GPU (a .cgraph file is compiled for it first)")
     p.add_argument("--weights", type=Path, metavar="W.safetensors",
                    help="the model's weights (not needed for a model without params)")
-    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
-    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.npz")
-    p.add_argument("--precision", type=parse_precision, metavar="P")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input from a .npy file (repeat for each input)")
+    p.add_argument("-o", "--output", type=Path, metavar="OUT.npz",
+                   help="write the outputs here (without it, they are only described)")
+    p.add_argument("--precision", type=parse_precision, metavar="P",
+                   help="override a .cgraph file's precision (`f32` or io=..,intermediate=..,"
+                        "compute=..); the weights are converted to it")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="describe the outputs as lines (default), or as one JSON document")
     add_diag_options(p)
     p.set_defaults(run=cmd_run)
 
@@ -170,12 +204,7 @@ def cmd_run_cudnn(args: argparse.Namespace, result: FrontEnd | None) -> int:
         host = {k: v.get() for k, v in outputs.items()}  # CuPy arrays, as the inputs were
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    with paths.writing(args.output):
-        fsutil.atomic_write(args.output, lambda t: _savez(t, host))
-    for name, value in host.items():
-        v = value.astype(np.float64)
-        print(f"{name}: {value.dtype}{list(value.shape)}  min {v.min():.6g}  max {v.max():.6g}")
-    return EXIT_OK
+    return _report(args, host)
 
 
 def _build_for_this_gpu(result: FrontEnd, outdir: Path) -> Built:

@@ -13,7 +13,16 @@ import numpy as np
 
 from dslc import weights
 from dslc.cli import paths
-from dslc.cli.front import EXIT_ERRORS, EXIT_OK, Output, add_diag_options, checked, make_sink, sources
+from dslc.cli.front import (
+    EXIT_ERRORS,
+    EXIT_OK,
+    Output,
+    add_diag_options,
+    checked,
+    command,
+    make_sink,
+    sources,
+)
 from dslc.cli.paths import UsageError
 from dslc.core.errors import RunnerError
 from dslc.core.types import PrecisionSpec
@@ -126,7 +135,7 @@ def cmd_weights_prepare(args: argparse.Namespace) -> int:
     """The load-time values of a bundle (batchnorm folding, layouts) computed once and saved, so
     start-up uploads them as they are."""
     paths.output_file(args.output, [args.bundle, args.weights])
-    program = Schedule(read(args.bundle))
+    program = Schedule(read(paths.bundle_file(args.bundle)))
     try:
         tensors = params.read(args.weights, program.bundle.manifest, runtime_warn(args))
     except RunnerError as err:
@@ -143,23 +152,28 @@ def cmd_weights_prepare(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("weights", help="make or convert weight files")
+    p = command(sub, "weights", "make or convert weight files")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    r = actions.add_parser("random", help="random weights with realistic scales")
-    r.add_argument("file", type=Path, metavar="FILE")
-    r.add_argument("-o", "--output", type=Path, required=True, metavar="W.safetensors")
-    r.add_argument("--seed", type=int, default=0)
+    r = command(actions, "random", "random weights with realistic scales, for a model's params")
+    r.add_argument("file", type=Path, metavar="FILE", help="the model's .cgraph file")
+    r.add_argument("-o", "--output", type=Path, required=True, metavar="W.safetensors",
+                   help="the weight file to write")
+    r.add_argument("--seed", type=int, default=0, help="the random seed (default 0)")
     add_diag_options(r)
     r.set_defaults(run=cmd_weights)
-    t = actions.add_parser("from-torch", help="a PyTorch state_dict, checked and converted")
-    t.add_argument("checkpoint", type=Path, metavar="CKPT")
-    t.add_argument("--model", dest="file", type=Path, required=True, metavar="FILE")
-    t.add_argument("-o", "--output", type=Path, required=True, metavar="W.safetensors")
+    t = command(actions, "from-torch", "a PyTorch state_dict, checked and converted")
+    t.add_argument("checkpoint", type=Path, metavar="CKPT",
+                   help="a PyTorch checkpoint holding a state_dict (read with weights_only)")
+    t.add_argument("--model", dest="file", type=Path, required=True, metavar="FILE",
+                   help="the model's .cgraph file, whose params the checkpoint must match")
+    t.add_argument("-o", "--output", type=Path, required=True, metavar="W.safetensors",
+                   help="the weight file to write")
     add_diag_options(t)
     t.set_defaults(run=cmd_weights)
-    w = actions.add_parser("prepare", help="a bundle's load-time values from these weights, for "
-                           "the fastest start-up (the runner takes either file)")
-    w.add_argument("bundle", type=Path, metavar="BUNDLE")
-    w.add_argument("weights", type=Path, metavar="W.safetensors")
-    w.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.safetensors")
+    w = command(actions, "prepare", "a bundle's load-time values from these weights, for the "
+                "fastest start-up (the runner takes either file)")
+    w.add_argument("bundle", type=Path, metavar="BUNDLE", help="a bundle made by `dslc compile`")
+    w.add_argument("weights", type=Path, metavar="W.safetensors", help="the model's weights")
+    w.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.safetensors",
+                   help="the prepared weight file to write")
     w.set_defaults(run=cmd_weights_prepare)

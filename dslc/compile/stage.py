@@ -19,8 +19,9 @@ from dslc.backend.target import Target
 from dslc.check.checker import CheckedModel
 from dslc.core.dims import bucket_key
 from dslc.ir.graph import Graph, Node
-from dslc.ir.groups import FusionPlan, Group, make_group
+from dslc.ir.groups import FusionPlan, Group, make_group, unique_names
 from dslc.ir.interp import ITEMSIZE
+from dslc.ir.naming import StepNames
 from dslc.ir.placement import Placement
 from dslc.ir.views import aligned
 from dslc.ops import OPS
@@ -43,6 +44,7 @@ class Compiled:
     steps: list[Step] = field(default_factory=list)
     builds: dict[tuple[str, str], Built] = field(default_factory=dict)  # (bucket, signature)
     specs: dict[tuple[str, str], GroupSpec] = field(default_factory=dict)
+    names: StepNames | None = None  # how the groups a split makes are named
     # Concat operands their producers write in place (`dslc.ir.placement`).
     placement: Placement = field(default_factory=dict)
 
@@ -69,13 +71,18 @@ def compile_model(model: CheckedModel, graph: Graph, plan: FusionPlan, target: T
     the model's buckets, or the subset `buckets`)."""
     out = Compiled(model, graph, plan, target, list(buckets or model.buckets),
                    placement=dict(plan.placement))
+    out.names = StepNames(graph, plan.load_time)
     handle = target.handle() if target.live else None
     properties = None if target.live else target.properties()
     for i, group in enumerate(plan.groups):
         if progress:
-            progress(f"[{i + 1}/{len(plan.groups)}] {group.name} ({group.pattern})")
+            progress(f"[{i + 1}/{len(plan.groups)}] {group.name} ({group.pattern}); "
+                     f"{len(out.builds)} graphs built")
         out.steps.extend(_compile(out, group, handle, properties, ""))
     masks_as_bytes(out, handle, properties)
+    # A split group's parts are named after their own anchors: each name once in the schedule.
+    for step, group in zip(out.steps, unique_names(s.group for s in out.steps), strict=True):
+        step.group = group
     return out
 
 
@@ -151,14 +158,14 @@ def _as_kernels(out: Compiled, step: Step, masks: set[str], handle: Any,
     run: list[str] = []
     why = f"split from the fused group {step.group.name}: {MASK_AS_BYTES}"
     for name in (*step.group.nodes, ""):
-        one = make_group(out.graph, [name], "single", step.group.reason, users,
+        one = make_group(out.graph, [name], "single", step.group.reason, users, out.names,
                          out.placement) if name else None
         if one is not None and not _touches(out, one, masks):
             run.append(name)
             continue
         if run:
             part = make_group(out.graph, run, step.group.pattern, step.group.reason, users,
-                              out.placement)
+                              out.names, out.placement)
             steps.extend(_compile(out, part, handle, properties, why))
             run = []
         if one is not None:
@@ -215,7 +222,7 @@ def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str
     users = out.graph.users()
     steps: list[Step] = []
     for part in (group.nodes[:half], group.nodes[half:]):
-        sub = make_group(out.graph, list(part), group.pattern, group.reason, users,
+        sub = make_group(out.graph, list(part), group.pattern, group.reason, users, out.names,
                          out.placement)
         steps.extend(_compile(out, sub, handle, properties,
                               f"split from the fused group {group.name}: cuDNN rejected it "

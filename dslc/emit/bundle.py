@@ -12,11 +12,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dslc import fsutil
+from dslc import __version__, fsutil
 from dslc.backend import environment
 from dslc.compile.stage import Compiled
 from dslc.core.dims import bucket_key
-from dslc.core.version import VERSION
 from dslc.emit.manifest import manifest_record
 from dslc.runtime import bundle
 from dslc.runtime.irdata import GraphRecord
@@ -64,7 +63,7 @@ def records(compiled: Compiled) -> Bundle:
                   for s in compiled.steps)
     env = (environment.live(properties=True) if compiled.target.live
            else environment.from_profile(compiled.target.properties_json))
-    out = Bundle(model.name, model.file, VERSION,
+    out = Bundle(model.name, model.file, __version__,
                  _created(),
                  manifest_record(model, record=graph), graph,
                  tuple(compiled.plan.load_time), steps, compiled.target.name,

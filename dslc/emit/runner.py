@@ -15,6 +15,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from dslc import __version__
 from dslc.compile.stage import Compiled
 from dslc.core.types import format_type
 
@@ -74,7 +75,7 @@ def render(compiled: Compiled, bundle_name: str, module: str) -> str:
         where = "cuDNN graph" if s.kind == "graph" else "fallback kernel (CuPy)"
         steps.append({"where": f"{s.group.name}: {ops} [{where}]"})
     text = env.get_template("runner.py.j2").render(
-        model=model.name, version="0.1.0", source=model.file, module=identifier(module),
+        model=model.name, version=__version__, source=model.file, module=identifier(module),
         cls=class_name(model.name), inputs=inputs, outputs=outputs, dims=dims,
         bundle_name=bundle_name, weights_name=bundle_name.rsplit(".", 1)[0] + ".safetensors",
         steps=steps,

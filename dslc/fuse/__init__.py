@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dslc.fuse.patterns import FALLBACK_REASONS, PATTERNS, FusionPattern
 from dslc.ir.graph import Graph, Node
-from dslc.ir.groups import FusionPlan, Group, format_plan, make_group
+from dslc.ir.groups import FusionPlan, Group, format_plan, make_group, unique_names
+from dslc.ir.naming import StepNames
 from dslc.ir.placement import in_place
 from dslc.lower.canonical import load_time
 
@@ -22,6 +23,7 @@ class _Partition:
         self.outputs = {v for _, v in graph.outputs}
         self.constant = load_time(graph)
         self.placement = in_place(graph, self.constant)
+        self.names = StepNames(graph, self.constant, self.nodes)
         self.grouped: dict[str, int] = {}
         self.groups: list[tuple[FusionPattern | None, list[str], str]] = []
         self.refused: dict[str, str] = {}  # op -> why a pattern's support check left it out
@@ -99,11 +101,11 @@ class _Partition:
             if len(members) == 1 and not reason:
                 reason = self.why_alone(self.nodes[members[0]])
             groups.append(make_group(self.graph, members, pattern.name if pattern else "single",
-                                     reason, self.users, self.placement))
+                                     reason, self.users, self.names, self.placement))
         views = tuple(n.name for n in self.graph.nodes if n.op == "view"
                       and n.name not in self.constant)
         constant = tuple(n.name for n in self.graph.nodes if n.name in self.constant)
-        return FusionPlan(self.graph, tuple(groups), constant, views, self.placement)
+        return FusionPlan(self.graph, unique_names(groups), constant, views, self.placement)
 
 
 def fuse(graph: Graph) -> FusionPlan:

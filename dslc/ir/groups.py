@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from dslc.core.types import format_type
 from dslc.ir.graph import Graph, Node
+from dslc.ir.naming import StepNames
 from dslc.ir.placement import Placement
 from dslc.ir.printer import format_node, format_value
 
 
 @dataclass(frozen=True)
 class Group:
-    name: str
+    name: str  # after its anchor and what is fused into it (`ir.naming`), unique in a schedule
     pattern: str  # a FusionPattern's name, or "single"
     nodes: tuple[str, ...]  # in topological order
     anchor: str
@@ -49,10 +51,12 @@ class FusionPlan:
 
 def make_group(graph: Graph, members: list[str], pattern: str, reason: str = "",
                users: dict[str, list[Node]] | None = None,
-               placement: Placement | None = None) -> Group:
+               names: StepNames | None = None, placement: Placement | None = None) -> Group:
     """A group of `members` (in order): what it reads from outside, what it stores, its
-    signature (`placement`: the concat operands written in place, whose strides it holds)."""
-    nodes = graph.by_name()
+    signature (`placement`: the concat operands written in place, whose strides it holds),
+    its name (`ir.naming`; without `names`, weights are only params read directly)."""
+    names = names if names is not None else StepNames(graph)
+    nodes = names.nodes
     users = users if users is not None else graph.users()
     outputs_of_graph = {v for _, v in graph.outputs}
     member_set = set(members)
@@ -63,11 +67,31 @@ def make_group(graph: Graph, members: list[str], pattern: str, reason: str = "",
                 inputs.append(i)
     outputs = tuple(m for m in members if m in outputs_of_graph
                     or any(u.name not in member_set for u in users[m]))
-    return Group(members[-1], pattern, tuple(members), members[0], tuple(inputs), outputs,
-                 signature(nodes, tuple(members), tuple(inputs), pattern, placement), reason)
+    return Group(names.name(members), pattern, tuple(members), members[0], tuple(inputs),
+                 outputs, signature(nodes, tuple(members), tuple(inputs), pattern, placement),
+                 reason)
 
 
-def signature(graph_nodes: dict[str, Node], nodes: tuple[str, ...], inputs: tuple[str, ...],
+def unique_names(groups: Iterable[Group]) -> tuple[Group, ...]:
+    """The groups, each one that has an earlier one's name renamed `<name>#2`, `#3`... (the
+    runtime keys a step's bindings by its name)."""
+    taken: set[str] = set()
+    next_k: dict[str, int] = {}
+    out = []
+    for g in groups:
+        name = g.name
+        if name in taken:
+            k = next_k.get(name, 2)
+            while f"{name}#{k}" in taken:
+                k += 1
+            next_k[name] = k + 1
+            g = replace(g, name=f"{name}#{k}")
+        taken.add(g.name)
+        out.append(g)
+    return tuple(out)
+
+
+def signature(graph_nodes: Mapping[str, Node], nodes: tuple[str, ...], inputs: tuple[str, ...],
               pattern: str, placement: Placement | None = None) -> str:
     """A digest of what the group computes, blind to value names and spans: identical blocks
     (ResNet's repeated bottlenecks) get identical signatures and share one plan. A value written

@@ -157,9 +157,10 @@ class _Accepts:
         return self._accepts
 
 
-def parse(tables: Tables, text: str, builder: Any) -> Any:
+def parse(tables: Tables, text: str, builder: Any, tokens: list[Tok] | None = None) -> Any:
     """Lex and parse `text`; each BUILD rule calls `builder.<alias or rule name>(children)`.
-    Raises Lark's UnexpectedToken or UnexpectedCharacters."""
+    With `tokens`, every token read is appended to it, typed as the parser read it (the
+    formatter lays them out). Raises Lark's UnexpectedToken or UnexpectedCharacters."""
     actions = tables.actions
     rules = tables.rules
     has_splice = tables.has_splice
@@ -171,7 +172,10 @@ def parse(tables: Tables, text: str, builder: Any) -> Any:
     states = [tables.start]
     values: list[Any] = []
     last: Tok | None = None
-    for tok in _tokens(tables, text, states):
+    source = _tokens(tables, text, states)
+    if tokens is not None:
+        source = _recorded(source, tokens)
+    for tok in source:
         last = tok
         kind = tok[0]
         # Reduce as long as the state says so, then shift the token.
@@ -237,6 +241,12 @@ def _tokens(tables: Tables, text: str, states: list[int]) -> Iterator[Tok]:
             kind, value = _in_context(tables, text, start, line, col, states, kind, value)
             pos = start + len(value)
         yield (kind, value, line, col)
+
+
+def _recorded(source: Iterator[Tok], into: list[Tok]) -> Iterator[Tok]:
+    for tok in source:
+        into.append(tok)
+        yield tok
 
 
 def _reduce(r: int, rules: list[tuple[int, str, int, str]], has_splice: list[bool],

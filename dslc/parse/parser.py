@@ -26,11 +26,13 @@ from dslc.parse.syntax import report_syntax_error
 MAX_INT = 2**63 - 1  # integer literals are 64-bit, as every size and attribute in cuDNN
 
 
-def parse_text(text: str, file: str, sink: Sink, path: str = "") -> ast.Module | None:
-    """Parse `text` (displayed as `file`); report a syntax error and return None on failure."""
+def parse_text(text: str, file: str, sink: Sink, path: str = "",
+               tokens: list[Tok] | None = None) -> ast.Module | None:
+    """Parse `text` (displayed as `file`); report a syntax error and return None on failure.
+    With `tokens`, the tokens read are appended to it (see `parse.lalr.parse`)."""
     builder = _Builder(file, text)
     try:
-        version, decls = parse(tables(), text, builder)
+        version, decls = parse(tables(), text, builder, tokens)
     except UnexpectedInput as err:
         report_syntax_error(err, text, file, sink)
         return None

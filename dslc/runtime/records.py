@@ -395,9 +395,9 @@ class Bundle:
 
 def _check_schedule(graph: GraphRecord, load_time: tuple[str, ...],
                     steps: tuple[StepRecord, ...]) -> None:
-    """Load-time values come from params alone; each step reads only what is there when it
-    runs (an input, a load-time value, or what an earlier step wrote), and writes stored
-    values, not views; the model's outputs are written."""
+    """Load-time values come from params alone; each step has a name of its own, reads only
+    what is there when it runs (an input, a load-time value, or what an earlier step wrote),
+    and writes stored values, not views; the model's outputs are written."""
     nodes = graph.graph.by_name()
     loaded = set(load_time)
     for i, name in enumerate(load_time):
@@ -411,7 +411,11 @@ def _check_schedule(graph: GraphRecord, load_time: tuple[str, ...],
         return name
 
     there = {n.name for n in graph.graph.nodes if n.op in ("input", "scalar")} | loaded
+    named: set[str] = set()
     for i, step in enumerate(steps):
+        if step.name in named:  # the runtime keys a step's tensor bindings by its name
+            f.wrong(f"steps[{i}].name", f"`{step.name[:60]}` names an earlier step too")
+        named.add(step.name)
         for value in step.inputs:
             if base(value) not in there:
                 f.wrong(f"steps[{i}].inputs", f"`{value[:60]}` is read before a step writes it")

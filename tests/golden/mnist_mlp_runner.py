@@ -45,7 +45,7 @@ class MnistMlpRunner(Model):
         return self.run({'x': x})
 
     # The schedule, step by step, as `run` executes it:
-    #     1. h1: matmul -> bias_add -> relu [cuDNN graph]
-    #     2. h2: matmul -> bias_add -> gelu [cuDNN graph]
-    #     3. logits: matmul -> bias_add [cuDNN graph]
+    #     1. w1+b1+relu: matmul -> bias_add -> relu [cuDNN graph]
+    #     2. w2+b2+gelu: matmul -> bias_add -> gelu [cuDNN graph]
+    #     3. w3+b3: matmul -> bias_add [cuDNN graph]
 

@@ -19,8 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dslc import __version__ as VERSION
 from dslc.backend.spec import GroupSpec
-from dslc.core.version import VERSION
 from dslc.runtime import fields as f
 from dslc.runtime.records import BundleError, Environment, PlanRecord
 
