@@ -1,0 +1,156 @@
+"""What dslc.weights promises in detail (written for the survivors of its mutation run): the
+scales of random weights per role, how a PyTorch checkpoint is read (nesting, weights only,
+bf16, what is skipped), each diagnostic's wording, label and help, safetensors metadata kept
+byte-safe, and the error a file that cannot be read gives."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from dslc import weights
+from dslc.check.context import ParamSpec
+from dslc.core.types import Layout
+from dslc.diag.diagnostic import Sink
+from dslc.diag.span import Span
+
+
+def _param(path: str, shape: tuple[int, ...], line: int = 1, dtype: str = "f32") -> ParamSpec:
+    return ParamSpec(path, dtype, shape, Layout.row_major(len(shape)),
+                     Span("m.cgraph", line, 3, line, 9))
+
+
+def test_random_weights_have_the_scale_of_their_role() -> None:
+    """Written from the docstring's promise (realistic scales): batchnorm variances in
+    [0.5, 1.5] and means about N(0, 0.1); matrices N(0, 1/sqrt(fan_in)) with fan_in every axis
+    but the first (a rank-2 weight too); norm scales in [0.8, 1.2]; biases N(0, 0.05)."""
+    params = (_param("bn.running_var", (20000,)), _param("bn.running_mean", (20000,)),
+              _param("conv.weight", (64, 8, 5, 5)), _param("fc.weight", (300, 200)),
+              _param("norm.weight", (20000,)), _param("fc.bias", (20000,)))
+    w = weights.random_weights(params, seed=11)
+    var, mean = w["bn.running_var"], w["bn.running_mean"]
+    assert var.min() >= 0.5 and var.max() <= 1.5 and abs(var.mean() - 1.0) < 0.01
+    assert abs(mean.mean()) < 0.005 and abs(mean.std() - 0.1) < 0.005
+    conv, fc = w["conv.weight"], w["fc.weight"]
+    assert abs(conv.mean()) < 0.005 and abs(conv.std() - 1 / math.sqrt(8 * 5 * 5)) < 0.003
+    assert abs(fc.mean()) < 0.005 and abs(fc.std() - 1 / math.sqrt(200)) < 0.002
+    scale = w["norm.weight"]
+    assert scale.min() >= 0.8 and scale.max() <= 1.2 and abs(scale.mean() - 1.0) < 0.005
+    bias = w["fc.bias"]
+    assert abs(bias.mean()) < 0.002 and abs(bias.std() - 0.05) < 0.002
+
+
+def test_a_checkpoint_nested_under_model_or_state_dict_is_read(tmp_path: Path) -> None:
+    for key in ("model", "state_dict"):
+        path = tmp_path / f"{key}.pt"
+        torch.save({key: {"w": torch.arange(4.0)}, "epoch": 3}, path)
+        np.testing.assert_array_equal(weights.from_torch(path)["w"], [0, 1, 2, 3])
+
+
+def test_entries_that_are_no_tensors_are_skipped_not_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "c.pt"
+    torch.save({"step": 5, "a": torch.ones(2), "note": "x", "b": torch.zeros(3)}, path)
+    assert sorted(weights.from_torch(path)) == ["a", "b"]
+
+
+def test_bf16_tensors_stay_bf16(tmp_path: Path) -> None:
+    path = tmp_path / "c.pt"
+    t = torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16)
+    torch.save({"w": t, "f": torch.ones(2, dtype=torch.float16)}, path)
+    got = weights.from_torch(path)
+    assert weights.dtype_name(got["w"]) == "bf16" and got["f"].dtype == np.float16
+    np.testing.assert_array_equal(got["w"].astype(np.float32), [1.5, -2.25, 3.0])
+
+
+class _Pickled:  # not a tensor, a dict or a number: `weights_only` loading refuses it
+    pass
+
+
+def test_only_weights_are_unpickled(tmp_path: Path) -> None:
+    path = tmp_path / "c.pt"
+    torch.save({"w": torch.ones(1), "x": _Pickled()}, path)
+    with pytest.raises(weights.WeightError, match=r"^cannot read the PyTorch checkpoint `"):
+        weights.from_torch(path)
+
+
+def test_what_holds_no_state_dict_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "c.pt"
+    torch.save([torch.ones(1)], path)
+    with pytest.raises(weights.WeightError) as err:
+        weights.from_torch(path)
+    assert str(err.value) == f"`{path}` holds no state_dict"
+
+
+def test_without_torch_the_message_says_what_to_install(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(weights.WeightError) as err:
+        weights.from_torch(tmp_path / "c.pt")
+    assert str(err.value) == "reading a PyTorch checkpoint needs torch (`pip install torch`)"
+
+
+def test_a_file_that_is_no_safetensors_names_itself(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(b"not a safetensors file")
+    with pytest.raises(weights.WeightError) as err:
+        weights.load(path)
+    assert str(err.value).startswith(f"cannot read weights `{path}`: ")
+
+
+def test_metadata_is_written_and_a_name_that_is_no_utf8_keeps_its_bytes_as_escapes(
+        tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    weights.save(path, {"w": np.ones(2, np.float32)}, {"source": "m\udcff.cgraph", "v": "1"})
+    with safe_open(str(path), "np") as f:
+        assert f.metadata() == {"source": "m\\udcff.cgraph", "v": "1"}
+
+
+def test_each_mismatch_has_its_label_note_and_help() -> None:
+    params = (_param("layer1.0.weight", (2, 3), line=4), _param("layer1.0.bias", (2,), line=5),
+              _param("head.scale", (2,), line=6, dtype="f16"))
+    sink = Sink()
+    weights.validate({"layer1.0.weight": np.zeros((3, 3), np.float32),
+                      "head.scale": np.zeros(2, np.int32),
+                      "layer.weight": np.zeros(1, np.float32)}, params, sink, "`w`")
+    by = {d.message: d for d in sink.diagnostics}
+    shape = by["weight `layer1.0.weight` has shape [3, 3] in `w`, but the model declares [2, 3]"]
+    assert (shape.span.line, shape.label) == (4, "declared here")
+    missing = by["weight `layer1.0.bias` is missing from `w`"]
+    assert (missing.span.line, missing.label, missing.notes) == \
+        (5, "declared here", ("expected f32[2]",))
+    dtype = by["weight `head.scale` is i32 in `w`, but the model declares f16"]
+    assert dtype.label == "declared here" and "dslc weights from-torch" in dtype.help[0]
+    extra = by["`w` holds `layer.weight`, which the model does not declare"]
+    assert (extra.span.line, extra.label) == (4, "the model's parameters start here")
+    assert extra.help == ("parameter names are instance paths, e.g. `layer1.0.weight`",)
+
+
+def test_bf16_is_a_float_that_converts_to_the_declared_dtype() -> None:
+    sink = Sink()
+    bf16 = np.array([1.5, 2.0], dtype=weights.NUMPY_DTYPES["bf16"])
+    out = weights.validate({"s": bf16}, (_param("s", (2,)),), sink, "`w`", convert=True)
+    assert not sink.diagnostics and out["s"].dtype == np.float32
+    np.testing.assert_array_equal(out["s"], [1.5, 2.0])
+
+
+def test_a_dtype_dslc_has_no_name_for_is_named_as_numpy_names_it() -> None:
+    assert weights.dtype_name(np.zeros(1, np.complex64)) == "complex64"
+
+
+def test_every_weight_with_nan_or_inf_is_reported_not_just_the_first() -> None:
+    params = (_param("a", (3,), line=2), _param("b", (3,), line=3), _param("c", (2,), line=4))
+    sink = Sink()
+    weights.report_nonfinite({"a": np.ones(3, np.float32),
+                              "b": np.array([1, np.nan, np.inf], np.float32),
+                              "c": np.array([np.nan, 0], np.float32)}, params, sink, "`w`")
+    assert [(d.code, d.span.line) for d in sink.diagnostics] == [("W0202", 3), ("W0202", 4)]
+    d = sink.diagnostics[0]
+    assert d.label == "declared here"
+    assert d.help == ("the outputs that depend on it may be NaN or infinite too; if the values "
+                      "are meant (a -inf mask), silence this with `--allow W0202`",)
