@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dslc.core.dims import DimEnv
@@ -312,6 +312,43 @@ def _window_inside_image(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anc
         raise SpecError(f"`{anchor}` convolves a {list(w.dims[2:])} window over a one-pixel image")
 
 
+def _broadcast_outermost(tensors: list[TensorSpec], ops: tuple[OpSpec, ...]) -> None:
+    """An `expand` runs on cuDNN (an identity over the broadcast operand) only where the axes it
+    broadcasts lie outside the others in memory (a class token repeated over the batch); else
+    a fallback kernel copies it. cuDNN's identity broadcasting the innermost axis of a
+    channels-last result was wrong on the H200 (program 137 of seed 17, shrunk to
+    expand(relu(conv(x)), [2, 2, 4, 4]) with x [2, 1, 4, 4] NHWC: 100% off)."""
+    by_name = {t.name: t for t in tensors}
+    for op in ops:
+        if op.op != "expand":
+            continue
+        x, y = by_name[op.inputs[0]], by_name[op.node]
+        order = sorted(range(len(y.dims)), key=lambda i: -y.strides[i])
+        spread = [x.dims[i] == 1 and y.dims[i] > 1 for i in order if y.dims[i] > 1]
+        if any(not a and b for a, b in itertools.pairwise(spread)):
+            raise SpecError(f"`{op.node}` broadcasts an axis inside another in memory")
+
+
+def _copied_size_one_axes_outermost(tensors: list[TensorSpec], ops: tuple[OpSpec, ...],
+                                    ) -> list[TensorSpec]:
+    """The operand of a copy with a size-1 axis whose stride ties another axis's (a transposed
+    [2, 1, 12, 7] read as [1, 2, 12, 7], strides [84, 84, 7, 1]) gets that axis the outermost
+    stride: the same addresses, and no tie. cuDNN's copy from such a view into channels-last
+    was 60% off on the H200 (program 116 of seed 18), where a copy of the packed tensor was
+    right."""
+    copied = {op.inputs[0] for op in ops if op.op == "contiguous"}
+    out = []
+    for t in tensors:
+        if t.name in copied and t.role == "input" and 1 in t.dims:
+            top = max((s * d for s, d in zip(t.strides, t.dims, strict=True)), default=1)
+            strides = tuple(top if d == 1 and any(s == o for j, o in enumerate(t.strides)
+                                                  if j != i) else s
+                            for i, (d, s) in enumerate(zip(t.dims, t.strides, strict=True)))
+            t = replace(t, strides=strides)
+        out.append(t)
+    return out
+
+
 def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEnv | None = None,
                placement: Placement | None = None) -> GroupSpec:
     """The cuDNN form of `group` at the dim values `values` (raises SpecError); `placement`:
@@ -345,6 +382,8 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
     _broadcastable(tensors, ops, group.anchor)
     _operands_apart(nodes, group)
     _window_inside_image(tensors, ops, group.anchor)
+    _broadcast_outermost(tensors, ops)
+    tensors = _copied_size_one_axes_outermost(tensors, ops)
     # cuDNN's attention with f16 or bf16 intermediates and a window or a bias gave wrong
     # numbers on the H200 (generated programs; f32 intermediates are right): an sdpa graph has
     # no virtual tensors of dslc's, so f32 there changes nothing the reference rounds.

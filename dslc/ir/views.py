@@ -112,6 +112,13 @@ def aligned(offset: Dim, itemsize: int, to: int = 16) -> bool:
     return all((c * itemsize) % to == 0 for _, c in offset.terms)
 
 
+def dense(shape: tuple[Dim, ...], strides: tuple[Dim, ...], order: tuple[int, ...]) -> bool:
+    """Whether `strides` lay `shape` out packed in memory order `order` (a slice that leaves a
+    gap between rows is not); axes of size 1 may have any stride."""
+    want = layout_strides(shape, Layout(order))
+    return all(n == 1 or s == w for n, s, w in zip(shape, strides, want, strict=True))
+
+
 def same_memory(shape: tuple[object, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     """Whether two memory orders lay out a dense tensor of `shape` alike: axes of size 1 take
     no place in memory ([2, 1, 7, 9] is the same bytes NCHW and NHWC)."""

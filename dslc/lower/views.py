@@ -141,13 +141,18 @@ def conv_in_one_memory_order(rw: Rewriter, node: Node) -> Node:
     computed convolutions whose data and result are in different memory orders (NCHW in, NHWC
     out, or the reverse) wrongly, in f32 as in f16 (generated programs found it). Data in
     another order is read through a channels-last copy, made once for all its readers; a
-    result whose layout is fixed otherwise is written channels-last and copied (the caller)."""
+    result whose layout is fixed otherwise is written channels-last and copied (the caller).
+    Data that is a view with gaps (a slice of the image's rows) is copied too: cuDNN computed
+    a conv over such a view wrongly on the H200 (program 164 of seed 13, shrunk to a 3x3 conv
+    over `x[:, :, 0:2, :]`, 77% off)."""
     order = CHANNELS_LAST.get(node.type.rank)
     if node.op not in ("conv", "conv_transpose") or order is None:
         return node
     x = node.inputs[0]
     seen = _seen_as(rw, x).layout
-    if seen is None or not views.same_memory(rw.node(x).type.shape, seen.order, order):
+    data = rw.node(x)
+    gaps = data.op == "view" and not views.dense(data.type.shape, data.attrs["strides"], order)
+    if gaps or seen is None or not views.same_memory(data.type.shape, seen.order, order):
         x = _copy_into(rw, x, order, node, f"{x}.channels_last")
     typ = TensorType(node.type.dtype, node.type.shape, Layout(order))
     return replace(node, inputs=(x, *node.inputs[1:]), type=typ)

@@ -461,6 +461,44 @@ model m {
   output big: i64[2, S] = ids + 3000000001
   output y = pos
 }""",
+    # Shrunk from generated programs: a leaky relu in a matmul epilogue (245 of seed 15, 19%
+    # off), a conv over a slice of the image's rows (164 of seed 13, 77% off), an expand of the
+    # channels of a channels-last value (137 of seed 17, 100% off).
+    "leaky_relu_in_a_matmul_epilogue_f32": NN + """model m {
+  input x: f32[1, 4, 16]
+  output y = leaky_relu(linear(relu(x), out=8, has_bias=false), slope=0.01)
+}""",
+    "conv_over_a_slice_of_rows_f16": NN + """model m {
+  precision io=f16
+  dim N = 1..6 tune [6]
+  input x: [N, 1, 4, 7]
+  let v = x[:, :, 0:2, :]
+  let c = conv2d(v, out=1, k=3, pad=1)
+  output y = tanh(batchnorm2d(c) + v)
+}""",
+    "expand_of_the_channels_of_a_channels_last_value_f32": NN + """model m {
+  layout NHWC
+  input x: f32[2, 1, 4, 4]
+  let c = conv2d(x, out=1, k=3, pad=1)
+  output y = expand(relu(batchnorm2d(c) + x), shape=[2, 2, 4, 4])
+}""",
+    # Program 116 of seed 18 (not shrunk yet): its o2, a channels-last copy of a transposed
+    # value, was 60% off.
+    "channels_last_copy_of_a_transposed_value_f16": NN + """model m {
+  precision io=f16, intermediate=f16, compute=f32
+  layout NHWC
+  input x2: [2, 4, 12, 7]
+  param p10: [1]
+  param p16: [5, 1, 2, 2]
+  let v3 = gather(x2, arange(n=1), axis=1)
+  let v4 = sqrt(abs(v3) + 0.5)
+  let v11 = scale_mul(v4, p10, axis=1)
+  let v14 = transpose(v4, perm=[1, 0, 2, 3])
+  let v15 = contiguous(v14)
+  let v17 = conv(v11, p16, stride=1, pad=0, dilation=1, groups=1)
+  output o1 = softmax(v17)
+  output o2 = v15
+}""",
     "cast_inside_a_fused_group_rounds_f32": """model m {
   input x: f32[8, 64]
   let r = relu(x)
