@@ -129,13 +129,15 @@ def test_docs_tables_replace_their_marked_region_only() -> None:
 def test_random_inputs_index_inside_their_tables_and_are_not_zeros(tmp_path: Path) -> None:
     (tmp_path / "g.cgraph").write_text(
         "cgraph 0.1\n\nmodel g {\n  precision io=f32\n  dim N = 1..64\n  input ids: i32[N]\n"
-        "  input x: [N, 8]\n  param table: [5, 8]\n  output y = gather(table, ids) + x\n}\n")
+        "  input x: [N, 8]\n  input flag: i32[N, 1]\n  param table: [5, 8]\n"
+        "  output y = gather(table, ids) + x * cast(flag, f32)\n}\n")
     assert run_cli("compile", str(tmp_path / "g.cgraph"), "-o", str(tmp_path), "-q").code == 0
     program = Schedule(read(tmp_path / "g.bundle"))
     inputs = random_inputs(program, {"N": 64}, seed=3)
     assert inputs["ids"].dtype == np.int32 and inputs["ids"].shape == (64,)
     assert inputs["ids"].min() >= 0 and inputs["ids"].max() <= 4  # the table has 5 rows
     assert len(set(inputs["ids"].tolist())) > 1
+    assert set(inputs["flag"].ravel().tolist()) == {0, 1}  # indexes nothing: a mask's values
     assert inputs["x"].shape == (64, 8) and np.count_nonzero(inputs["x"]) == 64 * 8
 
 
@@ -143,3 +145,23 @@ def test_rel_error_is_relative_to_the_reference_and_infinite_for_a_wrong_shape()
     assert rel_error(np.array([1.0, 2.1]), np.array([1.0, 2.0])) == pytest.approx(0.05)
     assert rel_error(np.zeros(3), np.zeros(3)) == 0.0
     assert rel_error(np.zeros(3), np.zeros(4)) == float("inf")
+
+
+def test_the_plot_is_a_png_where_matplotlib_is_installed(tmp_path: Path) -> None:
+    from dslc.cli.bench_plot import plot, totals_of
+
+    # the totals panel: every time of the size and the roofline's bound, nothing invented
+    assert totals_of(REPORT["sizes"][0]) == {"dslc": 4.0, "dslc graph": 1.25, "torch": 7.5,
+                                             "torch graph": 2.5, "torch.compile": 2.0,
+                                             "roofline": 0.14}
+    pytest.importorskip("matplotlib")
+    assert plot(REPORT, tmp_path / "b.png")
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_matplotlib_no_plot_is_written(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from dslc.cli.bench_plot import plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it fails
+    assert not plot(REPORT, tmp_path / "b.png") and not (tmp_path / "b.png").exists()
