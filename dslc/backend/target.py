@@ -62,6 +62,14 @@ def _profile_text(name: str) -> str:
     return resources.files("dslc.compile").joinpath("targets", f"{name}.json").read_text()
 
 
+def peaks(device_name: str) -> dict[str, Any] | None:
+    """A GPU's peak math and memory rates by its name (targets/peaks.json: tensor-core TFLOP/s
+    by operand dtype, the vector units' f32 TFLOP/s, memory GB/s), or None for one not listed."""
+    table = json.loads(_profile_text("peaks"))
+    entry = table.get(device_name)
+    return dict(entry) if isinstance(entry, dict) else None
+
+
 def require_device(what: str) -> None:
     """R0801 (exit code 3, as every command that finds no GPU) unless this machine has one."""
     if not live_device_available():
