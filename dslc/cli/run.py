@@ -36,7 +36,9 @@ from dslc.ir import interp
 from dslc.pipeline import BuildOptions, Built, FrontEnd, WriteFailed, build, lower_and_fuse
 from dslc.runtime import Model
 from dslc.runtime.bundle import read
+from dslc.runtime.calibration import quantised
 from dslc.runtime.inputs import bind_inputs
+from dslc.runtime.params import amaxes, check_calibrated_with
 from dslc.runtime.params import read as read_weights
 from dslc.runtime.schedule import Schedule
 
@@ -92,7 +94,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunnerError as err:
         print(err, file=sys.stderr)
         return EXIT_ERRORS
-    outputs = interp.run(lowered, args.inputs, params, model.env, virtual=plan.virtual())
+    # fp8: with no calibration, each quantised tensor is scaled by its own range on these inputs
+    # (what calibrating on them would record).
+    observe: dict[str, float] | None = {} if quantised(lowered) else None
+    outputs = interp.run(lowered, args.inputs, params, model.env, virtual=plan.virtual(),
+                         observe=observe)
     return _report(args, outputs)
 
 
@@ -107,12 +113,15 @@ def _run_reference_bundle(args: argparse.Namespace) -> int:
             tensors = {}
         else:
             tensors = read_weights(args.weights, manifest, runtime_warn(args))
+            check_calibrated_with(program, tensors, args.weights)
+        amax = amaxes(program)
     except RunnerError as err:
         print(err, file=sys.stderr)
         return EXIT_ERRORS
     virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
                if n not in s.outputs}
-    outputs = interp.run(program.graph, args.inputs, tensors, program.env, virtual=virtual)
+    outputs = interp.run(program.graph, args.inputs, tensors, program.env, virtual=virtual,
+                         amax=amax)
     return _report(args, outputs)
 
 
