@@ -282,3 +282,51 @@ def test_a_damaged_calibration_is_refused(mlp: dict, change: object, why: str) -
     change(d)  # type: ignore[operator]
     with pytest.raises(BundleError, match=why):
         Calibration.from_data(d, b.graph.graph)
+
+
+# ---- --fp8 off ---------------------------------------------------------------------------------
+
+def test_fp8_off_compiles_the_model_without_its_requests(tmp_path: Path) -> None:
+    src = tmp_path / "mlp8.cgraph"
+    src.write_text(MLP % "")
+    r = run_cli("compile", str(src), "-o", str(tmp_path / "off"), "--fp8", "off", "-q",
+                "--dump", "ir")
+    assert r.code == 0, r.stderr
+    program = Schedule(bundlefile.load(tmp_path / "off" / "mlp8.bundle"))
+    assert not program.bundle.uncalibrated
+    assert {n.type.dtype for n in program.graph.nodes} == {"f16"}  # no fp8, no scales
+
+
+def test_fp8_off_with_f32_is_the_models_exact_reference(mlp: dict) -> None:
+    """An fp8 attention refuses f32 operands (E0404), so `--precision f32` alone fails on the
+    GPT block; with `--fp8 off` it is the f32 reference the fp8 error is measured against."""
+    tmp = mlp["tmp"]
+    model = Path(__file__).parents[1] / "models" / "gpt_block.cgraph"
+    assert "E0404" in run_cli("run", str(model), "--precision", "f32").stderr
+    x = mlp["samples"][0]
+    np.save(tmp / "x32.npy", x.astype(np.float32))
+    src = tmp / "mlp8.cgraph"
+    src.write_text(MLP % "")
+    r = run_cli("run", str(src), "--weights", str(mlp["weights"]), "--input",
+                f"x={tmp / 'x32.npy'}", "--precision", "f32", "--fp8", "off", "-o", str(tmp / "exact.npz"))
+    assert r.code == 0, r.stderr
+    w = {k: v.astype(np.float64) for k, v in mlp["w"].items()}
+    exact = np.maximum(x.astype(np.float64) @ w["w1"] + w["b1"], 0) @ w["w2"]
+    assert rel_error(np.load(tmp / "exact.npz")["y"], exact) < 1e-5
+
+
+def test_fp8_off_does_not_apply_to_a_bundle(mlp: dict) -> None:
+    r = run_cli("run", str(mlp["calibrated"]), "--weights", str(mlp["weights"]), "--fp8", "off")
+    assert r.code == 2 and "compile it again with `--fp8 off`" in r.stderr
+
+
+def test_inspect_names_the_fp8_ops_and_their_calibration(mlp: dict) -> None:
+    import json
+
+    r = run_cli("inspect", str(mlp["calibrated"]), "--format", "json")
+    fp8_report = json.loads(r.stdout)["fp8"]
+    assert [(o["op"], o["dtype"], o["weight_scales"]) for o in fp8_report["ops"]] == \
+        [("matmul", "f8e4m3", "per_channel")] * 2
+    assert fp8_report["calibration"]["amax"]["x"] == 9.0
+    text = run_cli("inspect", str(mlp["bundle"])).stdout
+    assert "2 ops compute in fp8" in text and "not calibrated" in text

@@ -191,7 +191,7 @@ class CallEval:
         result = op.infer(ctx, Args(values))
         if result is None:
             return ERROR
-        if request is not None:
+        if request is not None and self.ctx.fp8:
             if not self._quantizable(op, ctx, values, *request):
                 return ERROR
             ctx.attrs["precision"] = request[0]
@@ -257,7 +257,7 @@ class CallEval:
                           f"unquantised, and `{p.name}` is {t.dtype}", at=p.name,
                           label=f"{t.dtype} here", labels=(Label(asked, f"{dtype} asked for here"),),
                           notes=("a float operand precision names the dtype the operands "
-                                 "already have; it keeps `--fp8 auto` off this op",),
+                                 "already have",),
                           help=(f"write `precision={t.dtype}`, or cast the operand",))
                 return False
         return True

@@ -75,8 +75,9 @@ class Elaborator:
 
     def __init__(self, program: Program, resolved: Resolved, sink: Sink,
                  bucket: dict[str, int] | None = None,
-                 precision_override: PrecisionSpec | None = None, backend: str = "cudnn") -> None:
-        self.ctx = Context(program, resolved, sink, bucket, precision_override, backend)
+                 precision_override: PrecisionSpec | None = None, backend: str = "cudnn",
+                 fp8: bool = True) -> None:
+        self.ctx = Context(program, resolved, sink, bucket, precision_override, backend, fp8)
         self.exprs = ExprEval(self.ctx)
         self.calls = CallEval(self.ctx, self.exprs, self)
         self.exprs.calls = self.calls
@@ -246,7 +247,7 @@ class Elaborator:
     def precision(self, stmt: ast.Precision, scope: Scope) -> None:
         """The precision triple (ignored under `--precision`, which overrides it) and the
         operand precision of the ops that compute in fp8 (`matmul=`, `conv=`, `sdpa=`,
-        `weight_scales=`), which `--fp8` governs instead."""
+        `weight_scales=`), which `--fp8 off` turns off (`CallEval` then applies none)."""
         override = self.ctx.precision_override is not None
         current = {"io": scope.precision.io, "intermediate": scope.precision.intermediate,
                    "compute": scope.precision.compute}

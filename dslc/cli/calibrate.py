@@ -46,7 +46,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     bundle = program.bundle
     if not quantised(program.graph):
         raise UsageError(f"`{args.bundle}` computes nothing in fp8: there is nothing to "
-                         "calibrate (compile with `precision matmul=f8e4m3`, or `--fp8 auto`)")
+                         "calibrate (ask for it in the model: `precision matmul=f8e4m3`)")
     manifest = bundle.manifest
     if args.weights is None:
         if manifest.params:

@@ -67,6 +67,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if bundle and args.precision is not None:
         raise UsageError(f"`--precision` applies to a .cgraph file; `{args.file}` was compiled "
                          "at its precision (compile it again with `--precision`)")
+    if bundle and args.fp8 != "source":
+        raise UsageError(f"`--fp8` applies to a .cgraph file; `{args.file}` was compiled with "
+                         "its fp8 choice (compile it again with `--fp8 off`)")
     if args.output is not None:
         paths.output_file(args.output, [args.file, args.weights, *_input_paths(args.input)])
     args.inputs = _inputs(args.input)
@@ -179,6 +182,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--precision", type=parse_precision, metavar="P",
                    help="override a .cgraph file's precision (`f32` or io=..,intermediate=..,"
                         "compute=..); the weights are converted to it")
+    p.add_argument("--fp8", choices=("source", "off"), default="source",
+                   help="source: the ops the model asks to compute in fp8 do (default); off: "
+                        "none does (the model without its fp8 requests: its fp16 baseline)")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="describe the outputs as lines (default), or as one JSON document")
     add_diag_options(p)

@@ -6,7 +6,7 @@ run the IR verifier after each one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from dslc.ir.graph import Graph
 from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
@@ -35,7 +35,7 @@ def bias_from_add(graph: Graph) -> Graph:
 
 def quantize_fp8(graph: Graph) -> Graph:
     """The matmuls, convolutions and attentions the source asks to compute in fp8 read
-    quantised operands (`lower(fp8=...)` chooses others)."""
+    quantised operands."""
     return quantize(graph)
 
 
@@ -69,12 +69,10 @@ PASSES: list[Pass] = [
 ]
 
 
-def lower(graph: Graph, after_each: Callable[[str, Graph], None] | None = None,
-          fp8: Mapping[str, str] | None = None) -> Graph:
-    """Run the passes in order; `after_each(name, graph)` sees every intermediate graph; `fp8`
-    (op -> fp8 dtype) is the ops to compute in fp8 (default: those the source asks for)."""
+def lower(graph: Graph, after_each: Callable[[str, Graph], None] | None = None) -> Graph:
+    """Run the passes in order; `after_each(name, graph)` sees every intermediate graph."""
     for p in PASSES:
-        graph = quantize(graph, fp8) if p is quantize_fp8 and fp8 is not None else p(graph)
+        graph = p(graph)
         if after_each is not None:
             after_each(p.__name__, graph)
     return graph

@@ -16,8 +16,8 @@ descales (amax / 448: a vector per output channel for a weight, scaled per chann
 epilogue the op had (bias, activation, residual) continues on the unscaled value. An attention
 takes its three descales as operands instead (cuDNN's fp8 attention applies them).
 
-Which ops are chosen: those the source asks for (`precision matmul=f8e4m3`, a `precision=`
-keyword), or a set given (`--fp8 off`: none; `--fp8 auto`: what tuning kept of `candidates`).
+Which ops: those the source asks for (`precision matmul=f8e4m3`, a `precision=` keyword), or
+a subset given. (`--fp8 off` acts earlier: the checker applies no request.)
 """
 
 from __future__ import annotations
@@ -25,17 +25,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from dslc.core.dims import DimEnv
 from dslc.core.types import FP8, FP8_MAX, WEIGHT_SCALES, Layout, PrecisionSpec, TensorType
 from dslc.ir.graph import CALIBRATED, Attrs, Graph, Node
 from dslc.lower.canonical import load_time
 from dslc.lower.rewrite import Rewriter, rewrite
-from dslc.ops import OPS
-from dslc.ops.opdef import Args, Kind, SilentCtx
 
 F32 = PrecisionSpec("f32", "f32", "f32")  # scales are computed in f32, at load time
 TINY = 2.0 ** -24  # the smallest amax a scale is made from: an all-zero tensor stays zero
-AUTO_DTYPE = "f8e4m3"  # what `--fp8 auto` tries: the inference format
 VIEW_OPS = ("reshape", "transpose", "slice")  # an activation read through these: its base
 FP8_ATTRS = ("precision", "weight_scales")
 
@@ -44,43 +40,6 @@ def requested(graph: Graph) -> dict[str, str]:
     """The ops the source asks to compute in fp8, with the fp8 dtype of each."""
     return {n.name: str(n.attrs["precision"]) for n in graph.nodes
             if n.attrs.get("precision") in FP8}
-
-
-def candidates(graph: Graph, env: DimEnv | None = None) -> dict[str, str]:
-    """The ops `--fp8 auto` may quantise: those the source asks for, and every other op that
-    computes in fp8 whose fp8 rule accepts it and that the source does not pin to a float
-    operand precision (`precision matmul=f16`)."""
-    env = env or DimEnv()
-    types = {n.name: n.type for n in graph.nodes}
-    out = requested(graph)
-    for node in graph.nodes:
-        op = OPS.get(node.op)
-        if op is None or op.quantize is None or node.name in out or "precision" in node.attrs:
-            continue
-        if eligible(node, types, env, AUTO_DTYPE):
-            out[node.name] = AUTO_DTYPE
-    return out
-
-
-def eligible(node: Node, types: Mapping[str, TensorType], env: DimEnv, dtype: str) -> bool:
-    """Whether the op's fp8 rule accepts the node quantised to `dtype` (and its type rule its
-    operands as they are)."""
-    op = OPS[node.op]
-    assert op.quantize is not None
-    ctx = SilentCtx(env, node.precision, {}, node.span, cudnn=True)
-    args = Args(_values(node, types))
-    return op.infer(ctx, args) is not None and op.quantize(ctx, args, dtype) and not ctx.errors
-
-
-def _values(node: Node, types: Mapping[str, TensorType]) -> dict[str, Any]:
-    op = OPS[node.op]
-    names = node.attrs.get("operands") or tuple(p.name for p in op.tensor_params
-                                                if p.kind is Kind.TENSOR)
-    values: dict[str, Any] = {p.name: node.attrs.get(p.name, p.default) for p in op.params
-                              if not p.is_tensor}
-    values.update({p.name: None for p in op.params if p.kind is Kind.OPT_TENSOR})
-    values.update(zip(names, (types[i] for i in node.inputs), strict=True))
-    return values
 
 
 def quantize(graph: Graph, chosen: Mapping[str, str] | None = None) -> Graph:
@@ -99,11 +58,6 @@ def quantize(graph: Graph, chosen: Mapping[str, str] | None = None) -> Graph:
         return None
 
     return rewrite(graph, rule)
-
-
-def calibrated(graph: Graph) -> list[str]:
-    """The tensors whose amax a calibration records (in graph order)."""
-    return [str(n.attrs["tensor"]) for n in graph.nodes if n.op == CALIBRATED]
 
 
 # -- the rewrite ----------------------------------------------------------------------------------
@@ -253,5 +207,4 @@ def _descaled(rw: Rewriter, node: Node, anchor: str, descale: str) -> str:
     return rw.new("mul", (anchor, descale), {}, node.type, node, f"{node.name}.descaled")
 
 
-__all__ = ["AUTO_DTYPE", "calibrated", "candidates", "eligible", "quantize",
-           "requested"]
+__all__ = ["quantize", "requested"]

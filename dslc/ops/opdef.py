@@ -206,7 +206,7 @@ RefFn = Callable[[list[np.ndarray], Mapping[str, Any]], np.ndarray]
 
 # The op's fp8 rule: whether it can compute from its operands quantised to the fp8 `dtype`
 # (`precision matmul=f8e4m3`, LANGUAGE.md 3.4): True, or False once E0404 is reported. The
-# checker runs it where the source asks for fp8, lowering where `--fp8 auto` proposes it.
+# checker runs it where the source asks for fp8.
 QuantizeFn = Callable[[InferCtx, Args, str], bool]
 
 

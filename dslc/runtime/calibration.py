@@ -1,7 +1,6 @@
-"""fp8 in a bundle, as typed records read from untrusted data: the calibration (each quantised
+"""fp8 in a bundle, as a typed record read from untrusted data: the calibration (each quantised
 tensor's amax over the samples `dslc calibrate` ran, and the digests of those samples and of the
-weights they ran with) and the precision choice (which ops compute in fp8, asked for by the
-source or chosen by `--fp8 auto`, with the times and the error that decided it).
+weights they ran with).
 
 A calibration is checked against the graph it calibrates: exactly one finite, non-negative amax
 per `amax` node's tensor. The weights' digest (`weights_digest`) lets the runtime refuse weights
@@ -17,11 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from dslc.core.types import FP8
 from dslc.ir.graph import CALIBRATED, Graph
 from dslc.runtime import fields as f
 
-MODES = ("source", "off", "auto")  # `--fp8`: as the source asks, nowhere, measured
 HEX = "0123456789abcdef"
 
 
@@ -69,69 +66,6 @@ class Calibration:
 def quantised(graph: Graph) -> list[str]:
     """The tensors whose amax a calibration must hold (one per `amax` node)."""
     return [str(n.attrs["tensor"]) for n in graph.nodes if n.op == CALIBRATED]
-
-
-@dataclass(frozen=True)
-class Fp8Op:
-    """One op that may compute in fp8: whether it does, and what decided it."""
-
-    node: str
-    op: str
-    dtype: str
-    chosen: bool
-    fp16_ms: float | None = None  # the ms of the steps it changes, without and with fp8
-    fp8_ms: float | None = None
-    why: str = ""
-
-    def to_data(self) -> dict[str, Any]:
-        return {"node": self.node, "op": self.op, "dtype": self.dtype, "chosen": self.chosen,
-                "fp16_ms": self.fp16_ms, "fp8_ms": self.fp8_ms, "why": self.why}
-
-    @staticmethod
-    def from_data(d: Any, path: str, graph: Graph) -> Fp8Op:
-        d = f.mapping(d, path, ("node", "op", "dtype", "chosen"), ("fp16_ms", "fp8_ms", "why"))
-        nodes = graph.by_name()
-        name = f.name_of(d["node"], f"{path}.node", nodes)
-        node = nodes[name]
-        if f.text(d["op"], f"{path}.op") != node.op:
-            f.wrong(f"{path}.op", f"`{name[:60]}` is a {node.op}")
-        chosen = f.flag(d["chosen"], f"{path}.chosen")
-        if chosen != (node.attrs.get("precision") in FP8):
-            f.wrong(f"{path}.chosen", f"`{name[:60]}` {'does not compute' if chosen else 'computes'}"
-                    " in fp8 in the graph")
-        return Fp8Op(name, node.op, f.text(d["dtype"], f"{path}.dtype", FP8), chosen,
-                     f.opt_number(d.get("fp16_ms"), f"{path}.fp16_ms"),
-                     f.opt_number(d.get("fp8_ms"), f"{path}.fp8_ms"),
-                     f.text(d.get("why", ""), f"{path}.why"))
-
-
-@dataclass(frozen=True)
-class Fp8Choice:
-    """How the bundle's precision was chosen (`--fp8`), and the ops it concerned."""
-
-    mode: str
-    ops: tuple[Fp8Op, ...]
-    max_error: float | None = None  # `--max-error`: the budget `auto` kept
-    error: float | None = None  # the largest relative output error of the choice, measured
-
-    def to_data(self) -> dict[str, Any]:
-        return {"mode": self.mode, "ops": [o.to_data() for o in self.ops],
-                "max_error": self.max_error, "error": self.error}
-
-    @staticmethod
-    def from_data(d: Any, graph: Graph, path: str = "fp8") -> Fp8Choice:
-        d = f.mapping(d, path, ("mode", "ops"), ("max_error", "error"))
-        ops = tuple(Fp8Op.from_data(o, f"{path}.ops[{i}]", graph)
-                    for i, o in enumerate(f.items(d["ops"], f"{path}.ops")))
-        if len({o.node for o in ops}) != len(ops):
-            f.wrong(f"{path}.ops", "an op is listed twice")
-        return Fp8Choice(f.text(d["mode"], f"{path}.mode", MODES), ops,
-                         f.opt_number(d.get("max_error"), f"{path}.max_error"),
-                         f.opt_number(d.get("error"), f"{path}.error"))
-
-    @property
-    def chosen(self) -> dict[str, str]:
-        return {o.node: o.dtype for o in self.ops if o.chosen}
 
 
 def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:

@@ -19,7 +19,7 @@ from dslc.core.dims import bucket_key
 from dslc.core.types import DTYPES
 from dslc.ir.graph import SOURCES
 from dslc.runtime import fields as f
-from dslc.runtime.calibration import Calibration, Fp8Choice, quantised
+from dslc.runtime.calibration import Calibration, quantised
 from dslc.runtime.fields import (
     MAX_BYTES,
     MAX_DIM,
@@ -338,7 +338,7 @@ class Environment:
 ENV_FIELDS = tuple(x.name for x in fields(Environment))
 PAYLOAD = ("model", "source", "dslc_version", "created", "manifest", "graph", "load_time",
            "steps", "target", "environment", "buckets")
-OPTIONAL = ("calibration", "fp8")  # a bundle with fp8 ops: how they were chosen, their scales
+OPTIONAL = ("calibration",)  # a bundle with fp8 ops: their calibrated amaxes
 
 
 @dataclass(frozen=True)
@@ -357,7 +357,6 @@ class Bundle:
     environment: Environment
     buckets: tuple[BucketRecord, ...]
     calibration: Calibration | None = None  # `dslc calibrate`: each quantised tensor's amax
-    fp8: Fp8Choice | None = None  # which ops compute in fp8, and why
 
     @property
     def uncalibrated(self) -> bool:
@@ -406,8 +405,7 @@ class Bundle:
                       f.text(d["target"], "target"), Environment.from_data(d["environment"]),
                       buckets,
                       None if d.get("calibration") is None else
-                      Calibration.from_data(d["calibration"], graph.graph),
-                      None if d.get("fp8") is None else Fp8Choice.from_data(d["fp8"], graph.graph))
+                      Calibration.from_data(d["calibration"], graph.graph))
 
 
 def _check_schedule(graph: GraphRecord, load_time: tuple[str, ...],
