@@ -1,5 +1,5 @@
-"""fp8 through the real cuDNN frontend without a GPU: the GPT block asking for fp8 matmuls and
-attention (models/gpt_block.cgraph) becomes one validated cuDNN graph per step for the H200
+"""fp8 through the real cuDNN frontend without a GPU: the four GPT blocks asking for fp8 matmuls
+and attention (models/gpt_block.cgraph) becomes one validated cuDNN graph per step for the H200
 profile, none split: each matmul reads e4m3 operands and writes its result unscaled; the
 attention is cuDNN's fp8 attention (its operands e4m3, its output f16)."""
 
@@ -50,7 +50,7 @@ def test_the_fp8_gpt_block_is_one_cudnn_graph_per_step_deviceless() -> None:
 
 def test_its_matmuls_read_e4m3_and_descale_in_the_epilogue() -> None:
     matmuls = [g for g in _graphs() if _kind(g["nodes"][0]) == "MATMUL"]
-    assert len(matmuls) == 4  # c_attn, c_proj, c_fc, mlp.c_proj
+    assert len(matmuls) == 4  # c_attn, c_proj, c_fc, mlp.c_proj: the same in every block
     for g in matmuls:
         a, b = g["nodes"][0]["inputs"]["A"], g["nodes"][0]["inputs"]["B"]
         assert _dtypes(g, {a, b}) == {"FP8_E4M3"}
@@ -62,14 +62,14 @@ def test_the_activations_are_quantised_where_they_are_computed() -> None:
     c = compiled()
     nodes = c.graph.by_name()
     quantising = [s for s in c.steps if nodes[s.group.nodes[-1]].op == "cast"]
-    # ln_1, c_attn (q, k and v in one scale), the attention's result, ln_2, gelu
-    assert len(quantising) == 5
+    # per block: ln_1, c_attn (q, k and v in one scale), the attention's result, ln_2, gelu
+    assert len(quantising) == 4 * 5
     assert all(nodes[s.group.nodes[-1]].type.dtype == "f8e4m3" for s in quantising)
 
 
 def test_its_attention_is_cudnns_fp8_attention() -> None:
     attention = [g for g in _graphs() if any(_kind(n) == "SDPA_FP8" for n in g["nodes"])]
-    assert len(attention) == 1
+    assert len(attention) == 1  # one graph, run by each block
     node = next(n for n in attention[0]["nodes"] if _kind(n) == "SDPA_FP8")
     q, o = node["inputs"]["q"], node["outputs"]["O"]
     assert _dtypes(attention[0], {q}) == {"FP8_E4M3"} and _dtypes(attention[0], {o}) == {"HALF"}
