@@ -235,7 +235,7 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np
                 raise InterpError(f"missing weight `{path}`")
             out = np.asarray(weights[path]).astype(NUMPY_DTYPES[node.type.dtype])
         elif node.op == "scalar":
-            out = np.asarray(attrs["value"], dtype=np.float32)
+            out = np.asarray(attrs["value"], dtype=NUMPY_DTYPES[node.type.dtype])
         elif node.op == CALIBRATED:
             out = np.asarray(_amax(attrs["tensor"], results, amax, observe), dtype=np.float32)
         elif node.op == "view":
