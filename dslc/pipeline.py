@@ -45,6 +45,7 @@ class Options:
     include_dirs: list[Path] = field(default_factory=list)
     precision: PrecisionSpec | None = None  # overrides the model's precision statements
     backend: str = "cudnn"  # "reference" lifts cuDNN's support limits (any well-typed model runs)
+    fp8: bool = True  # False (`--fp8 off`): the model's fp8 requests are not applied
 
 
 @dataclass
@@ -73,7 +74,7 @@ def _front_end(path: Path, options: Options, sink: Sink, program: Program) -> Fr
     blocking = {"E0101", "E0102", "E0702", "E0703"}
     if module is None or any(d.code in blocking for d in sink.diagnostics):
         return FrontEnd(program, module, None)
-    model = check(program, module, sink, options.precision, options.backend)
+    model = check(program, module, sink, options.precision, options.backend, options.fp8)
     return FrontEnd(program, module, model)
 
 

@@ -2,9 +2,9 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|ops|models|startup|bench|tune|probe|fuzz|all] [extra args...]
+# Usage: scripts/gpu_check.sh [tests|ops|models|startup|fp8|bench|tune|probe|fuzz|all] [extra args...]
 #   tests: every GPU test; ops/models/startup: one file's worth (startup: tuning, start-up
-#   decisions, CLI); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
+#   decisions, CLI); fp8: the fp8 GPT blocks against fp16 (tests/gpu/test_fp8_gpu.py); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
 #   start, tuned benchmarks); probe: scripts/probe_gpu.py (where the time goes); fuzz:
 #   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
 #   processes; extra args go to it); all: tests, then tune.
@@ -26,7 +26,7 @@ status=0
 run_tests() {  # name, then test files
   local name=$1; shift
   python3 -m pytest "$@" -m gpu -q -s -rA -p no:cacheprovider "${extra[@]}" 2>&1 | tee "$out/gpu_$name.log" \
-    | grep -E "compiled|relative error|fresh process|heuristic|restore|replay|retime|retune|no bucket|PASSED|FAILED|ERROR|passed|failed|Error" \
+    | grep -E "compiled|calibrated|relative error|fp8 GPU|fresh process|heuristic|restore|replay|retime|retune|no bucket|PASSED|FAILED|ERROR|passed|failed|Error" \
     | tail -60
   grep -qE "[0-9]+ passed" "$out/gpu_$name.log" && ! grep -qE "[0-9]+ (failed|error)" "$out/gpu_$name.log" || status=1
 }
@@ -34,6 +34,7 @@ extra=("$@")
 case $what in
   ops) run_tests ops tests/gpu/test_ops_gpu.py ;;
   models) run_tests models tests/gpu/test_models_gpu.py ;;
+  fp8) run_tests fp8 tests/gpu/test_fp8_gpu.py ;;
   startup) run_tests startup tests/gpu/test_tune_gpu.py tests/gpu/test_cli_gpu.py ;;
   tests|all) run_tests all tests/gpu ;;
 esac

@@ -179,7 +179,8 @@ def test_an_unknown_family_is_a_usage_error_naming_the_known_ones(
 def test_inspect_json(mlp_bundle: Path) -> None:
     doc = _json("inspect", str(mlp_bundle), "--format", "json")
     assert set(doc) == {"model", "source", "dslc_version", "created", "target", "environment",
-                        "buckets", "steps"}
+                        "buckets", "steps", "fp8"}
+    assert doc["fp8"] == {"ops": [], "calibration": None}  # no fp8 asked for
     assert (doc["model"], doc["source"], doc["target"]) == ("mnist_mlp", "models/mlp.cgraph",
                                                              "h200")
     assert [b["key"] for b in doc["buckets"]] == ["N=1", "N=16", "N=64", "N=256"]

@@ -26,7 +26,6 @@ from dslc.ir.placement import Placement, slice_of
 from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides
 
-SOURCES = ("input", "param", "scalar")
 ROWS_OPS = ("layernorm", "rmsnorm")
 NORM_OPS = ("layernorm", "rmsnorm", "instancenorm", "batchnorm")
 CONV_OPS = ("conv", "conv_transpose")

@@ -12,7 +12,16 @@ from dslc.check.resolve import DefRef, suggest
 from dslc.check.values import ERROR, DType, Frame, ListVal, Scope, TensorVal, TupleVal, kind_of
 from dslc.core import dims
 from dslc.core.dims import DimEnv
-from dslc.core.types import DTYPES, INTS, PrecisionSpec, TensorType, format_type, is_float
+from dslc.core.types import (
+    DTYPES,
+    FP8,
+    INTS,
+    WEIGHT_SCALES,
+    PrecisionSpec,
+    TensorType,
+    format_type,
+    is_float,
+)
 from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
@@ -21,13 +30,16 @@ from dslc.ops.opdef import REQUIRED, Args, Kind, OpDef
 from dslc.parse import ast
 
 Arg = tuple[Any, Span]
+# The keys of a `precision` statement besides io, intermediate and compute: the ops that compute
+# in fp8 (their operand precision) and how fp8 weights are scaled.
+QUANTIZE_KEYS = (*(name for name, op in OPS.items() if op.quantize is not None), "weight_scales")
 
 
 class OpCtx:
     """`InferCtx` for one op call: errors land on the argument that caused them."""
 
-    __slots__ = ("attrs", "call_span", "cudnn", "el", "env", "func_span", "op", "precision",
-                 "producers", "scope", "spans")
+    __slots__ = ("asked", "attrs", "call_span", "cudnn", "el", "env", "func_span", "op",
+                 "precision", "producers", "scope", "spans")
 
     def __init__(self, el: CallEval, op: OpDef, call_span: Span, func_span: Span,
                  spans: dict[str, Span], producers: dict[str, str], scope: Scope,
@@ -43,6 +55,7 @@ class OpCtx:
         self.precision = precision
         self.cudnn = el.ctx.backend == "cudnn"
         self.attrs: dict[str, Any] = {}
+        self.asked: Span | None = None  # where this op's fp8 precision was asked for
 
     @property
     def compute(self) -> str:
@@ -69,6 +82,8 @@ class OpCtx:
         self.attrs[name] = value
 
     def precision_origin(self, key: str) -> Span | None:
+        if key == "precision":  # the operand precision of this call: its keyword, or a statement
+            return self.asked
         return self.scope.precision_origin.get(key)
 
     def error(self, code: CodeId, message: str, at: str | None = None, label: str = "",
@@ -146,6 +161,9 @@ class CallEval:
                                 frame=scope.frame)
                 return ERROR
             precision = PrecisionSpec(precision.io, precision.intermediate, value.name)
+        request = self._operand_precision(op, kws, scope)
+        if request is ERROR:
+            return ERROR
         bound = self._bind_op(op, call_span, func_span, pos, kws, scope)
         if bound is None:
             return ERROR
@@ -177,6 +195,12 @@ class CallEval:
         result = op.infer(ctx, Args(values))
         if result is None:
             return ERROR
+        if request is not None and self.ctx.fp8:
+            if not self._quantizable(op, ctx, values, *request):
+                return ERROR
+            ctx.attrs["precision"] = request[0]
+            if request[0] in FP8:
+                ctx.attrs["weight_scales"] = scope.quantize.get("weight_scales", WEIGHT_SCALES[0])
         for t in result if isinstance(result, tuple) else (result,):
             if not self.ctx.fits(t, call_span, scope.frame, name):
                 return ERROR
@@ -196,6 +220,51 @@ class CallEval:
                 for i, t in enumerate(result)))
         return self.ctx.add_node(name, tuple(inputs), attrs, result, call_span, scope.frame, precision,
                                  base)
+
+    def _operand_precision(self, op: OpDef, kws: dict[str, Arg], scope: Scope,
+                           ) -> tuple[str, Span] | Any | None:
+        """The operand precision asked of this call (its `precision=` keyword, taken out of
+        `kws`, or the scope's `precision <op>=` setting) and where; None; ERROR once reported."""
+        if "precision" not in kws:
+            if op.quantize is None or op.name not in scope.quantize:
+                return None
+            return scope.quantize[op.name], scope.precision_origin[op.name]
+        value, span = kws.pop("precision")
+        if op.quantize is None:
+            able = ", ".join(f"`{n}`" for n in QUANTIZE_KEYS[:-1])
+            self.ctx.report("E0204", f"`{op.name}` takes no `precision`", span,
+                            "unknown keyword",
+                            notes=(f"only {able} compute from operands quantised to fp8",),
+                            help=("for the math precision, write `compute=`",), frame=scope.frame)
+            return ERROR
+        if not isinstance(value, DType) or not (value.name in FP8 or is_float(value.name)):
+            shown = value.name if isinstance(value, DType) else kind_of(value)
+            self.ctx.report("E0209", f"`precision` of `{op.name}` takes an fp8 or a float dtype, "
+                            f"found {shown}", span, frame=scope.frame,
+                            help=("`precision=f8e4m3` quantises the operands; a float dtype "
+                                  "(their own) leaves them as they are",))
+            return ERROR
+        return value.name, span
+
+    def _quantizable(self, op: OpDef, ctx: OpCtx, values: dict[str, Any], dtype: str,
+                     asked: Span) -> bool:
+        """The op's fp8 rule for an fp8 `dtype` (E0404); for a float one, the operands must
+        already be of it: it leaves them unquantised (E0401)."""
+        ctx.asked = asked
+        if dtype in FP8:
+            assert op.quantize is not None
+            return op.quantize(ctx, Args(values), dtype)
+        for p in op.tensor_params:
+            t = values.get(p.name)
+            if isinstance(t, TensorType) and p.kind is Kind.TENSOR and t.dtype != dtype:
+                ctx.error("E0401", f"`precision={dtype}` leaves the operands of `{op.name}` "
+                          f"unquantised, and `{p.name}` is {t.dtype}", at=p.name,
+                          label=f"{t.dtype} here", labels=(Label(asked, f"{dtype} asked for here"),),
+                          notes=("a float operand precision names the dtype the operands "
+                                 "already have",),
+                          help=(f"write `precision={t.dtype}`, or cast the operand",))
+                return False
+        return True
 
     def _bind_op(self, op: OpDef, call_span: Span, func_span: Span, pos: list[Arg],
                  kws: dict[str, Arg], scope: Scope) -> dict[str, Arg] | None:

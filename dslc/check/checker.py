@@ -58,27 +58,30 @@ STACK_FRAMES = 5 * MAX_NESTING + 2000
 
 
 def check(program: Program, module: ast.Module, sink: Sink,
-          precision: PrecisionSpec | None = None, backend: str = "cudnn") -> CheckedModel | None:
+          precision: PrecisionSpec | None = None, backend: str = "cudnn", fp8: bool = True,
+          ) -> CheckedModel | None:
     """Check `module` (and what it imports). Returns None for a library file (no model) or when
     errors were reported. `precision` overrides every `precision` statement (debugging numerics,
     reference runs in f32); dtypes written on values still hold. With backend="reference", the
-    limits of cuDNN (e.g. sdpa only in f16/bf16) are not applied."""
+    limits of cuDNN (e.g. sdpa only in f16/bf16) are not applied. With `fp8` False (`--fp8 off`)
+    the model's fp8 requests are not applied: it is the model as if it asked for none."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, STACK_FRAMES))
     try:
         with collector_paused():
-            return _check(program, module, sink, precision, backend)
+            return _check(program, module, sink, precision, backend, fp8)
     finally:
         sys.setrecursionlimit(limit)
 
 
 def _check(program: Program, module: ast.Module, sink: Sink, precision: PrecisionSpec | None,
-           backend: str) -> CheckedModel | None:
+           backend: str, fp8: bool) -> CheckedModel | None:
     resolved = resolve(program, sink)
     if not module.models:
         return None
     model = module.models[0]
-    el = Elaborator(program, resolved, sink, precision_override=precision, backend=backend)
+    el = Elaborator(program, resolved, sink, precision_override=precision, backend=backend,
+                    fp8=fp8)
     try:
         scope = el.model(module, model)
         metadata = model_metadata(el, model, scope)
@@ -95,7 +98,7 @@ def _check(program: Program, module: ast.Module, sink: Sink, precision: Precisio
         return None
     for bucket in buckets:
         if bucket:  # a model without dynamic dims was checked with its only sizes already
-            recheck(program, resolved, module, model, bucket, sink, precision, backend)
+            recheck(program, resolved, module, model, bucket, sink, precision, backend, fp8)
     if sink.error_count:
         return None
     return CheckedModel(
@@ -137,12 +140,12 @@ def enumerate_buckets(el: Elaborator, sink: Sink) -> list[dict[str, int]]:
 
 def recheck(program: Program, resolved: Resolved, module: ast.Module, model: ast.Model,
             bucket: dict[str, int], sink: Sink, precision: PrecisionSpec | None = None,
-            backend: str = "cudnn") -> None:
+            backend: str = "cudnn", fp8: bool = True) -> None:
     """Elaborate again with concrete sizes: a range can hide a bad corner value. Each new
     (code, span) is reported once, for the first bucket that shows it."""
     local = Sink(max_errors=sink.max_errors)
     el = Elaborator(program, resolved, local, bucket=bucket, precision_override=precision,
-                    backend=backend)
+                    backend=backend, fp8=fp8)
     with contextlib.suppress(TooLarge):
         el.model(module, model)
     seen = {(d.code, d.span) for d in sink.diagnostics}

@@ -64,8 +64,10 @@ class TooLarge(Exception):
 class Context:
     def __init__(self, program: Program, resolved: Resolved, sink: Sink,
                  bucket: dict[str, int] | None = None,
-                 precision_override: PrecisionSpec | None = None, backend: str = "cudnn") -> None:
+                 precision_override: PrecisionSpec | None = None, backend: str = "cudnn",
+                 fp8: bool = True) -> None:
         self.precision_override = precision_override
+        self.fp8 = fp8  # False (`--fp8 off`): fp8 requests are checked for form, not applied
         self.backend = backend
         self.program = program
         self.resolved = resolved

@@ -49,7 +49,7 @@ def instantiate(el: CallEval, ref: DefRef, call: ast.Call, pos: list[Arg], kws: 
     if given is None:
         return ERROR
     inner = Scope(ref.module, scope.frame, f"def `{name}`", scope.precision,
-                  dict(scope.precision_origin))
+                  dict(scope.precision_origin), quantize=dict(scope.quantize))
     for p in scalars:
         if p.name.name in given:
             value, span = given[p.name.name]

@@ -9,7 +9,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.check.calls import Arg, CallEval
+from dslc.check.calls import QUANTIZE_KEYS, Arg, CallEval
 from dslc.check.context import Context, ParamSpec, is_dim, is_int
 from dslc.check.defs import conform, instantiate, layout_of
 from dslc.check.expansion import estimate
@@ -29,7 +29,16 @@ from dslc.check.values import (
 )
 from dslc.core import dims
 from dslc.core.dims import SymInfo
-from dslc.core.types import DTYPES, Layout, PrecisionSpec, TensorType, format_type
+from dslc.core.types import (
+    DTYPES,
+    FP8,
+    WEIGHT_SCALES,
+    Layout,
+    PrecisionSpec,
+    TensorType,
+    format_type,
+    is_float,
+)
 from dslc.diag.diagnostic import Label, Sink
 from dslc.diag.span import Span
 from dslc.parse import ast
@@ -67,8 +76,9 @@ class Elaborator:
 
     def __init__(self, program: Program, resolved: Resolved, sink: Sink,
                  bucket: dict[str, int] | None = None,
-                 precision_override: PrecisionSpec | None = None, backend: str = "cudnn") -> None:
-        self.ctx = Context(program, resolved, sink, bucket, precision_override, backend)
+                 precision_override: PrecisionSpec | None = None, backend: str = "cudnn",
+                 fp8: bool = True) -> None:
+        self.ctx = Context(program, resolved, sink, bucket, precision_override, backend, fp8)
         self.exprs = ExprEval(self.ctx)
         self.calls = CallEval(self.ctx, self.exprs, self)
         self.exprs.calls = self.calls
@@ -236,27 +246,52 @@ class Elaborator:
         self.bucket_rows = (tuple(names), rows)
 
     def precision(self, stmt: ast.Precision, scope: Scope) -> None:
-        if self.ctx.precision_override is not None:
-            return
+        """The precision triple (ignored under `--precision`, which overrides it) and the
+        operand precision of the ops that compute in fp8 (`matmul=`, `conv=`, `sdpa=`,
+        `weight_scales=`), which `--fp8 off` turns off (`CallEval` then applies none)."""
+        override = self.ctx.precision_override is not None
         current = {"io": scope.precision.io, "intermediate": scope.precision.intermediate,
                    "compute": scope.precision.compute}
         for kw in stmt.settings:
             key = kw.name.name
-            if key not in current:
-                hint = suggest(key, list(current))
+            if key not in current and key not in QUANTIZE_KEYS:
+                hint = suggest(key, [*current, *QUANTIZE_KEYS])
                 self.ctx.report("E0204", f"unknown precision setting `{key}`", kw.name.span,
-                                "expected io, intermediate or compute",
+                                "expected io, intermediate, compute, or an op that computes in "
+                                "fp8: " + ", ".join(QUANTIZE_KEYS),
                                 help=(f"did you mean `{hint}`?",) if hint else (), frame=scope.frame)
                 continue
             value = self.exprs.eval(kw.value, scope)
+            if key == "weight_scales":
+                if value is not ERROR and value not in WEIGHT_SCALES:
+                    self.ctx.report("E0209", "`weight_scales` takes "
+                                    + " or ".join(f'"{w}"' for w in WEIGHT_SCALES) + ", found "
+                                    + (f'"{value}"' if isinstance(value, str) else kind_of(value)),
+                                    kw.value.span, frame=scope.frame,
+                                    help=('per output channel (the default), or one scale per '
+                                          'weight: `weight_scales="per_tensor"`',))
+                elif value is not ERROR:
+                    scope.quantize[key] = value
+                    scope.precision_origin[key] = kw.span
+                continue
             if not isinstance(value, DType):
                 if value is not ERROR:
                     self.ctx.report("E0209", f"`{key}` takes a dtype, found {kind_of(value)}",
                                     kw.value.span, frame=scope.frame,
                                     help=(f"one of {', '.join(DTYPES)}",))
                 continue
-            current[key] = value.name
-            scope.precision_origin[key] = kw.span
+            if key in current:
+                if not override:
+                    current[key] = value.name
+                    scope.precision_origin[key] = kw.span
+            elif value.name in FP8 or is_float(value.name):
+                scope.quantize[key] = value.name
+                scope.precision_origin[key] = kw.span
+            else:
+                self.ctx.report("E0209", f"`{key}` takes an fp8 or a float dtype, found "
+                                f"{value.name}", kw.value.span, frame=scope.frame,
+                                help=(f"`{key}=f8e4m3` quantises its operands; a float dtype "
+                                      "(their own) leaves them as they are",))
         scope.precision = PrecisionSpec(**current)
 
     # -- declarations ----------------------------------------------------------------------------

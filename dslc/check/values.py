@@ -145,3 +145,6 @@ class Scope:
     precision_origin: dict[str, Span] = field(default_factory=dict)
     values: dict[str, Binding] = field(default_factory=dict)
     is_model: bool = False
+    # The operand precision of the ops that compute in fp8 (`precision matmul=f8e4m3`), by op
+    # name, and `weight_scales` (LANGUAGE.md 3.4); where each was set is in `precision_origin`.
+    quantize: dict[str, str] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from pathlib import Path
 from dslc import __version__
 from dslc.backend.target import TargetError
 from dslc.cli import bench as bench_commands
+from dslc.cli import calibrate as calibrate_commands
 from dslc.cli import compile as compile_commands
 from dslc.cli import fmt as fmt_commands
 from dslc.cli import inspect as inspect_commands
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_commands.add_commands(sub)
     weights_commands.add_commands(sub)
     compile_commands.add_commands(sub, add_diag_options)
+    calibrate_commands.add_commands(sub)
     inspect_commands.add_commands(sub)
     bench_commands.add_commands(sub)
     return parser

@@ -256,6 +256,9 @@ def add_commands(sub: Any, diag_options: Any) -> None:
                    help="compile only this bucket (repeatable); others build on first use")
     p.add_argument("--precision", metavar="P", type=parse_precision,
                    help="override the model's precision: `f32` or `io=..,intermediate=..,compute=..`")
+    p.add_argument("--fp8", choices=("source", "off"), default="source",
+                   help="source: the ops the model asks to compute in fp8 do (default); off: "
+                        "none does (the model without its fp8 requests: its fp16 baseline)")
     p.add_argument("--no-tune", dest="tune", action="store_false",
                    help="on a GPU, keep the heuristics' plans (tune later with `dslc tune`)")
     _tune_options(p)

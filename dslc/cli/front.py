@@ -103,7 +103,8 @@ def make_sink(args: argparse.Namespace) -> Sink:
 def options(args: argparse.Namespace) -> Options:
     precision = getattr(args, "precision", None)
     backend = getattr(args, "backend", "cudnn")
-    return Options(include_dirs=list(args.include), precision=precision, backend=backend)
+    fp8 = getattr(args, "fp8", "source") != "off"
+    return Options(include_dirs=list(args.include), precision=precision, backend=backend, fp8=fp8)
 
 
 def front(path: Path, args: argparse.Namespace, sink: Sink) -> FrontEnd:

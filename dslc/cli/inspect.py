@@ -14,6 +14,7 @@ from dslc.backend.target import live_device_available
 from dslc.cli import paths
 from dslc.cli.front import EXIT_OK, command
 from dslc.core.errors import RunnerError
+from dslc.core.types import FP8
 from dslc.ir.placement import placed_in
 from dslc.runtime import startup
 from dslc.runtime.bundle import load
@@ -65,7 +66,18 @@ def bundle_report(bundle: Bundle) -> dict[str, Any]:
                      "saved_plans": sum(1 for g in b.graphs.values() if g.plan.serialized)}
                     for b in bundle.buckets],
         "steps": steps,
+        "fp8": _fp8(program),
     }
+
+
+def _fp8(program: Schedule) -> dict[str, Any]:
+    """The ops that compute in fp8 (by node, with the fp8 dtype and how weights are scaled),
+    and the calibration that gives their activations' scales (None: not calibrated yet)."""
+    ops = [{"node": n.name, "op": n.op, "dtype": n.attrs["precision"],
+            "weight_scales": n.attrs.get("weight_scales")}
+           for n in program.graph.nodes if n.attrs.get("precision") in FP8]
+    c = program.bundle.calibration
+    return {"ops": ops, "calibration": None if c is None else c.to_data()}
 
 
 def _in_place(program: Schedule, step: StepRecord) -> dict[str, Any]:
@@ -110,7 +122,24 @@ def _bundle_text(r: dict[str, Any]) -> str:
         if s["reason"]:
             lines.append(f"        why: {s['reason']}")
         lines += [f"        {line}" for line in _in_place_text(s)]
-    return "\n".join(lines)
+    return "\n".join(lines + _fp8_text(r["fp8"]))
+
+
+def _fp8_text(r: dict[str, Any]) -> list[str]:
+    if not r["ops"]:
+        return []
+    lines = [f"\n{len(r['ops'])} ops compute in fp8:"]
+    lines += [f"  %{o['node']}  {o['op']} in {o['dtype']}"
+              + (f", weights scaled {o['weight_scales'].replace('_', ' ')}"
+                 if o["weight_scales"] else "") for o in r["ops"]]
+    c = r["calibration"]
+    if c is None:
+        lines.append("not calibrated: the runner stops with R0203 (`dslc calibrate`)")
+    else:
+        lines.append(f"calibrated on {c['samples']} runs (samples {c['data'][:12]}, weights "
+                     f"{c['weights'][:12]}):")
+        lines += [f"  amax {amax:<12.6g} %{name}" for name, amax in c["amax"].items()]
+    return lines
 
 
 def env_report(recorded: Environment, policy: str) -> dict[str, Any]:

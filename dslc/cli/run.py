@@ -36,7 +36,9 @@ from dslc.ir import interp
 from dslc.pipeline import BuildOptions, Built, FrontEnd, WriteFailed, build, lower_and_fuse
 from dslc.runtime import Model
 from dslc.runtime.bundle import read
+from dslc.runtime.calibration import quantised
 from dslc.runtime.inputs import bind_inputs
+from dslc.runtime.params import amaxes, check_calibrated_with
 from dslc.runtime.params import read as read_weights
 from dslc.runtime.schedule import Schedule
 
@@ -65,6 +67,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if bundle and args.precision is not None:
         raise UsageError(f"`--precision` applies to a .cgraph file; `{args.file}` was compiled "
                          "at its precision (compile it again with `--precision`)")
+    if bundle and args.fp8 != "source":
+        raise UsageError(f"`--fp8` applies to a .cgraph file; `{args.file}` was compiled with "
+                         "its fp8 choice (compile it again with `--fp8 off`)")
     if args.output is not None:
         paths.output_file(args.output, [args.file, args.weights, *_input_paths(args.input)])
     args.inputs = _inputs(args.input)
@@ -92,7 +97,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunnerError as err:
         print(err, file=sys.stderr)
         return EXIT_ERRORS
-    outputs = interp.run(lowered, args.inputs, params, model.env, virtual=plan.virtual())
+    # fp8: with no calibration, each quantised tensor is scaled by its own range on these inputs
+    # (what calibrating on them would record).
+    observe: dict[str, float] | None = {} if quantised(lowered) else None
+    outputs = interp.run(lowered, args.inputs, params, model.env, virtual=plan.virtual(),
+                         observe=observe)
     return _report(args, outputs)
 
 
@@ -107,12 +116,15 @@ def _run_reference_bundle(args: argparse.Namespace) -> int:
             tensors = {}
         else:
             tensors = read_weights(args.weights, manifest, runtime_warn(args))
+            check_calibrated_with(program, tensors, args.weights)
+        amax = amaxes(program)
     except RunnerError as err:
         print(err, file=sys.stderr)
         return EXIT_ERRORS
     virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
                if n not in s.outputs}
-    outputs = interp.run(program.graph, args.inputs, tensors, program.env, virtual=virtual)
+    outputs = interp.run(program.graph, args.inputs, tensors, program.env, virtual=virtual,
+                         amax=amax)
     return _report(args, outputs)
 
 
@@ -170,6 +182,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--precision", type=parse_precision, metavar="P",
                    help="override a .cgraph file's precision (`f32` or io=..,intermediate=..,"
                         "compute=..); the weights are converted to it")
+    p.add_argument("--fp8", choices=("source", "off"), default="source",
+                   help="source: the ops the model asks to compute in fp8 do (default); off: "
+                        "none does (the model without its fp8 requests: its fp16 baseline)")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="describe the outputs as lines (default), or as one JSON document")
     add_diag_options(p)

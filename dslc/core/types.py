@@ -16,6 +16,12 @@ FLOATS = ("f32", "f16", "bf16")
 FP8 = ("f8e4m3", "f8e5m2")
 INTS = ("i8", "u8", "i32", "i64")
 DTYPES = FLOATS + FP8 + INTS + ("bool",)
+# The largest finite value of each fp8 dtype: a tensor quantised to it is scaled so that its
+# calibrated amax lands there (e4m3 saturates above it; e5m2 has infinities).
+FP8_MAX = {"f8e4m3": 448.0, "f8e5m2": 57344.0}
+# How a weight (an operand computed from params alone) quantised to fp8 is scaled: one scale per
+# output channel (the default: it folds into the epilogue as a per-channel vector), or one.
+WEIGHT_SCALES = ("per_channel", "per_tensor")
 BITS = {"f32": 32, "f16": 16, "bf16": 16, "f8e4m3": 8, "f8e5m2": 8, "i8": 8, "u8": 8, "i32": 32,
         "i64": 64, "bool": 8}
 

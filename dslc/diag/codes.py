@@ -17,11 +17,11 @@ from typing import Literal, get_args
 CodeId = Literal[
     "E0101", "E0102", "E0103", "E0104", "E0105", "E0106", "E0201", "E0202", "E0203",
     "E0204", "E0205", "E0206", "E0207", "E0208", "E0209", "E0210", "E0301", "E0302",
-    "E0303", "E0304", "E0305", "E0306", "E0401", "E0402", "E0403", "E0501", "E0502",
+    "E0303", "E0304", "E0305", "E0306", "E0401", "E0402", "E0403", "E0404", "E0501", "E0502",
     "E0503", "E0601", "E0602", "E0603", "E0604", "E0605", "E0606", "E0607", "E0701",
     "E0702", "E0703", "E0704", "E0705", "E0801", "E0802", "W0201", "W0202", "W0203", "W0301",
-    "W0302", "W0303", "W0401", "W0501", "W0602", "R0201", "R0202", "R0301", "R0401", "R0501",
-    "R0601", "R0602", "R0801", "R0802", "R0803",
+    "W0302", "W0303", "W0401", "W0501", "W0602", "R0201", "R0202", "R0203", "R0301", "R0401",
+    "R0501", "R0601", "R0602", "R0801", "R0802", "R0803",
 ]
 
 
@@ -61,6 +61,7 @@ E0306 a tensor rank or size beyond what cuDNN can index
 E0401 unsupported dtype for this operation
 E0402 implicit mix of integer and float values
 E0403 compute precision narrower than the operation needs
+E0404 fp8 asked of an operation that cannot compute in it as written
 E0501 a layout tag that does not fit the tensor
 E0502 an operation's layout requirement is not met
 E0503 a reshape that is not a view
@@ -89,6 +90,7 @@ W0501 a reduced-precision convolution on NCHW data
 W0602 many buckets
 R0201 missing or unexpected input
 R0202 weights missing or not matching the model
+R0203 fp8 scales missing, or calibrated with other weights
 R0301 an input of the wrong shape
 R0401 an input of the wrong dtype
 R0501 an input of the wrong layout or device

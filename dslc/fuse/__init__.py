@@ -5,13 +5,13 @@ it. Every op not fused with its neighbours gets the reason in the plan."""
 from __future__ import annotations
 
 from dslc.fuse.patterns import FALLBACK_REASONS, PATTERNS, FusionPattern
-from dslc.ir.graph import Graph, Node
+from dslc.ir.graph import SOURCES, Graph, Node
 from dslc.ir.groups import FusionPlan, Group, format_plan, make_group, unique_names
 from dslc.ir.naming import StepNames
 from dslc.ir.placement import in_place
 from dslc.lower.canonical import load_time
 
-NOT_RUN = ("input", "param", "scalar", "view")
+NOT_RUN = (*SOURCES, "view")
 
 
 class _Partition:

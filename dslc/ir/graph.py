@@ -74,6 +74,11 @@ class Graph:
 
 
 FLOAT_STORAGE = ("f32", "f16", "bf16")
+# A calibrated amax: the largest magnitude the tensor `attrs["tensor"]` took on the calibration
+# data (`dslc calibrate`), from which the scale of its quantisation to fp8 is computed at load
+# time. A source, like a param: its value is in the bundle's calibration record.
+CALIBRATED = "amax"
+SOURCES = ("input", "param", "scalar", CALIBRATED)  # the nodes that read no other value
 
 
 def compute_dtype(node: Node) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from dslc.core import dims
 from dslc.core.dims import DimEnv, Poly
 from dslc.core.types import is_float
-from dslc.ir.graph import Graph, Node, compute_dtype, stored_dtype
+from dslc.ir.graph import CALIBRATED, Graph, Node, compute_dtype, stored_dtype
 
 NUMPY_DTYPES: dict[str, Any] = {
     "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
@@ -183,6 +183,21 @@ def evaluate_node(node: Node, operands: list[np.ndarray], attrs: Mapping[str, An
         return out.astype(NUMPY_DTYPES[storage], copy=False)
 
 
+def _amax(tensor: str, results: Mapping[str, np.ndarray], amax: Mapping[str, float] | None,
+          observe: dict[str, float] | None) -> float:
+    if observe is not None:
+        if tensor not in results:
+            raise InterpError(f"the amax of `{tensor}` is read before `{tensor}` is computed")
+        x = np.abs(results[tensor].astype(np.float32))
+        seen = float(np.max(x, initial=0.0, where=np.isfinite(x)))  # what a scale can cover
+        observe[tensor] = max(observe.get(tensor, 0.0), seen)
+        return seen
+    if amax is None or tensor not in amax:
+        raise InterpError(f"no calibrated amax for `{tensor}`, which is quantised to fp8 "
+                          "(calibrate the bundle: `dslc calibrate`)")
+    return float(amax[tensor])
+
+
 def _dtype_name(x: np.ndarray) -> str:
     for name, dt in NUMPY_DTYPES.items():
         if x.dtype == np.dtype(dt):
@@ -193,11 +208,16 @@ def _dtype_name(x: np.ndarray) -> str:
 def run(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
         env: DimEnv | None = None, virtual: Collection[str] = (),
         keep: Callable[[Node], bool] | None = None, check_views: bool = False,
+        amax: Mapping[str, float] | None = None, observe: dict[str, float] | None = None,
         ) -> dict[str, np.ndarray]:
     """Execute `graph`; returns the outputs by name (and every value `keep` selects, by node
     name). Values in `virtual` are rounded to their `intermediate` dtype. A lowered view reads
     its base's memory through its planned strides; `check_views` also applies its logical
-    steps and raises ViewError where the two differ."""
+    steps and raises ViewError where the two differ.
+
+    fp8: each quantised tensor's calibrated amax is read from `amax` (by tensor name). With
+    `observe`, a calibration run: each is the tensor's own amax in this run (computed before
+    anything reads its quantisation), and `observe` keeps the largest seen per tensor."""
     values = bind_dims(graph, inputs, env)
     results: dict[str, np.ndarray] = {}
     kept: dict[str, np.ndarray] = {}
@@ -216,6 +236,8 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np
             out = np.asarray(weights[path]).astype(NUMPY_DTYPES[node.type.dtype])
         elif node.op == "scalar":
             out = np.asarray(attrs["value"], dtype=NUMPY_DTYPES[node.type.dtype])
+        elif node.op == CALIBRATED:
+            out = np.asarray(_amax(attrs["tensor"], results, amax, observe), dtype=np.float32)
         elif node.op == "view":
             shape = tuple(int(d) for d in concrete(node.type.shape, values, env))
             out = planned_view(node, nodes[node.inputs[0]], results[node.inputs[0]], attrs, shape,

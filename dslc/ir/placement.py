@@ -19,10 +19,10 @@ from collections.abc import Collection, Mapping
 from dslc.core import dims
 from dslc.core.dims import Dim
 from dslc.ir import views
-from dslc.ir.graph import Graph, Node
+from dslc.ir.graph import SOURCES, Graph, Node
 from dslc.ir.interp import ITEMSIZE
 
-NOT_PLACED = ("input", "param", "scalar", "view", "concat")
+NOT_PLACED = (*SOURCES, "view", "concat")
 
 Slice = tuple[str, tuple[Dim, ...], tuple[Dim, ...]]
 Placement = Mapping[str, tuple[str, tuple[Slice]]]  # operand -> (concat, its slice there)

@@ -115,8 +115,14 @@ class TorchProgram(nn.Module):
         self._steps: list[_Step] = []
         self._slots: dict[str, tuple[nn.Module, str]] = {}  # param path -> (module, attribute)
         scalars: list[float] = []  # kept in float64: an integer number is exact to 2^53
+        fixed: set[str] = set()  # values computed from params and numbers alone: weights
         for node in graph.nodes:
             attrs = {k: _concrete(v, dims, env) for k, v in node.attrs.items()}
+            if node.op in ("param", "scalar") or (node.inputs and all(i in fixed
+                                                                      for i in node.inputs)):
+                fixed.add(node.name)
+            if attrs.get("precision") in FP8:  # fp8 operands: weights are scaled per channel
+                attrs["fp8_weights"] = tuple(i for i, x in enumerate(node.inputs) if x in fixed)
             shape = _concrete(tuple(node.type.shape), dims, env)
             step = _Step(node, attrs, shape, mode)
             if node.op == "param":

@@ -186,6 +186,9 @@ def _sdpa(xs: list[Tensor], a: Attrs) -> Tensor:
     j > place - window; bias adds to the scores.
     A query that keeps no key at all is undefined (PyTorch returns 0 there, numpy NaN)."""
     t = _named(xs, a, ("q", "k", "v"))
+    if "descale_q" in t:  # the explicit fp8 form: the operands are fp8 values already
+        return _attention_of(t["q"], t["k"], t["v"], a, t["descale_q"] * t["descale_k"],
+                             t["descale_v"])
     q, k, v = t["q"], t["k"], t["v"]
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -207,6 +210,24 @@ def _sdpa(xs: list[Tensor], a: Attrs) -> Tensor:
     elif mask is not None:
         mask = mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a["scale"])
+
+
+def _attention_of(q: Tensor, k: Tensor, v: Tensor, a: Attrs, score_descale: Tensor,
+                  v_descale: Tensor) -> Tensor:
+    """fp8 attention written out: scores of fp8 values descaled, the causal mask, softmax, the
+    probabilities scaled by 448 and rounded to e4m3, times v, descaled."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (scale * score_descale.reshape(()))
+    if a["causal"]:
+        shift = k.shape[2] - q.shape[2] if a.get("align") == "bottom_right" else 0
+        i = torch.arange(q.shape[2], device=q.device)[:, None] + shift
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
+        scores = scores.masked_fill(j > i, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    probs = (probs * 448.0).to(torch.float8_e4m3fn).float()
+    return torch.matmul(probs, v) * (v_descale.reshape(()) / 448.0)
 
 
 def _prod(x: Tensor, axes: tuple[int, ...], keep: bool) -> Tensor:
@@ -246,6 +267,81 @@ def _gather(xs: list[Tensor], a: Attrs) -> Tensor:
     return torch.where(inside, rows, torch.full((), float("nan"), dtype=x.dtype, device=x.device))
 
 
+# ---- fp8: operands quantised, as `precision matmul=f8e4m3` means (LANGUAGE.md 3.4) -------------
+# Written from the language's definition with torch's own float8 types: it never sees dslc's
+# lowering of it (`dslc.lower.quantize`). An activation is scaled by its own largest magnitude
+# (calibrating on the inputs it runs on gives the same), a weight (the operands the translation
+# found computed from params alone: `fp8_weights`) per output channel or per tensor.
+
+_FP8 = {"f8e4m3": (torch.float8_e4m3fn, 448.0), "f8e5m2": (torch.float8_e5m2, 57344.0)}
+_TINY = 2.0 ** -24  # the smallest amax a scale is made from
+
+
+def _quantised(x: Tensor, dtype: str, axes: tuple[int, ...] | None) -> tuple[Tensor, Tensor]:
+    """x rounded to fp8 after scaling its amax (over `axes`, all when None) to the format's
+    largest value, as f32 values, and the descale (amax / largest) that undoes the scaling."""
+    kind, top = _FP8[dtype]
+    finite = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
+    amax = finite.amax() if axes is None else finite.amax(dim=axes, keepdim=True)
+    amax = amax.float().clamp(min=_TINY)
+    scaled = x.float() * (top / amax)
+    if dtype == "f8e4m3":  # e4m3 has no infinity: saturate, as the hardware's conversion does
+        scaled = scaled.clamp(-top, top)
+    return scaled.to(kind).float(), amax / top
+
+
+def _weight_axes(op: str, index: int, rank: int, per_channel: bool) -> tuple[int, ...]:
+    """What a weight's amax is taken over: all but its output channel, or everything."""
+    if not per_channel:
+        return tuple(range(rank))
+    if op == "conv":
+        return tuple(range(1, rank))
+    return (rank - 2,) if index == 1 else (rank - 1,)
+
+
+def _fp8_operands(xs: list[Tensor], a: Attrs, op: str) -> tuple[list[Tensor], Tensor]:
+    dtype = a["precision"]
+    per_channel = a.get("weight_scales", "per_channel") == "per_channel"
+    out, descale = [], torch.ones((), dtype=torch.float32, device=xs[0].device)
+    for i, x in enumerate(xs):
+        weight = i in a.get("fp8_weights", ())
+        axes = _weight_axes(op, i, x.dim(), per_channel) if weight else None
+        q, d = _quantised(x, dtype, axes)
+        if weight and per_channel and op == "conv":
+            d = d.reshape(1, -1, *(1,) * (x.dim() - 2))  # along the result's channels
+        elif weight and per_channel and i == 1:
+            d = d.reshape(*d.shape[:-2], 1, d.shape[-1])  # along the result's columns
+        out.append(q)
+        descale = descale * d
+    return out, descale
+
+
+def _fp8_matmul(xs: list[Tensor], a: Attrs) -> Tensor:
+    (qa, qb), descale = _fp8_operands(xs, a, "matmul")
+    return torch.matmul(qa, qb) * descale
+
+
+def _fp8_conv(xs: list[Tensor], a: Attrs) -> Tensor:
+    qs, descale = _fp8_operands(xs, a, "conv")
+    return _conv(qs, a) * descale
+
+
+def _fp8_sdpa(xs: list[Tensor], a: Attrs) -> Tensor:
+    """q, k and v quantised per tensor; the probabilities rounded to e4m3 after scaling by 448
+    (at most 1 each) before they multiply v, as cuDNN's fp8 attention computes."""
+    t = _named(xs, a, ("q", "k", "v"))
+    (q, dq), (k, dk), (v, dv) = (_quantised(t[n], a["precision"], None) for n in "qkv")
+    return _attention_of(q, k, v, a, dq * dk, dv)
+
+
+def _precise(fn: OpFn, quantised: OpFn) -> OpFn:
+    """`fn`, or `quantised` for a node asking for fp8 operands."""
+    def run(xs: list[Tensor], a: Attrs) -> Tensor:
+        return quantised(xs, a) if a.get("precision") in _FP8 else fn(xs, a)
+
+    return run
+
+
 # ---- the table ----------------------------------------------------------------------------------
 
 def _table() -> dict[str, OpFn]:
@@ -260,15 +356,15 @@ def _table() -> dict[str, OpFn]:
         "scale_mul": lambda xs, a: xs[0] * _on_axis(xs[1], xs[0].dim(), a["axis"]),
         "cast": lambda xs, a: xs[0],  # the result is converted to the node's dtype by the caller
         "contiguous": lambda xs, a: xs[0].contiguous(),
-        "conv": _in_float(_conv),
+        "conv": _precise(_in_float(_conv), _fp8_conv),
         "conv_transpose": _in_float(_conv_transpose),
-        "matmul": lambda xs, a: torch.matmul(xs[0], xs[1]),
+        "matmul": _precise(lambda xs, a: torch.matmul(xs[0], xs[1]), _fp8_matmul),
         "batchnorm": _batchnorm,
         "layernorm": _layernorm,
         "rmsnorm": _rmsnorm,
         "instancenorm": _instancenorm,
         "groupnorm": _groupnorm,
-        "sdpa": _sdpa,
+        "sdpa": _precise(_sdpa, _fp8_sdpa),
         "genstats": _genstats,
         "maxpool": _in_float(_maxpool),
         "avgpool": _in_float(_avgpool),

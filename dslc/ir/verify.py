@@ -10,12 +10,13 @@ from typing import Any
 
 from dslc.core.dims import DimEnv
 from dslc.core.types import TensorType, format_shape, format_type
+from dslc.ir.graph import SOURCES as GRAPH_SOURCES
 from dslc.ir.graph import Graph, Node, compute_dtype
 from dslc.ir.views import view_layout, view_shape
 from dslc.ops import OPS
 from dslc.ops.opdef import Args, Kind, SilentCtx
 
-SOURCES = {"input", "param", "scalar"}  # nodes without operands
+SOURCES = set(GRAPH_SOURCES)  # nodes without operands
 IR_ONLY = {"view"}  # ops that exist only after lowering (no type rule in `dslc.ops`)
 
 

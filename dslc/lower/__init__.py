@@ -12,6 +12,7 @@ from dslc.ir.graph import Graph
 from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
 from dslc.lower.canonical import expand_norm_reductions, fold_scalars, load_time, make_bias_rule, remove_dead
 from dslc.lower.norms import expand_group_norm
+from dslc.lower.quantize import quantize
 from dslc.lower.rewrite import Rule, rewrite
 from dslc.lower.views import assign_layouts, make_views, weights_like_inputs
 
@@ -32,6 +33,12 @@ def bias_from_add(graph: Graph) -> Graph:
     return rewrite(graph, make_bias_rule(graph))
 
 
+def quantize_fp8(graph: Graph) -> Graph:
+    """The matmuls, convolutions and attentions the source asks to compute in fp8 read
+    quantised operands."""
+    return quantize(graph)
+
+
 PASSES: list[Pass] = [
     # BN after a conv with a param weight folds into the conv's weight and a bias (load time).
     remove_dead,
@@ -46,6 +53,8 @@ PASSES: list[Pass] = [
     bias_from_add,
     # x + 0, x * 1, same-dtype casts, scalar arithmetic: nothing to run.
     _each(fold_scalars),
+    # fp8: quantised operands (weights at load time, after batchnorm folding), descaled results.
+    quantize_fp8,
     # Reshape / transpose / slice chains read their base in place: no copy, no kernel.
     _each(make_views),
     remove_dead,

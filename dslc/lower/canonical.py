@@ -4,10 +4,10 @@ ops and scalar arithmetic folded, dead values removed; and which values are load
 from __future__ import annotations
 
 from dslc.core.types import TensorType
-from dslc.ir.graph import Graph, Node
+from dslc.ir.graph import CALIBRATED, Graph, Node
 from dslc.lower.rewrite import Rewriter
 
-SOURCES = ("param", "scalar")
+SOURCES = ("param", "scalar", CALIBRATED)  # what load time computes from
 
 
 def load_time(graph: Graph) -> set[str]:

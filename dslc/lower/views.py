@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dslc.core.types import Layout, TensorType
+from dslc.core.types import FP8, Layout, TensorType
 from dslc.ir import views
 from dslc.ir.graph import Attrs, Node
 from dslc.ir.interp import ITEMSIZE
@@ -65,8 +65,8 @@ def assign_layouts(rw: Rewriter, node: Node) -> str | None:
     if not fixed:
         layout = _chosen_layout(rw, node)
         node = replace(node, type=TensorType(node.type.dtype, node.type.shape, layout))
-    new = conv_in_one_memory_order(rw, select_in_one_memory_order(rw, copy_for_layout_rules(
-        rw, node)))
+    new = fp8_operands_k_major(rw, conv_in_one_memory_order(rw, select_in_one_memory_order(
+        rw, copy_for_layout_rules(rw, node))))
     if not fixed or new.type.layout == node.type.layout:
         return rw.emit(new)
     # The op writes in the order it needs; the value keeps the layout it was given, via a copy.
@@ -156,6 +156,23 @@ def conv_in_one_memory_order(rw: Rewriter, node: Node) -> Node:
         x = _copy_into(rw, x, order, node, f"{x}.channels_last")
     typ = TensorType(node.type.dtype, node.type.shape, Layout(order))
     return replace(node, inputs=(x, *node.inputs[1:]), type=typ)
+
+
+def fp8_operands_k_major(rw: Rewriter, node: Node) -> Node:
+    """An fp8 matmul reads both operands with the axis it contracts innermost (a [.., M, K] by
+    rows, b [.., K, N] by columns): the only layout Hopper's fp8 GEMMs take ("TN"). An operand
+    in another order is read through a copy (a weight's, made once at load time)."""
+    if node.op != "matmul" or rw.node(node.inputs[0]).type.dtype not in FP8:
+        return node
+    inputs = []
+    for index, name in enumerate(node.inputs):
+        seen = _seen_as(rw, name)
+        rank = seen.rank
+        order = tuple(range(rank)) if index == 0 else (*range(rank - 2), rank - 1, rank - 2)
+        if seen.layout is None or not views.same_memory(seen.shape, seen.layout.order, order):
+            name = _copy_into(rw, name, order, node, f"{name}.{_order_name(order)}")
+        inputs.append(name)
+    return replace(node, inputs=tuple(inputs))
 
 
 def _aligned(rw: Rewriter, name: str) -> str:

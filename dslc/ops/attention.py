@@ -13,25 +13,88 @@ from typing import Any
 import numpy as np
 
 from dslc.core import dims
-from dslc.core.types import TensorType
+from dslc.core.types import FP8, TensorType
 from dslc.diag.diagnostic import Label
-from dslc.ops import common
+from dslc.ops import common, fp8
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 from dslc.ops.pointwise import special_functions
 from dslc.ops.reference_conv import array_module
 
 
-def _head_dim(ctx: InferCtx, name: str, d: dims.Dim) -> bool:
+def _head_dim(ctx: InferCtx, name: str, d: dims.Dim, step: int = 8) -> bool:
     if not isinstance(d, int):
         ctx.error("E0305", "the head dimension of `sdpa` must be static", at=name,
                   label=f"{dims.format_dim(d)} varies")
         return False
-    if d % 8 != 0 or d > 256:
+    if d % step != 0 or d > 256:
         ctx.error("E0305", f"head dimension {d} is not supported by `sdpa`", at=name,
                   label=f"head dimension {d}",
-                  notes=("cuDNN SDPA needs head dimensions that are multiples of 8, at most 256",))
+                  notes=(f"cuDNN SDPA needs head dimensions that are multiples of {step}"
+                         f"{' (fp8)' if step != 8 else ''}, at most 256",))
         return False
     return True
+
+
+DESCALES = ("descale_q", "descale_k", "descale_v")
+# What the probabilities are multiplied by before cuDNN's fp8 attention rounds them to e4m3 (the
+# largest e4m3 value: a probability is at most 1); the product with v is divided by it again.
+SOFTMAX_SCALE = 448.0
+
+
+def _fp8_operands(ctx: InferCtx, a: Args) -> tuple[str, ...] | None:
+    """The fp8 dtypes q, k and v may have: e4m3, when all three are e4m3 and come with their
+    descales (the per-tensor factors that turn their values back into the unscaled ones: the
+    form `precision=f8e4m3` lowers to); none otherwise. None once an error is reported."""
+    q, k, v = a.t("q"), a.t("k"), a.t("v")
+    given = [d for d in DESCALES if a.opt(d) is not None]
+    quantised = [t.dtype for t in (q, k, v) if t.dtype in FP8]
+    if not quantised and not given:
+        return ()
+    if quantised != ["f8e4m3"] * 3 or len(given) != 3:
+        ctx.error("E0401", "fp8 `sdpa` takes e4m3 q, k and v, each with its descale",
+                  at=None, label=f"q, k and v are {q.dtype}/{k.dtype}/{v.dtype}, with "
+                  f"{', '.join(f'`{d}`' for d in given) or 'no descales'}",
+                  notes=("write the request instead, and let calibration find the scales: "
+                         "`sdpa(q, k, v, precision=f8e4m3)`",))
+        return None
+    for d in DESCALES:
+        t = a.t(d)
+        if t.dtype != "f32" or any(n != 1 for n in t.shape):
+            ctx.error("E0401", f"`{d}` of `sdpa` must be one f32 value", at=d,
+                      label=common.fmt(t))
+            return None
+    return ("f8e4m3",)
+
+
+def _fp8_plain(ctx: InferCtx, a: Args, dtype: str) -> bool:
+    """cuDNN's fp8 attention takes no bias and no sliding window (E0404)."""
+    for name, what in (("bias", "a bias"), ("window", "a sliding window")):
+        if a.get(name) is not None:
+            ctx.error("E0404", f"`sdpa` cannot compute in {dtype} with {what}", at=name,
+                      label=f"`{name}` given", labels=common.asked(ctx, dtype),
+                      notes=("cuDNN's fp8 attention supports causal masks only (aligned "
+                             "top-left or bottom-right)",),
+                      help=("leave this attention unquantised",))
+            return False
+    return True
+
+
+def _quantize(ctx: InferCtx, a: Args, dtype: str) -> bool:
+    """fp8 attention (cuDNN's sdpa_fp8 on Hopper): f16 or bf16 q, k and v quantised to e4m3,
+    head dimensions in multiples of 16, no bias, no window."""
+    if dtype != "f8e4m3":
+        ctx.error("E0404", f"`sdpa` cannot compute in {dtype}", at=None,
+                  label=f"precision={dtype}", labels=common.asked(ctx, dtype),
+                  notes=("cuDNN's fp8 attention takes e4m3 operands",),
+                  help=("write `precision=f8e4m3`",))
+        return False
+    q, k, v = a.t("q"), a.t("k"), a.t("v")
+    floats = ("f16", "bf16")
+    return (all(common.fp8_operand(ctx, "sdpa", n, t, dtype, floats)
+                for n, t in (("q", q), ("k", k), ("v", v)))
+            and common.fp8_multiple(ctx, "sdpa", "q", q.shape[3], "head dimension", dtype)
+            and common.fp8_multiple(ctx, "sdpa", "v", v.shape[3], "head dimension", dtype)
+            and _fp8_plain(ctx, a, dtype))
 
 
 def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
@@ -41,11 +104,15 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
             ctx.error("E0301", "`sdpa` expects rank-4 q, k and v: [B, H, S, D]", at=name,
                       label=f"{common.fmt(t)} has rank {t.rank}")
             return None
-    bad = [t.dtype for t in (q, k, v) if t.dtype not in ("f16", "bf16", "f32")]
+    fp8 = _fp8_operands(ctx, a)
+    if fp8 is None:
+        return None
+    bad = [t.dtype for t in (q, k, v) if t.dtype not in ("f16", "bf16", "f32", *fp8)]
     if bad:
         ctx.error("E0401", f"`sdpa` does not support {bad[0]} inputs", at=None,
                   label=f"q, k and v are {'/'.join(sorted({q.dtype, k.dtype, v.dtype}))} here",
-                  notes=("sdpa takes f16 or bf16 (cuDNN), or f32 (a fallback kernel)",))
+                  notes=("sdpa takes f16 or bf16 (cuDNN), or f32 (a fallback kernel); fp8 "
+                         "operands come with their descales (`descale_q=`, ...)",))
         return None
     if ctx.cudnn and "f32" in (q.dtype, k.dtype, v.dtype):
         # One rule for f32 everywhere: the reference runs it, and so does the GPU, as a fallback
@@ -77,7 +144,8 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
         ctx.error("E0301", "the query heads must be a multiple of the key/value heads", at="k",
                   label=common.fmt(k), labels=(ctx.label("q", common.fmt(q)),))
         return None
-    if ctx.cudnn and not (_head_dim(ctx, "q", dk) and _head_dim(ctx, "v", v.shape[3])):
+    step = 16 if fp8 else 8
+    if ctx.cudnn and not (_head_dim(ctx, "q", dk, step) and _head_dim(ctx, "v", v.shape[3], step)):
         return None
     large = sorted({d for d in (dk, v.shape[3]) if isinstance(d, int) and d > 128})
     if ctx.cudnn and large:
@@ -87,6 +155,11 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
                          "and modes stop at 128",))
     bias = a.opt("bias")
     out = TensorType(q.dtype, (b, hq, sq, v.shape[3]))
+    if fp8:  # cuDNN's fp8 attention writes a 16-bit result: the io dtype where it is one
+        io = ctx.precision.io
+        out = TensorType(io if io in ("f16", "bf16") else "f16", out.shape)
+        if not _fp8_plain(ctx, a, q.dtype):
+            return None
     if bias is not None:
         scores = TensorType(q.dtype, (b, hq, sq, k.shape[2]))
         if common.broadcast(ctx, scores, bias, "q", "bias", "sdpa") is None:
@@ -130,6 +203,8 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(q.shape[-1])
     scores = np.matmul(q, k.swapaxes(-1, -2)) * np.float32(scale)
+    if "descale_q" in named:  # fp8 operands: their products descaled
+        scores = scores * (named["descale_q"].reshape(()) * named["descale_k"].reshape(()))
     if "bias" in named:
         scores = scores + named["bias"]
     xp = array_module(q)
@@ -143,7 +218,13 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
         mask |= j <= at - a["window"]
     scores = np.where(mask, -np.inf, scores)
     special = special_functions(scores)
-    return np.matmul(special.softmax(scores, axis=-1).astype(q.dtype), v)
+    probs = special.softmax(scores, axis=-1).astype(q.dtype)
+    if "descale_q" not in named:
+        return np.matmul(probs, v)
+    # cuDNN's fp8 attention multiplies the probabilities by v in fp8 too: they are scaled by
+    # SOFTMAX_SCALE (a probability is at most 1) and rounded to e4m3 first.
+    probs = fp8.round_fp8(xp, probs * np.float32(SOFTMAX_SCALE), "f8e4m3")
+    return np.matmul(probs, v) * (named["descale_v"].reshape(()) / np.float32(SOFTMAX_SCALE))
 
 
 # Left out of mutation testing: its numbers are checked only on a GPU (tests/gpu).
@@ -168,6 +249,8 @@ def _lower_sdpa(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # p
             raise ValueError("cuDNN's sdpa with a broadcast bias or grouped key/value heads "
                              "is not used")
         kwargs["bias"] = named["bias"]
+    if "descale_q" in named:
+        return _lower_sdpa_fp8(ctx, named, kwargs, a)
     if a["causal"] or a["window"] is not None:
         kwargs["diagonal_alignment"] = ctx.enum(
             "diagonal_alignment", "BOTTOM_RIGHT" if a.get("align") == "bottom_right" else "TOP_LEFT")
@@ -180,13 +263,34 @@ def _lower_sdpa(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # p
     return out.set_dim(ctx.result_dims()).set_stride(ctx.result_strides())
 
 
+def _lower_sdpa_fp8(ctx: LowerCtx, named: Mapping[str, Any], kwargs: dict[str, Any],
+                    a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
+    """cuDNN's fp8 attention: the operands' descales as tensors; the probabilities' scale and
+    descale (SOFTMAX_SCALE) and the result's scale (1: it is written in f16 or bf16) as
+    pass-by-value scalars. Its amax outputs stay virtual (nothing reads them). The masks are
+    this node's flags (its binding has no diagonal band bounds)."""
+    for d in DESCALES:
+        kwargs[d] = named[d]
+    kwargs.update(descale_s=ctx.scalar(1.0 / SOFTMAX_SCALE), scale_s=ctx.scalar(SOFTMAX_SCALE),
+                  scale_o=ctx.scalar(1.0))
+    if a["causal"]:
+        flag = "use_causal_mask_bottom_right" if a.get("align") == "bottom_right" else \
+            "use_causal_mask"
+        kwargs[flag] = True
+    out = ctx.g.sdpa_fp8(**kwargs)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return out.set_dim(ctx.result_dims()).set_stride(ctx.result_strides())
+
+
 OPS = [
     OpDef("sdpa", "attention",
           (Param("q", Kind.TENSOR), Param("k", Kind.TENSOR), Param("v", Kind.TENSOR),
            Param("scale", Kind.OPT_FLOAT, None), Param("causal", Kind.BOOL, False),
            Param("bias", Kind.OPT_TENSOR, None), Param("window", Kind.OPT_INT, None),
-           Param("align", Kind.STR, "top_left", ("top_left", "bottom_right"))),
+           Param("align", Kind.STR, "top_left", ("top_left", "bottom_right")),
+           *(Param(d, Kind.OPT_TENSOR, None) for d in DESCALES)),
           _sdpa, "[B, Hq, Sq, Dv]",
           "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk)", fusion="anchor",
-          reference=_sdpa_ref, lower=_lower_sdpa, needs=_last_axis_innermost),
+          reference=_sdpa_ref, lower=_lower_sdpa, needs=_last_axis_innermost,
+          quantize=_quantize),
 ]

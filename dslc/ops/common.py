@@ -228,3 +228,39 @@ def lower_identity(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  
     """cuDNN's identity: a cast or a copy (the new dtype and strides are set on the result), or
     an `expand` (cuDNN broadcasts the operand over the size-1 axes it reads)."""
     return ctx.g.identity(input=xs[0])
+
+
+# ---- fp8: the checks shared by the ops that compute from quantised operands ---------------------
+
+def asked(ctx: InferCtx, dtype: str) -> tuple[Label, ...]:
+    """Where the fp8 precision was asked for (the op's `precision=`, or a `precision` statement),
+    as a secondary label of an E0404."""
+    origin = ctx.precision_origin("precision")
+    return (Label(origin, f"{dtype} asked for here"),) if origin is not None else ()
+
+
+def fp8_operand(ctx: InferCtx, op: str, arg: str, t: TensorType, dtype: str,
+                floats: tuple[str, ...] = ("f32", "f16", "bf16")) -> bool:
+    """An operand `precision=<fp8>` may quantise: a float tensor of one of `floats` (an fp8
+    operand is quantised already; an integer one has no scale to take)."""
+    if t.dtype in floats:
+        return True
+    ctx.error("E0404", f"`{op}` cannot quantise {t.dtype} operands to {dtype}", at=arg,
+              label=f"{t.dtype} here", labels=asked(ctx, dtype),
+              notes=(f"`precision={dtype}` quantises {', '.join(floats)} operands",),
+              help=(f"drop the fp8 request, or cast first: `cast({ctx.text(arg)}, f16)`",))
+    return False
+
+
+def fp8_multiple(ctx: InferCtx, op: str, arg: str, size: Dim, what: str, dtype: str,
+                 step: int = 16) -> bool:
+    """cuDNN's fp8 kernels (Hopper's fp8 tensor cores) read 16-byte rows: the axes an fp8 op
+    contracts or writes come in multiples of 16 elements, for every admissible value."""
+    if dims.div_exact(size, step, ctx.env) is not None:
+        return True
+    ctx.error("E0404", f"`{op}` cannot compute in {dtype} with {what} {dims.format_dim(size)}",
+              at=arg, label=f"{what} {dims.format_dim(size)}", labels=asked(ctx, dtype),
+              notes=(f"cuDNN's fp8 kernels need the {what} to be a multiple of {step}"
+                     + ("" if isinstance(size, int) else " for every value of its dims"),),
+              help=("pad the tensor to a multiple of 16, or leave this op unquantised",))
+    return False

@@ -156,6 +156,24 @@ def _conv_transpose(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(dtype, tuple(out))
 
 
+def _quantize(ctx: InferCtx, a: Args, dtype: str) -> bool:
+    """fp8 convolution (cuDNN's fp8 conv_fprop on Hopper): a 2-d convolution of float operands,
+    ungrouped, with input and output channels in multiples of 16."""
+    x, w = a.t("x"), a.t("w")
+    if not (common.fp8_operand(ctx, "conv", "x", x, dtype)
+            and common.fp8_operand(ctx, "conv", "w", w, dtype)):
+        return False
+    if x.rank != 4 or a["groups"] != 1:
+        what = f"groups={a['groups']}" if a["groups"] != 1 else f"{x.rank - 2} spatial axes"
+        ctx.error("E0404", f"`conv` cannot compute in {dtype} with {what}", at="x",
+                  label=common.fmt(x), labels=common.asked(ctx, dtype),
+                  notes=("cuDNN's fp8 convolutions are 2-d and ungrouped",),
+                  help=("leave this convolution unquantised",))
+        return False
+    return (common.fp8_multiple(ctx, "conv", "x", x.shape[1], "input channels C", dtype)
+            and common.fp8_multiple(ctx, "conv", "w", w.shape[0], "output channels K", dtype))
+
+
 # The cuDNN lowerings are left out of mutation testing: their numbers are checked only on a GPU.
 def _lower_conv(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
     return ctx.g.conv_fprop(image=xs[0], weight=xs[1], pre_padding=list(a["pre_pad"]),
@@ -182,7 +200,7 @@ OPS = [
           _conv, "[N, K, *O]", "convolution (cross-correlation, as PyTorch)", fusion="anchor",
           reference=lambda xs, a: ref.conv(xs[0], xs[1], a["stride"], a["pre_pad"], a["post_pad"],
                                            a["dilation"], a["groups"]),
-          lower=_lower_conv),
+          lower=_lower_conv, quantize=_quantize),
     OpDef("conv_transpose", "conv",
           (Param("x", Kind.TENSOR), Param("w", Kind.TENSOR), Param("stride", Kind.INTS, 1),
            Param("pad", Kind.INTS, 0), Param("dilation", Kind.INTS, 1),

@@ -69,9 +69,20 @@ def _matmul(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(dtype, (*batch, x.shape[-2], y.shape[-1]))
 
 
+def _quantize(ctx: InferCtx, a: Args, dtype: str) -> bool:
+    """fp8 matmul (cuBLASLt's fp8 GEMMs on Hopper): float operands, the contraction K and the
+    output's N in multiples of 16."""
+    x, y = a.t("a"), a.t("b")
+    return (common.fp8_operand(ctx, "matmul", "a", x, dtype)
+            and common.fp8_operand(ctx, "matmul", "b", y, dtype)
+            and common.fp8_multiple(ctx, "matmul", "a", x.shape[-1], "inner dimension K", dtype)
+            and common.fp8_multiple(ctx, "matmul", "b", y.shape[-1], "output width N", dtype))
+
+
 OPS = [
     OpDef("matmul", "matmul", (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR)), _matmul,
           "[*B, M, N]", "matrix product, batched over leading axes", fusion="anchor",
           reference=lambda xs, a: np.matmul(xs[0], xs[1]),
-          lower=lambda ctx, xs, a: ctx.g.matmul(A=xs[0], B=xs[1]), needs=_batch_outermost),
+          lower=lambda ctx, xs, a: ctx.g.matmul(A=xs[0], B=xs[1]), needs=_batch_outermost,
+          quantize=_quantize),
 ]

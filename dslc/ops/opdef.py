@@ -204,6 +204,12 @@ NeedsFn = Callable[[Mapping[str, TensorType]], str | None]
 RefFn = Callable[[list[np.ndarray], Mapping[str, Any]], np.ndarray]
 
 
+# The op's fp8 rule: whether it can compute from its operands quantised to the fp8 `dtype`
+# (`precision matmul=f8e4m3`, LANGUAGE.md 3.4): True, or False once E0404 is reported. The
+# checker runs it where the source asks for fp8.
+QuantizeFn = Callable[[InferCtx, Args, str], bool]
+
+
 # An op's place in the fusion patterns: an anchor (conv, matmul, sdpa: a pattern of its family),
 # a pointwise epilogue after an anchor, a norm or reduction anchor, a view (no kernel), or none
 # (it runs on its own).
@@ -223,6 +229,13 @@ class OpDef:
     reference: RefFn | None = None
     lower: LowerFn | None = None  # None: no cuDNN graph node (a fallback kernel runs it)
     needs: NeedsFn | None = None  # a memory order its operands must have (lowering copies)
+    quantize: QuantizeFn | None = None  # None: the op never computes from fp8 operands
+
+    @property
+    def reserved(self) -> tuple[str, ...]:
+        """The keywords every call of this op takes besides its params: `compute=`, and on
+        the ops that compute in fp8, `precision=`."""
+        return ("compute", "precision") if self.quantize is not None else ("compute",)
 
     def param(self, name: str) -> Param | None:
         for p in self.params:
@@ -235,7 +248,10 @@ class OpDef:
         return tuple(p for p in self.params if p.is_tensor)
 
     def signature(self) -> str:
-        return f"{self.name}({', '.join(str(p) for p in self.params)}) -> {self.returns}"
+        shown = [str(p) for p in self.params]
+        if self.quantize is not None:
+            shown.append("precision: dtype = none")
+        return f"{self.name}({', '.join(shown)}) -> {self.returns}"
 
 
 DimList = tuple[Dim, ...]

@@ -16,15 +16,17 @@ from typing import Any
 
 from dslc.core.dims import Dim, DimEnv, Poly, SymInfo
 from dslc.core.types import DTYPES, FAMILIES
+from dslc.ir.graph import SOURCES as GRAPH_SOURCES
 from dslc.ir.graph import Graph
 from dslc.ir.serial import dim_from, graph_data, graph_from
 from dslc.runtime import fields as f
 from dslc.runtime.fields import MAX_DIM, MAX_ELEMENTS, MAX_RANK, BundleError
 
-SOURCES = ("input", "param", "scalar")
+SOURCES = GRAPH_SOURCES
 NODE_FIELDS = ("name", "op", "inputs", "attrs", "type", "path", "precision", "span")
 # Attributes type rules and lowering add beyond an op's parameters, by kind.
-EXTRA_ATTRS = {"operands": "names", "compute": "DTYPE", "output": "INT", "pre_pad": "INTS",
+EXTRA_ATTRS = {"operands": "names", "compute": "DTYPE", "precision": "DTYPE",
+               "weight_scales": "STR", "output": "INT", "pre_pad": "INTS",
                "post_pad": "INTS", "axes": "AXES", "axis": "INT"}
 AXIS_ATTRS = ("axis", "axes", "perm")  # indices into the first operand's axes
 
@@ -193,8 +195,8 @@ def _attrs(attrs: Mapping[str, Any], path: str, op: str, rank: int,
 
     if op in SOURCES or op == "view":
         kinds = {"input": {"name": "STR"}, "param": {"path": "STR"},
-                 "scalar": {"value": "FLOAT"}, "view": {"steps": "STEPS", "strides": "SHAPE",
-                                                        "offset": "DIM"}}[op]
+                 "scalar": {"value": "FLOAT"}, "amax": {"tensor": "STR"},
+                 "view": {"steps": "STEPS", "strides": "SHAPE", "offset": "DIM"}}[op]
         f.mapping(attrs, path, tuple(kinds), ())
     else:
         kinds = {**EXTRA_ATTRS, **{p.name: p.kind.name for p in OPS[op].params}}

@@ -268,10 +268,13 @@ class Model:
         """Read and check the weights now (R0202); they go to the GPU at the first call, where
         the load-time values are computed (so a runner imports and loads without a GPU).
         Weights prepared for this bundle (`dslc weights prepare`) hold those values already."""
+        params.amaxes(self.program)  # an fp8 bundle without its scales: R0203, now
         prepared = params.read_prepared(Path(path), self.program)
         self._prepared = prepared is not None
-        self._host_weights = prepared if prepared is not None else \
-            params.read(Path(path), self.manifest)
+        if prepared is None:
+            tensors = params.read(Path(path), self.manifest)
+            params.check_calibrated_with(self.program, tensors, Path(path))
+        self._host_weights = prepared if prepared is not None else tensors
         self._weights = None
 
     def _device_weights(self) -> dict[str, Any]:

@@ -22,8 +22,9 @@ import numpy as np
 
 from dslc import fsutil
 from dslc.core.errors import RunnerError
-from dslc.ir.graph import Node
+from dslc.ir.graph import CALIBRATED, Node
 from dslc.ir.interp import NUMPY_DTYPES, apply_view, concrete_attrs, evaluate_node
+from dslc.runtime.calibration import weights_digest
 from dslc.runtime.manifest import Manifest
 from dslc.runtime.schedule import Schedule
 
@@ -81,10 +82,14 @@ def digest(program: Schedule) -> str:
     import json
 
     wanted = program.weights_used()
+    amax = amaxes(program)
     text = json.dumps([wanted] + [[n.name, n.op, n.inputs, n.type.dtype, str(n.type.shape),
                                    str(n.precision),
                                    memory_order(program, n.name, len(n.type.shape)),
-                                   json.dumps(n.attrs, sort_keys=True, default=str)]
+                                   json.dumps(n.attrs, sort_keys=True, default=str),
+                                   # fp8: the calibrated amax its scales are computed from
+                                   amax.get(str(n.attrs.get("tensor"))) if n.op == CALIBRATED
+                                   else None]
                                   for n in _needed(program, wanted)], default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -205,16 +210,48 @@ def _needed(program: Schedule, wanted: list[str]) -> list[Node]:
     return [node for node in program.graph.nodes if node.name in needed]
 
 
+def amaxes(program: Schedule) -> Mapping[str, float]:
+    """Each quantised tensor's calibrated amax (R0203 when the bundle quantises tensors to fp8
+    and holds no calibration)."""
+    bundle = program.bundle
+    if bundle.calibration is not None:
+        return bundle.calibration.amax
+    if bundle.uncalibrated:
+        raise RunnerError("R0203", f"`{bundle.model}` computes in fp8 and its bundle holds no "
+                          "scales: calibrate it on representative inputs first, `dslc calibrate "
+                          "BUNDLE --weights W --data SAMPLES.npz`")
+    return {}
+
+
+def check_calibrated_with(program: Schedule, tensors: Mapping[str, np.ndarray],
+                          path: Path) -> None:
+    """R0203 when the bundle was calibrated with other weights than these: the scales of its
+    activations are the ranges they took with those weights."""
+    calibration = program.bundle.calibration
+    if calibration is None:
+        return
+    params = [p.name for p in program.bundle.manifest.params]
+    if weights_digest(tensors, params) != calibration.weights:
+        raise RunnerError("R0203", f"`{program.bundle.model}` was calibrated with other weights "
+                          f"than `{path}`: its fp8 scales fit those; calibrate it again with "
+                          f"these (`dslc calibrate BUNDLE --weights {path} --data SAMPLES.npz`)")
+
+
 def load_time_values(program: Schedule, tensors: Mapping[str, np.ndarray],
                      wanted: list[str]) -> dict[str, np.ndarray]:
-    """The load-time values `wanted`, computed from the params with the numpy references."""
+    """The load-time values `wanted`, computed from the params (and the calibration's amaxes)
+    with the numpy references."""
     values: dict[str, np.ndarray] = {}
-    for node in _needed(program, wanted):
+    needed = _needed(program, wanted)
+    amax = amaxes(program) if any(n.op == CALIBRATED for n in needed) else {}
+    for node in needed:
         if node.op == "param":
             values[node.name] = np.asarray(tensors[node.attrs["path"]]).astype(
                 NUMPY_DTYPES[node.type.dtype], copy=False)
         elif node.op == "scalar":
             values[node.name] = np.asarray(node.attrs["value"], dtype=NUMPY_DTYPES[node.type.dtype])
+        elif node.op == CALIBRATED:
+            values[node.name] = np.asarray(amax[node.attrs["tensor"]], dtype=np.float32)
         else:
             values[node.name] = evaluate_node(node, [values[i] for i in node.inputs],
                                               concrete_attrs(node, {}), node.type.dtype)
@@ -243,6 +280,7 @@ def upload(program: Schedule, tensors: Mapping[str, np.ndarray],
     nodes = _needed(program, wanted)
     if any(n.type.dtype not in (*CUPY_DTYPES, "bf16") for n in nodes):
         return _upload_host(program, load_time_values(program, tensors, wanted))
+    amax = amaxes(program) if any(n.op == CALIBRATED for n in nodes) else {}
     operands = {i for n in nodes for i in n.inputs}  # what the computed values read
     values: dict[str, Any] = {}  # f32 (floats) or int64 logical arrays on the device
     out: dict[str, Any] = {}
@@ -261,6 +299,8 @@ def upload(program: Schedule, tensors: Mapping[str, np.ndarray],
         elif node.op == "scalar":
             values[node.name] = cupy.asarray(node.attrs["value"],
                                              dtype=NUMPY_DTYPES[node.type.dtype])
+        elif node.op == CALIBRATED:
+            values[node.name] = cupy.asarray(amax[node.attrs["tensor"]], dtype=cupy.float32)
         else:
             xs = [values[i] for i in node.inputs]
             attrs = concrete_attrs(node, {})

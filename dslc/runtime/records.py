@@ -17,7 +17,9 @@ from typing import Any
 
 from dslc.core.dims import bucket_key
 from dslc.core.types import DTYPES
+from dslc.ir.graph import SOURCES
 from dslc.runtime import fields as f
+from dslc.runtime.calibration import Calibration, quantised
 from dslc.runtime.fields import (
     MAX_BYTES,
     MAX_DIM,
@@ -285,7 +287,7 @@ class StepRecord:
                                 "signature"), ("reason",))
         members = f.names(d["nodes"], f"{path}.nodes", nodes, lo=1)
         kind = f.text(d["kind"], f"{path}.kind", ("graph", "kernel"))
-        if any(nodes[m].op in ("input", "param", "scalar") for m in members) or \
+        if any(nodes[m].op in SOURCES for m in members) or \
                 (kind == "kernel" and len(members) != 1):
             f.wrong(f"{path}.nodes", "not the computed nodes of one step")
         step = StepRecord(kind, f.text(d["name"], f"{path}.name"),
@@ -336,6 +338,7 @@ class Environment:
 ENV_FIELDS = tuple(x.name for x in fields(Environment))
 PAYLOAD = ("model", "source", "dslc_version", "created", "manifest", "graph", "load_time",
            "steps", "target", "environment", "buckets")
+OPTIONAL = ("calibration",)  # a bundle with fp8 ops: their calibrated amaxes
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,12 @@ class Bundle:
     target: str
     environment: Environment
     buckets: tuple[BucketRecord, ...]
+    calibration: Calibration | None = None  # `dslc calibrate`: each quantised tensor's amax
+
+    @property
+    def uncalibrated(self) -> bool:
+        """The graph quantises tensors to fp8 and no calibration gives their amaxes."""
+        return self.calibration is None and bool(quantised(self.graph.graph))
 
     def with_plans(self, plans: Mapping[tuple[str, str], PlanRecord],
                    environment: Environment) -> Bundle:
@@ -370,11 +379,15 @@ class Bundle:
             out[name] = (value.to_data() if hasattr(value, "to_data") else list(value)
                          if name == "load_time" else [x.to_data() for x in value]
                          if isinstance(value, tuple) else value)
+        for name in OPTIONAL:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value.to_data()
         return out
 
     @staticmethod
     def from_data(d: Any) -> Bundle:
-        d = f.mapping(d, "payload", PAYLOAD, ())
+        d = f.mapping(d, "payload", PAYLOAD, OPTIONAL)
         graph = GraphRecord.from_data(d["graph"], "graph")
         nodes = graph.graph.by_name()
         load_time = f.names(d["load_time"], "load_time", nodes)
@@ -390,7 +403,9 @@ class Bundle:
                       f.text(d["dslc_version"], "dslc_version"), f.text(d["created"], "created"),
                       Manifest.from_data(d["manifest"], graph), graph, load_time, steps,
                       f.text(d["target"], "target"), Environment.from_data(d["environment"]),
-                      buckets)
+                      buckets,
+                      None if d.get("calibration") is None else
+                      Calibration.from_data(d["calibration"], graph.graph))
 
 
 def _check_schedule(graph: GraphRecord, load_time: tuple[str, ...],

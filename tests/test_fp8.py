@@ -1,0 +1,332 @@
+"""fp8 end to end on the CPU: `precision matmul=f8e4m3` compiled (deviceless), calibrated on
+samples, run on the reference executor, each number checked against numpy with `ml_dtypes`'
+fp8 types written from the language's definition (LANGUAGE.md 3.4): weights scaled per output
+channel (or per tensor) from their own amax at load time, activations by their calibrated amax,
+the product descaled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+
+from dslc.ops import fp8
+from dslc.runtime import bundle as bundlefile
+from dslc.runtime.calibration import Calibration
+from dslc.runtime.fields import BundleError
+from dslc.runtime.params import load_time_values
+from dslc.runtime.schedule import Schedule
+from tests.helpers import rel_error, rng, run_cli
+
+E4M3 = ml_dtypes.float8_e4m3fn
+HEADER = "cgraph 0.1\n"
+MLP = HEADER + """model mlp8 {
+  precision io=f16, intermediate=f32, compute=f32, matmul=f8e4m3%s
+  input x: [16, 64]
+  param w1: [64, 32]
+  param b1: [32]
+  param w2: [32, 16]
+  let h = relu(matmul(x, w1) + b1)
+  output y = matmul(h, w2)
+}
+"""
+CONV = HEADER + """model conv8 {
+  precision io=f16, intermediate=f32, compute=f32, conv=f8e4m3
+  input x: [2, 16, 8, 8] @NHWC
+  param w: [32, 16, 3, 3]
+  output y = conv(x, w, pad=1)
+}
+"""
+PLAIN = HEADER + """model plain {
+  precision io=f16, intermediate=f32, compute=f32
+  input x: [16, 64]
+  param w1: [64, 32]
+  output y = matmul(x, w1)
+}
+"""
+
+
+# ---- the oracle: the language's definition, with ml_dtypes ----------------------------------
+
+def q(x: np.ndarray, amax: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """x scaled so that `amax` lands on 448, rounded to e4m3 (saturating), as f32; the descale."""
+    amax = np.maximum(np.float32(amax), np.float32(2.0 ** -24))
+    scale = np.float32(448.0) / amax
+    scaled = np.clip(x.astype(np.float32) * scale, -448, 448)
+    return scaled.astype(E4M3).astype(np.float32), (amax / np.float32(448.0)).astype(np.float64)
+
+
+def fp8_matmul(x: np.ndarray, x_amax: float, w: np.ndarray, per_channel: bool = True) -> np.ndarray:
+    wa = np.abs(w.astype(np.float32)).max(axis=0) if per_channel else np.abs(w).max()
+    qx, dx = q(x, x_amax)
+    qw, dw = q(w, wa)
+    return (qx.astype(np.float64) @ qw.astype(np.float64)) * dx * dw
+
+
+def mlp_oracle(x: np.ndarray, w: dict[str, np.ndarray], amax: dict[str, float],
+               per_channel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    h = np.maximum(fp8_matmul(x, amax["x"], w["w1"], per_channel) + w["b1"], 0)
+    h = h.astype(np.float32)
+    return h, fp8_matmul(h, amax.get("h", np.abs(h).max()), w["w2"], per_channel)
+
+
+# ---- fixtures --------------------------------------------------------------------------------
+
+def _compile(tmp: Path, source: str, name: str) -> Path:
+    src = tmp / f"{name}.cgraph"
+    src.write_text(source)
+    r = run_cli("compile", str(src), "-o", str(tmp / name), "-q")
+    assert r.code == 0, r.stderr
+    return tmp / name / f"{name}.bundle"
+
+
+def _weights(tmp: Path, shapes: dict[str, tuple[int, ...]], key: str) -> tuple[Path, dict]:
+    g = rng("fp8", key)
+    w = {k: (g.standard_normal(s) * (0.1 if len(s) > 1 else 1.0)).astype(np.float16)
+         for k, s in shapes.items()}
+    if "w1" in w:  # one column of outliers: per-channel scales keep the others' resolution
+        w["w1"][:, 3] *= 20
+    path = tmp / f"{key}.safetensors"
+    save_file(w, str(path))
+    return path, w
+
+
+MLP_SHAPES = {"w1": (64, 32), "b1": (32,), "w2": (32, 16)}
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("fp8")
+    bundle = _compile(tmp, MLP % "", "mlp8")
+    wpath, w = _weights(tmp, MLP_SHAPES, "mlp")
+    samples = rng("fp8", "samples").standard_normal((3, 16, 64)).astype(np.float16)
+    samples[1, 0, 0] = 9.0  # the largest input: in the second run
+    np.savez(tmp / "samples.npz", x=samples)
+    calibrated = tmp / "mlp8.calibrated.bundle"
+    r = run_cli("calibrate", str(bundle), "--weights", str(wpath), "--data",
+                str(tmp / "samples.npz"), "-o", str(calibrated), "--format", "json")
+    assert r.code == 0, r.stderr
+    return {"tmp": tmp, "bundle": bundle, "weights": wpath, "w": w, "samples": samples,
+            "calibrated": calibrated}
+
+
+# ---- fp8 values ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,ml", [("f8e4m3", ml_dtypes.float8_e4m3fn),
+                                      ("f8e5m2", ml_dtypes.float8_e5m2)])
+def test_fp8_bytes_and_rounding_match_ml_dtypes(dtype: str, ml: type) -> None:
+    table = np.arange(256, dtype=np.uint8).view(ml).astype(np.float32)
+    np.testing.assert_array_equal(fp8.values(dtype), table)  # NaN where ml_dtypes has NaN
+    top = 448.0 if dtype == "f8e4m3" else 57344.0
+    x = np.concatenate([rng("fp8", dtype).standard_normal(20000).astype(np.float32) * s
+                        for s in (1e-3, 1.0, 30.0, top / 4)])
+    x = np.clip(x, -top, top)
+    expected = x.astype(ml)
+    np.testing.assert_array_equal(fp8.round_fp8(np, x, dtype), expected.astype(np.float32))
+    np.testing.assert_array_equal(fp8.to_bits(np, x, dtype), expected.view(np.uint8))
+
+
+def test_e4m3_saturates_where_e5m2_overflows() -> None:
+    big = np.array([500.0, -1e6], np.float32)
+    assert list(fp8.round_fp8(np, big, "f8e4m3")) == [448.0, -448.0]
+    assert list(fp8.round_fp8(np, big * 200, "f8e5m2")) == [np.inf, -np.inf]
+
+
+# ---- load-time quantisation ------------------------------------------------------------------
+
+def test_weights_are_quantised_at_load_time_per_output_channel(mlp: dict) -> None:
+    program = Schedule(bundlefile.load(mlp["calibrated"]))
+    got = load_time_values(program, mlp["w"], ["w1.f8e4m3", "w1.fp8_descale"])
+    w1 = mlp["w"]["w1"]
+    expected, descale = q(w1, np.abs(w1.astype(np.float32)).max(axis=0))
+    assert got["w1.f8e4m3"].dtype == E4M3
+    np.testing.assert_array_equal(got["w1.f8e4m3"].astype(np.float32), expected)
+    np.testing.assert_allclose(got["w1.fp8_descale"], descale, rtol=1e-6)
+    # The outlier column has its own scale: the others keep fp8's whole range.
+    assert np.abs(expected[:, 0]).max() == 448 and np.abs(expected[:, 3]).max() == 448
+
+
+def test_per_tensor_weight_scales_take_one_amax(tmp_path: Path) -> None:
+    bundle = _compile(tmp_path, MLP % ', weight_scales="per_tensor"', "mlp8")
+    _, w = _weights(tmp_path, MLP_SHAPES, "mlp")
+    program = Schedule(bundlefile.load(bundle))
+    got = load_time_values(program, w, ["w1.f8e4m3", "w1.fp8_descale"])
+    expected, descale = q(w["w1"], np.abs(w["w1"].astype(np.float32)).max())
+    np.testing.assert_array_equal(got["w1.f8e4m3"].astype(np.float32), expected)
+    assert got["w1.fp8_descale"].shape == () and np.isclose(got["w1.fp8_descale"], descale)
+
+
+def test_conv_weights_scale_per_output_channel(tmp_path: Path) -> None:
+    bundle = _compile(tmp_path, CONV, "conv8")
+    wpath, w = _weights(tmp_path, {"w": (32, 16, 3, 3)}, "conv")
+    program = Schedule(bundlefile.load(bundle))
+    got = load_time_values(program, w, ["w.f8e4m3"])
+    amax = np.abs(w["w"].astype(np.float32)).max(axis=(1, 2, 3), keepdims=True)
+    np.testing.assert_array_equal(got["w.f8e4m3"].astype(np.float32), q(w["w"], amax)[0])
+    # and the convolution of the quantised operands, descaled, against PyTorch's
+    x = rng("fp8", "conv-x").standard_normal((2, 16, 8, 8)).astype(np.float16)
+    np.savez(tmp_path / "s.npz", x=x)
+    np.save(tmp_path / "x.npy", x)
+    assert run_cli("calibrate", str(bundle), "--weights", str(wpath), "--data",
+                   str(tmp_path / "s.npz")).code == 0
+    assert run_cli("run", str(bundle), "--weights", str(wpath), "--input",
+                   f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npz")).code == 0
+    qx, dx = q(x, np.abs(x.astype(np.float32)).max())
+    qw, dw = q(w["w"], amax)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(qx).double(), torch.from_numpy(qw).double(),
+                                     padding=1).numpy() * dx * dw.reshape(1, -1, 1, 1)
+    assert rel_error(np.load(tmp_path / "y.npz")["y"], ref) < 2e-3
+
+
+# ---- calibration -----------------------------------------------------------------------------
+
+def test_calibration_records_each_quantised_tensors_amax_over_the_runs(mlp: dict) -> None:
+    c = bundlefile.load(mlp["calibrated"]).calibration
+    assert c is not None and c.samples == 3 and set(c.amax) == {"x", "h"}
+    assert c.amax["x"] == 9.0
+    # Each run scales its own activations by their own amax (as calibration does), so h is
+    # what the fp8 matmul gives; its recorded amax is the largest over the runs.
+    hs = [mlp_oracle(s, mlp["w"], {"x": float(np.abs(s.astype(np.float32)).max())})[0]
+          for s in mlp["samples"]]
+    assert c.amax["h"] == pytest.approx(max(float(np.abs(h).max()) for h in hs), rel=2e-3)
+
+
+def test_calibration_digests_name_the_samples_and_the_weights(mlp: dict) -> None:
+    c = bundlefile.load(mlp["calibrated"]).calibration
+    assert c is not None
+    tmp = mlp["tmp"]
+    np.savez_compressed(tmp / "again.npz", x=mlp["samples"])  # other bytes, same arrays
+    out = tmp / "again.bundle"
+    assert run_cli("calibrate", str(mlp["bundle"]), "--weights", str(mlp["weights"]), "--data",
+                   str(tmp / "again.npz"), "-o", str(out)).code == 0
+    again = bundlefile.load(out).calibration
+    assert again is not None and (again.data, again.weights) == (c.data, c.weights)
+    np.savez(tmp / "other.npz", x=mlp["samples"][:2])
+    assert run_cli("calibrate", str(mlp["bundle"]), "--weights", str(mlp["weights"]), "--data",
+                   str(tmp / "other.npz"), "-o", str(out)).code == 0
+    other = bundlefile.load(out).calibration
+    assert other is not None and other.data != c.data and other.weights == c.weights
+
+
+def test_the_calibrated_bundle_runs_the_fp8_numbers_of_the_definition(mlp: dict) -> None:
+    tmp = mlp["tmp"]
+    x = mlp["samples"][2]
+    np.save(tmp / "x.npy", x)
+    r = run_cli("run", str(mlp["calibrated"]), "--weights", str(mlp["weights"]), "--input",
+                f"x={tmp / 'x.npy'}", "-o", str(tmp / "y.npz"))
+    assert r.code == 0, r.stderr
+    got = np.load(tmp / "y.npz")["y"]
+    c = bundlefile.load(mlp["calibrated"]).calibration
+    assert c is not None
+    _, expected = mlp_oracle(x, mlp["w"], dict(c.amax))
+    assert rel_error(got, expected) < 2e-3
+    # and fp8's own error, against the same model without fp8 (f32 arithmetic): a few percent
+    w = {k: v.astype(np.float64) for k, v in mlp["w"].items()}
+    exact = np.maximum(x.astype(np.float64) @ w["w1"] + w["b1"], 0) @ w["w2"]
+    assert 1e-3 < rel_error(got, exact) < 0.08
+
+
+def test_a_bundle_without_scales_does_not_run(mlp: dict) -> None:
+    tmp = mlp["tmp"]
+    np.save(tmp / "x.npy", mlp["samples"][0])
+    r = run_cli("run", str(mlp["bundle"]), "--weights", str(mlp["weights"]), "--input",
+                f"x={tmp / 'x.npy'}")
+    assert r.code == 1 and "R0203" in r.stderr and "dslc calibrate" in r.stderr
+
+
+def test_other_weights_than_those_calibrated_with_do_not_run(mlp: dict) -> None:
+    tmp = mlp["tmp"]
+    other, _ = _weights(tmp, MLP_SHAPES, "other")
+    np.save(tmp / "x.npy", mlp["samples"][0])
+    r = run_cli("run", str(mlp["calibrated"]), "--weights", str(other), "--input",
+                f"x={tmp / 'x.npy'}")
+    assert r.code == 1 and "R0203" in r.stderr and "other weights" in r.stderr
+
+
+def test_calibrating_a_model_without_fp8_is_a_usage_error(tmp_path: Path) -> None:
+    bundle = _compile(tmp_path, PLAIN, "plain")
+    wpath, _ = _weights(tmp_path, {"w1": (64, 32)}, "plain")
+    np.savez(tmp_path / "s.npz", x=np.zeros((16, 64), np.float16))
+    r = run_cli("calibrate", str(bundle), "--weights", str(wpath), "--data",
+                str(tmp_path / "s.npz"))
+    assert r.code == 2 and "nothing to calibrate" in r.stderr
+
+
+def test_samples_of_unknown_inputs_are_refused(mlp: dict) -> None:
+    tmp = mlp["tmp"]
+    np.savez(tmp / "bad.npz", y=mlp["samples"])
+    r = run_cli("calibrate", str(mlp["bundle"]), "--weights", str(mlp["weights"]), "--data",
+                str(tmp / "bad.npz"), "-o", str(tmp / "bad.bundle"))
+    assert r.code == 1 and "R0201" in r.stderr and not (tmp / "bad.bundle").exists()
+
+
+# ---- the calibration record, read from untrusted data ----------------------------------------
+
+@pytest.mark.parametrize("change,why", [
+    (lambda d: d["amax"].update(x=-1.0), "a finite amax"),
+    (lambda d: d["amax"].update(x=float("inf")), "a finite amax"),
+    (lambda d: d["amax"].pop("h"), "no amax for `h`"),
+    (lambda d: d["amax"].update(w1=1.0), "not a tensor the graph quantises"),
+    (lambda d: d.update(data="00"), "sha256"),
+    (lambda d: d.update(samples=0), "samples"),
+])
+def test_a_damaged_calibration_is_refused(mlp: dict, change: object, why: str) -> None:
+    b = bundlefile.load(mlp["calibrated"])
+    assert b.calibration is not None
+    d = b.calibration.to_data()
+    d["amax"] = dict(d["amax"])
+    change(d)  # type: ignore[operator]
+    with pytest.raises(BundleError, match=why):
+        Calibration.from_data(d, b.graph.graph)
+
+
+# ---- --fp8 off ---------------------------------------------------------------------------------
+
+def test_fp8_off_compiles_the_model_without_its_requests(tmp_path: Path) -> None:
+    src = tmp_path / "mlp8.cgraph"
+    src.write_text(MLP % "")
+    r = run_cli("compile", str(src), "-o", str(tmp_path / "off"), "--fp8", "off", "-q",
+                "--dump", "ir")
+    assert r.code == 0, r.stderr
+    program = Schedule(bundlefile.load(tmp_path / "off" / "mlp8.bundle"))
+    assert not program.bundle.uncalibrated
+    assert {n.type.dtype for n in program.graph.nodes} == {"f16"}  # no fp8, no scales
+
+
+def test_fp8_off_with_f32_is_the_models_exact_reference(mlp: dict) -> None:
+    """An fp8 attention refuses f32 operands (E0404), so `--precision f32` alone fails on the
+    GPT block; with `--fp8 off` it is the f32 reference the fp8 error is measured against."""
+    tmp = mlp["tmp"]
+    model = Path(__file__).parents[1] / "models" / "gpt_block.cgraph"
+    assert "E0404" in run_cli("run", str(model), "--precision", "f32").stderr
+    x = mlp["samples"][0]
+    np.save(tmp / "x32.npy", x.astype(np.float32))
+    src = tmp / "mlp8.cgraph"
+    src.write_text(MLP % "")
+    r = run_cli("run", str(src), "--weights", str(mlp["weights"]), "--input",
+                f"x={tmp / 'x32.npy'}", "--precision", "f32", "--fp8", "off", "-o", str(tmp / "exact.npz"))
+    assert r.code == 0, r.stderr
+    w = {k: v.astype(np.float64) for k, v in mlp["w"].items()}
+    exact = np.maximum(x.astype(np.float64) @ w["w1"] + w["b1"], 0) @ w["w2"]
+    assert rel_error(np.load(tmp / "exact.npz")["y"], exact) < 1e-5
+
+
+def test_fp8_off_does_not_apply_to_a_bundle(mlp: dict) -> None:
+    r = run_cli("run", str(mlp["calibrated"]), "--weights", str(mlp["weights"]), "--fp8", "off")
+    assert r.code == 2 and "compile it again with `--fp8 off`" in r.stderr
+
+
+def test_inspect_names_the_fp8_ops_and_their_calibration(mlp: dict) -> None:
+    import json
+
+    r = run_cli("inspect", str(mlp["calibrated"]), "--format", "json")
+    fp8_report = json.loads(r.stdout)["fp8"]
+    assert [(o["op"], o["dtype"], o["weight_scales"]) for o in fp8_report["ops"]] == \
+        [("matmul", "f8e4m3", "per_channel")] * 2
+    assert fp8_report["calibration"]["amax"]["x"] == 9.0
+    text = run_cli("inspect", str(mlp["bundle"])).stdout
+    assert "2 ops compute in fp8" in text and "not calibrated" in text

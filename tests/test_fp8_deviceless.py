@@ -1,0 +1,75 @@
+"""fp8 through the real cuDNN frontend without a GPU: the four GPT blocks asking for fp8 matmuls
+and attention (models/gpt_block.cgraph) becomes one validated cuDNN graph per step for the H200
+profile, none split: each matmul reads e4m3 operands and writes its result unscaled; the
+attention is cuDNN's fp8 attention (its operands e4m3, its output f16)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+from dslc.backend.target import load_target
+from dslc.compile.stage import Compiled, compile_model
+from dslc.diag.diagnostic import Sink
+from dslc.pipeline import Options, front_end, lower_and_fuse
+from tests.conftest import ROOT
+
+
+@cache
+def compiled() -> Compiled:
+    result = front_end(ROOT / "models" / "gpt_block.cgraph", Options(), Sink())
+    assert result.model is not None
+    lowered, plan = lower_and_fuse(result.model)
+    return compile_model(result.model, lowered, plan, load_target("h200"),
+                         buckets=[{"B": 1, "S": 128}])
+
+
+def _graphs() -> list[dict[str, Any]]:
+    return [json.loads(str(b.graph)) for b in compiled().builds.values()]
+
+
+def _kind(node: dict[str, Any]) -> str:
+    """A node's kind: a primitive's tag (MATMUL, POINTWISE), or a composite op's type."""
+    return str(node.get("tag") or node.get("type"))
+
+
+def _dtypes(g: dict[str, Any], refs: set[Any]) -> set[str]:
+    """The data types of the tensors a node names: by uid in a primitive graph's list of
+    tensors, by name in a composite one's (which writes `data_type.HALF`)."""
+    if isinstance(g["tensors"], dict):
+        return {str(t["dtype"]).removeprefix("data_type.") for name, t in g["tensors"].items()
+                if name in refs}
+    return {t["data_type"] for t in g["tensors"] if t["uid"] in refs}
+
+
+def test_the_fp8_gpt_block_is_one_cudnn_graph_per_step_deviceless() -> None:
+    c = compiled()
+    assert len(c.steps) == len(c.plan.groups) and all(s.kind == "graph" for s in c.steps)
+
+
+def test_its_matmuls_read_e4m3_and_descale_in_the_epilogue() -> None:
+    matmuls = [g for g in _graphs() if _kind(g["nodes"][0]) == "MATMUL"]
+    assert len(matmuls) == 4  # c_attn, c_proj, c_fc, mlp.c_proj: the same in every block
+    for g in matmuls:
+        a, b = g["nodes"][0]["inputs"]["A"], g["nodes"][0]["inputs"]["B"]
+        assert _dtypes(g, {a, b}) == {"FP8_E4M3"}
+        # the descale multiply (a vector per output channel) is the first epilogue op
+        assert _kind(g["nodes"][1]) == "POINTWISE" and g["nodes"][1]["mode"] == "MUL"
+
+
+def test_the_activations_are_quantised_where_they_are_computed() -> None:
+    c = compiled()
+    nodes = c.graph.by_name()
+    quantising = [s for s in c.steps if nodes[s.group.nodes[-1]].op == "cast"]
+    # per block: ln_1, c_attn (q, k and v in one scale), the attention's result, ln_2, gelu
+    assert len(quantising) == 4 * 5
+    assert all(nodes[s.group.nodes[-1]].type.dtype == "f8e4m3" for s in quantising)
+
+
+def test_its_attention_is_cudnns_fp8_attention() -> None:
+    attention = [g for g in _graphs() if any(_kind(n) == "SDPA_FP8" for n in g["nodes"])]
+    assert len(attention) == 1  # one graph, run by each block
+    node = next(n for n in attention[0]["nodes"] if _kind(n) == "SDPA_FP8")
+    q, o = node["inputs"]["q"], node["outputs"]["O"]
+    assert _dtypes(attention[0], {q}) == {"FP8_E4M3"} and _dtypes(attention[0], {o}) == {"HALF"}
