@@ -21,6 +21,7 @@ from dslc.backend.target import TargetError
 from dslc.cli import compile as compile_commands
 from dslc.cli import fmt as fmt_commands
 from dslc.cli import inspect as inspect_commands
+from dslc.cli import onnx_import as import_commands
 from dslc.cli import run as run_commands
 from dslc.cli import weights as weights_commands
 from dslc.cli.front import (
@@ -48,7 +49,8 @@ from dslc.weights import WeightError
 __all__ = ["front_end", "main"]
 
 # Optional packages a command may need, and the extra of dslc that installs them.
-EXTRAS = {"cudnn": ("the cuDNN frontend", "cudnn"), "cupy": ("CuPy", "gpu")}
+EXTRAS = {"cudnn": ("the cuDNN frontend", "cudnn"), "cupy": ("CuPy", "gpu"),
+          "onnx": ("the onnx package", "onnx")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     weights_commands.add_commands(sub)
     compile_commands.add_commands(sub, add_diag_options)
     inspect_commands.add_commands(sub)
+    import_commands.add_commands(sub)
     return parser
 
 
