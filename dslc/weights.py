@@ -94,16 +94,32 @@ def validate(tensors: Mapping[str, np.ndarray], params: tuple[ParamSpec, ...], s
                 continue
             a = a.astype(NUMPY_DTYPES[p.dtype])
         out[p.path] = a
-    for name in tensors:
-        if name not in wanted and not name.endswith(IGNORED_SUFFIXES):
-            close = [p for p in wanted if p.rsplit(".", 1)[-1] == name.rsplit(".", 1)[-1]][:1]
-            sink.report(Diagnostic(
-                "R0202", f"{source} holds `{name}`, which the model does not declare",
-                params[0].span if params else NO_SPAN, "the model's parameters start here",
-                help=(f"parameter names are instance paths, e.g. `{close[0]}`",) if close else ()))
+    extra = [n for n in tensors if n not in wanted and not n.endswith(IGNORED_SUFFIXES)]
+    if extra:
+        # A warning: a checkpoint of a larger model (a classifier head, a pooler) is fine; a
+        # file whose names are wrong also misses what the model declares, and that is R0202.
+        shown = ", ".join(f"`{n}`" for n in extra[:3]) + \
+            (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+        sink.report(Diagnostic(
+            "W0203", f"{source} holds {len(extra)} weight{'s' if len(extra) > 1 else ''} the "
+            f"model does not declare: {shown}", params[0].span if params else NO_SPAN,
+            "the model's parameters start here", help=(_extra_help(extra, wanted),)))
     if finite:
         report_nonfinite(out, params, sink, source)
     return out
+
+
+def _extra_help(extra: list[str], wanted: Mapping[str, ParamSpec]) -> str:
+    """A prefix the model's names are under (`net.w1` holds `w1`), else a name like the first."""
+    for name in extra:
+        for path in wanted:
+            if name.endswith("." + path):
+                prefix = name[:-len(path)]
+                return (f"the model's weights look to be under `{prefix}`: read them with "
+                        f"`dslc weights from-torch --prefix {prefix}`")
+    close = [p for p in wanted if p.rsplit(".", 1)[-1] == extra[0].rsplit(".", 1)[-1]][:1]
+    return (f"parameter names are instance paths, e.g. `{close[0]}`" if close else
+            "`dslc weights from-torch --prefix P` reads the weights under a prefix")
 
 
 def report_nonfinite(tensors: Mapping[str, np.ndarray], params: tuple[ParamSpec, ...], sink: Sink,
@@ -144,9 +160,10 @@ def random_weights(params: tuple[ParamSpec, ...], seed: int = 0) -> dict[str, np
     return out
 
 
-def from_torch(path: Path) -> dict[str, np.ndarray]:
+def from_torch(path: Path, prefix: str = "") -> dict[str, np.ndarray]:
     """A PyTorch checkpoint's state_dict as numpy arrays (nested under "state_dict" or "model"
-    is accepted). Needs torch."""
+    is accepted); with `prefix`, only the keys under it, the prefix taken off (`bert.` of a
+    Hugging Face `BertForSequenceClassification`). Needs torch."""
     try:
         import torch
     except ImportError as err:
@@ -161,9 +178,10 @@ def from_torch(path: Path) -> dict[str, np.ndarray]:
     if not isinstance(state, dict):
         raise WeightError(f"`{path}` holds no state_dict")
     out = {}
-    for name, t in state.items():
-        if not hasattr(t, "detach"):
+    for key, t in state.items():
+        if not hasattr(t, "detach") or not str(key).startswith(prefix):
             continue
+        name = str(key)[len(prefix):]
         t = t.detach().cpu()
         if t.dtype == torch.bfloat16:
             out[name] = t.float().numpy().astype(NUMPY_DTYPES["bf16"])

@@ -45,13 +45,13 @@ def test_each_mismatch_is_reported_with_the_parameter_path(tmp_path: Path) -> No
     tensors["layer9.weight"] = np.zeros(3, np.float16)           # unexpected
     sink = Sink()
     weights.validate(tensors, params, sink, "`w.safetensors`")
-    messages = sorted(d.message for d in sink.diagnostics)
-    assert all(d.code == "R0202" for d in sink.diagnostics)
+    messages = sorted((d.code, d.message) for d in sink.diagnostics)
     assert messages == sorted([
-        "weight `b2` is missing from `w.safetensors`",
-        "weight `w1` has shape [100, 512] in `w.safetensors`, but the model declares [784, 512]",
-        "weight `w3` is f32 in `w.safetensors`, but the model declares f16",
-        "`w.safetensors` holds `layer9.weight`, which the model does not declare",
+        ("R0202", "weight `b2` is missing from `w.safetensors`"),
+        ("R0202", "weight `w1` has shape [100, 512] in `w.safetensors`, but the model declares "
+                  "[784, 512]"),
+        ("R0202", "weight `w3` is f32 in `w.safetensors`, but the model declares f16"),
+        ("W0203", "`w.safetensors` holds 1 weight the model does not declare: `layer9.weight`"),
     ])
     missing = next(d for d in sink.diagnostics if "missing" in d.message)
     assert missing.span.file == "models/mlp.cgraph" and missing.span.line == 12
@@ -93,5 +93,28 @@ def test_cli_from_torch_names_the_wrong_key(tmp_path: Path) -> None:
                   str(tmp_path / "x.safetensors"))
     assert run.code == 1
     assert "error[R0202]: weight `b1` is missing" in run.stderr
-    assert "holds `bias1`, which the model does not declare" in run.stderr
+    assert "warning[W0203]: `" in run.stderr and "does not declare: `bias1`" in run.stderr
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_cli_from_torch_reads_a_larger_checkpoint_under_a_prefix(tmp_path: Path) -> None:
+    """A classifier's checkpoint: the model's weights under `net.`, a head beside them. The
+    head is said once (W0203), the rest written under the model's names."""
+    w = weights.random_weights(_mlp_params(), seed=2)
+    state = {f"net.{k}": torch.from_numpy(v.astype(np.float32)) for k, v in w.items()}
+    state.update({f"head.{i}.weight": torch.zeros(3, 10) for i in range(5)})
+    ckpt = tmp_path / "classifier.pt"
+    torch.save(state, ckpt)
+    out = tmp_path / "w.safetensors"
+    run = run_cli("weights", "from-torch", str(ckpt), "--model", "models/mlp.cgraph", "-o",
+                  str(out), "--prefix", "net.")
+    assert run.code == 0, run.stderr
+    loaded = weights.load(out)
+    assert sorted(loaded) == sorted(w)
+    np.testing.assert_array_equal(loaded["w1"], w["w1"])
+    plain = run_cli("weights", "from-torch", str(ckpt), "--model", "models/mlp.cgraph", "-o",
+                    str(tmp_path / "x.safetensors"))
+    assert plain.code == 1 and "holds 11 weights the model does not declare: `net.w1`, " \
+        "`net.b1`, `net.w2` and 8 more" in plain.stderr
+    assert "look to be under `net.`: read them with `dslc weights from-torch --prefix net.`" \
+        in plain.stderr

@@ -126,8 +126,9 @@ def test_each_mismatch_has_its_label_note_and_help() -> None:
         (5, "declared here", ("expected f32[2]",))
     dtype = by["weight `head.scale` is i32 in `w`, but the model declares f16"]
     assert dtype.label == "declared here" and "dslc weights from-torch" in dtype.help[0]
-    extra = by["`w` holds `layer.weight`, which the model does not declare"]
-    assert (extra.span.line, extra.label) == (4, "the model's parameters start here")
+    extra = by["`w` holds 1 weight the model does not declare: `layer.weight`"]
+    assert (extra.code, extra.span.line, extra.label) == \
+        ("W0203", 4, "the model's parameters start here")
     assert extra.help == ("parameter names are instance paths, e.g. `layer1.0.weight`",)
 
 

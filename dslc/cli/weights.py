@@ -119,7 +119,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
         tensors = weights.random_weights(model.params, args.seed)
     else:
         found = checked_weights(args, out, result, convert=True,
-                                tensors=weights.from_torch(args.checkpoint), source=args.checkpoint)
+                                tensors=weights.from_torch(args.checkpoint, args.prefix),
+                                source=args.checkpoint)
         if found is None:
             return EXIT_ERRORS
         tensors = found
@@ -168,6 +169,8 @@ def add_commands(sub: Any) -> None:
                    help="the model's .cgraph file, whose params the checkpoint must match")
     t.add_argument("-o", "--output", type=Path, required=True, metavar="W.safetensors",
                    help="the weight file to write")
+    t.add_argument("--prefix", default="", metavar="P",
+                   help="read only the checkpoint's keys under P, without it (e.g. `bert.`)")
     add_diag_options(t)
     t.set_defaults(run=cmd_weights)
     w = command(actions, "prepare", "a bundle's load-time values from these weights, for the "

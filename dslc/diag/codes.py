@@ -20,7 +20,8 @@ CodeId = Literal[
     "E0204", "E0205", "E0206", "E0207", "E0208", "E0209", "E0210", "E0301", "E0302",
     "E0303", "E0304", "E0305", "E0306", "E0401", "E0402", "E0403", "E0501", "E0502",
     "E0503", "E0601", "E0602", "E0603", "E0604", "E0605", "E0606", "E0607", "E0701",
-    "E0702", "E0703", "E0704", "E0705", "E0801", "E0802", "E0901", "E0902", "W0201", "W0202", "W0301",
+    "E0702", "E0703", "E0704", "E0705", "E0801", "E0802", "E0901", "E0902", "W0201", "W0202",
+    "W0203", "W0301",
     "W0302", "W0303", "W0401", "W0501", "W0602", "R0201", "R0202", "R0301", "R0401", "R0501",
     "R0601", "R0602", "R0801", "R0802", "R0803",
 ]
@@ -83,6 +84,7 @@ E0901 an ONNX node that cannot be imported
 E0902 an ONNX model that cannot be imported as a whole
 W0201 a value that is never used
 W0202 weights holding NaN or infinite values
+W0203 weights the model does not declare
 W0301 a rank-1 operand broadcast onto the width axis
 W0302 an attention head dimension above 128
 W0303 an f32 attention, run as a fallback kernel on the GPU

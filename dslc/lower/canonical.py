@@ -11,13 +11,12 @@ SOURCES = ("param", "scalar")
 
 
 def load_time(graph: Graph) -> set[str]:
-    """Values computed from params and constants only: evaluated once, when the weights load.
-    Not a value whose size depends on the inputs' (a param expanded to [B, 1, D]): it is
-    computed at each size."""
+    """Values computed from params and constants only (an op of none, `arange` of a static
+    size, included): evaluated once, when the weights load. Not a value whose size depends on
+    the inputs' (a param expanded to [B, 1, D], `arange(S)`): it is computed at each size."""
     out: set[str] = set()
     for node in graph.nodes:
-        if node.op in SOURCES or (node.inputs and node.op != "input"
-                                  and all(i in out for i in node.inputs)
+        if node.op in SOURCES or (node.op != "input" and all(i in out for i in node.inputs)
                                   and all(isinstance(d, int) for d in node.type.shape)):
             out.add(node.name)
     return out
