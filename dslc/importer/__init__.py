@@ -41,10 +41,15 @@ def import_onnx(path: Path, source: str, options: ImportOptions, sink: Sink) -> 
     span = Span(source, 0, 0, 0, 0)
     newest = defs.onnx_opset_version()
     if model.opset is None or not MIN_OPSET <= model.opset <= newest:
-        found = "imports no opset of ONNX's own operations" if model.opset is None else \
-            f"is at opset {model.opset}"
+        if model.opset is None:
+            found = "imports no opset of ONNX's own operations"
+        elif model.opset < MIN_OPSET:
+            found = f"is at opset {model.opset}; dslc imports opset {MIN_OPSET} and newer"
+        else:  # the operations' meanings come from the onnx package's own definitions
+            found = (f"is at opset {model.opset}, newer than the installed onnx package knows "
+                     f"({newest})")
         sink.report(Diagnostic(
-            "E0902", f"`{source}` {found}; dslc imports opsets {MIN_OPSET} to {newest}", span,
+            "E0902", f"`{source}` {found}", span,
             help=("convert it with `onnx.version_converter.convert_version(model, 17)`, or "
                   "export it again at a newer opset",)))
         return None

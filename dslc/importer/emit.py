@@ -161,6 +161,11 @@ def emit(name: str, header: list[str], dims: list[DimDecl], inputs: list[Op],
         lines.append(f"  input {nm}: {op.dtype}[{shape}]")
     weights: dict[str, np.ndarray] = {}
     consts = 0
+    # an instance of unnamed weights is named after its def (`conv2d`, `conv2d_2`)
+    paths = Names({op.path for op in order if op.path and instance(op)})
+    for op in order:
+        if instance(op) and op.path is None:
+            op.path = paths.fresh(op.op.removeprefix("def:"))
     for op in order:
         if op.op == "param":
             if op.path is None:
