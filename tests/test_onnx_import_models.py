@@ -111,6 +111,18 @@ def test_unoptimised_export_is_imported_with_the_state_dict_names(name: str,
     assert sorted(imported.weights) == theirs
 
 
+@pytest.mark.parametrize(("name", "how"), [("bert_layer", "dynamo-optimized"),
+                                         ("gpt2_block", "dynamo-optimized"),
+                                         ("gpt2_block", "legacy")])
+def test_optimised_transformer_export_keeps_the_names_of_merged_weights(name: str, how: str,
+                                                                        exports: Exports) -> None:
+    """The optimiser merges equal initializers (two LayerNorms' ones and zeros): the second
+    instance is named after the module its node was exported from."""
+    _, imported = exports.get(name, how)
+    theirs = sorted(_module(name).state_dict())
+    assert sorted(p.path for p in imported.model.params) == theirs
+
+
 @pytest.mark.parametrize(("name", "how"), PAIRS)
 def test_reference_run_of_the_import_equals_onnxruntime(name: str, how: str,
                                                         exports: Exports) -> None:

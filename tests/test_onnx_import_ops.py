@@ -154,6 +154,24 @@ CASES: dict[str, Graph] = {
                            {"s": _r(3, seed=1), "b": _r(3, seed=2)}),
     "resize_nearest": Graph([node("Resize", ["x", "", "s"], mode="nearest")],
                             {"x": _r(1, 2, 3, 4)}, {"s": np.array([1, 1, 2, 2], F)}),
+    "gelu_erf_pattern": Graph(
+        [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+         helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+         node("Mul", ["m", "half"])],
+        {"x": _r(2, 8)}, {"sqrt2": np.array(np.sqrt(2), F), "one": np.array(1.0, F),
+                          "half": np.array(0.5, F)}),
+    "gelu_tanh_pattern": Graph(
+        [helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["c", "p"], ["cp"]),
+         helper.make_node("Add", ["x", "cp"], ["s"]), helper.make_node("Mul", ["k", "s"], ["ks"]),
+         helper.make_node("Tanh", ["ks"], ["t"]), helper.make_node("Add", ["one", "t"], ["a"]),
+         helper.make_node("Mul", ["half", "x"], ["hx"]), node("Mul", ["hx", "a"])],
+        {"x": _r(2, 8)}, {"three": np.array(3.0, F), "c": np.array(0.044715, F),
+                          "k": np.array(np.sqrt(2 / np.pi), F), "one": np.array(1.0, F),
+                          "half": np.array(0.5, F)}),
+    "erf_not_gelu": Graph(  # 0.5 x (1 + erf(x)): no 1/sqrt(2) inside, so no gelu
+        [helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Add", ["e", "one"], ["a"]),
+         helper.make_node("Mul", ["x", "a"], ["m"]), node("Mul", ["m", "half"])],
+        {"x": _r(2, 8)}, {"one": np.array(1.0, F), "half": np.array(0.5, F)}),
     "shape_arithmetic_reshape": Graph(
         [helper.make_node("Shape", ["x"], ["sh"]),
          helper.make_node("Gather", ["sh", "zero"], ["n"], axis=0),
@@ -201,6 +219,18 @@ def test_layer_norm_keeps_its_epsilon(tmp_path: Path) -> None:
 
 def test_gather_from_a_named_table_is_embedding(tmp_path: Path) -> None:
     assert "= embedding(ids, num=5, dim=8)" in _text("embedding", tmp_path)
+
+
+@pytest.mark.parametrize(("case", "op"), [("gelu_erf_pattern", "gelu(x)"),
+                                          ("gelu_tanh_pattern", "gelu_tanh(x)")])
+def test_gelu_written_out_is_recognised(case: str, op: str, tmp_path: Path) -> None:
+    body = _text(case, tmp_path).split("model ")[1]
+    assert body.endswith(f"  output y = {op}\n}}\n"), body
+
+
+def test_a_near_miss_of_gelu_stays_as_written(tmp_path: Path) -> None:
+    body = _text("erf_not_gelu", tmp_path).split("model ")[1]
+    assert "gelu(" not in body and "erf(x)" in body
 
 
 def test_constant_pad_is_taken_into_the_convolution(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 
 from dslc.core.dims import DimEnv
 from dslc.importer.graph import Op
-from dslc.importer.names import Names, identifier
+from dslc.importer.names import Names, identifier, path_segments
 from dslc.importer.shapes import dim_text
 from dslc.importer.text import Writer
 
@@ -130,8 +130,15 @@ def let_name(op: Op) -> str:
 def unique_path(op: Op, weights: dict[str, np.ndarray]) -> None:
     """An instance path no other instance has: a module the exporter shared between two uses
     (or two initializers it merged because they were equal) gets a second path, and its
-    weights are written twice."""
+    weights are written twice. That path is the module the node was exported from where the
+    exporter recorded one (an optimiser merges the equal weights of `ln_1` and `ln_2`)."""
     if op.path is None:
+        return
+    def taken(path: str) -> bool:
+        return any(f"{path}.{role}" in weights for role in op.weights)
+    scope = op.origin.scope if op.origin else None
+    if taken(op.path) and scope and path_segments(scope) and not taken(scope):
+        op.path = scope
         return
     base, n = op.path, 1
     while any(f"{op.path}.{role}" in weights for role in op.weights):
