@@ -136,6 +136,19 @@ def test_reference_run_of_the_import_equals_onnxruntime(name: str, how: str,
     assert err <= 1e-4
 
 
+def test_equal_residual_blocks_are_one_def_and_runs_of_them_a_repeat(exports: Exports) -> None:
+    """ResNet-50: the bottlenecks after each stage's first are one def per stage (their widths
+    differ), stacked with `repeat` at torchvision's paths."""
+    _, imported = exports.get("resnet50", "dynamo")
+    text = imported.source.read_text()
+    assert text.count("\ndef ") == 4
+    for stage, n in ((1, 2), (2, 3), (3, 5), (4, 2)):
+        assert f'= repeat {n} layer{stage}_block(' in text
+        assert f'as "layer{stage}.{{i+1}}"' in text
+    body = text.split("def layer1_block(x: [N, C, H, W]) {\n")[1].split("}\n")[0]
+    assert body.endswith("  return relu(bn3 + x)\n")
+
+
 def test_imported_text_is_in_the_canonical_layout(exports: Exports) -> None:
     _, imported = exports.get("resnet18", "dynamo")
     run = run_cli("fmt", "--check", str(imported.source))

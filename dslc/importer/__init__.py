@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dslc.diag.diagnostic import Diagnostic, Sink
 from dslc.diag.span import Span
+from dslc.importer.blocks import find_blocks
 from dslc.importer.emit import DimDecl, Emitted, emit
 from dslc.importer.names import identifier
 from dslc.importer.read import DTYPES, MIN_OPSET, OnnxModel, OnnxReadError, read
@@ -35,11 +36,11 @@ class ImportOptions:
 def import_onnx(path: Path, source: str, options: ImportOptions, sink: Sink) -> Emitted | None:
     """The `.cgraph` text of the ONNX model at `path` (named `source` in diagnostics) and its
     weights; None once its errors are reported. OnnxReadError: not a readable ONNX file."""
-    from onnx import defs
+    from onnx import defs as onnx_defs
 
     model = read(path, source)
     span = Span(source, 0, 0, 0, 0)
-    newest = defs.onnx_opset_version()
+    newest = onnx_defs.onnx_opset_version()
     if model.opset is None or not MIN_OPSET <= model.opset <= newest:
         if model.opset is None:
             found = "imports no opset of ONNX's own operations"
@@ -64,10 +65,10 @@ def import_onnx(path: Path, source: str, options: ImportOptions, sink: Sink) -> 
     decls = [DimDecl(name, *ranges[name], tuple(options.buckets.get(onnx_name,
                                                                     options.buckets.get(name, ()))))
              for onnx_name, name in dim_names.items()]
-    outputs = recognise(translated.outputs, translated.env)
+    outputs, defs = find_blocks(recognise(translated.outputs, translated.env), translated.env)
     header = [f"Imported from {source} (ONNX opset {model.opset}) by `dslc import`."]
     emitted = emit(identifier(options.name, "model"), header, decls, translated.inputs,
-                   outputs, translated.env)
+                   outputs, translated.env, [d.lines for d in defs])
     formatted = format_text(emitted.text, source, Sink())
     if formatted is None:
         raise AssertionError(f"the imported model does not parse:\n{emitted.text}")

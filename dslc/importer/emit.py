@@ -72,7 +72,8 @@ class Body:
     """The statements of a model: which operations are `let`s, and their names."""
 
     def __init__(self, order: list[Op], outputs: list[tuple[str, Op]], names: Names,
-                 env: DimEnv) -> None:
+                 env: DimEnv, prefix: str = "") -> None:
+        self.prefix = prefix  # a def's body: instance paths are relative to it
         self.order = order
         self.outputs = outputs
         self.names = names
@@ -100,28 +101,41 @@ class Body:
             if not own and (instance(op) or reads > 1 or inner >= MAX_DEPTH or
                             id(op) in self.output_ops):
                 chosen.append(op)
-                self.bind(op, self.names.fresh(let_name(op)))
+                self.bind(op, self.names.fresh(let_name(op, self.path(op))))
             else:
                 depth[id(op)] = inner + 1
         return chosen
 
-    def lines(self) -> list[str]:
+    def path(self, op: Op) -> str | None:
+        if op.path and self.prefix and op.path.startswith(self.prefix + "."):
+            return op.path[len(self.prefix) + 1:]
+        return op.path
+
+    def lines(self, returns: bool = False) -> list[str]:
+        """The statements; a def's body (`returns`) ends in `return` of its one output."""
         out = []
         for op in self.lets():
             text = self.writer.expr(op)[0]
-            if op.path and instance(op) and op.path != self.named[id(op)]:
-                text += f' as "{op.path}"'
+            path = self.path(op)
+            if "repeat" in op.attrs:  # a run of a def's instances at consecutive paths
+                start = op.attrs["start"]
+                text = f'repeat {op.attrs["repeat"]} {text} as "{path}.{{i+{start}}}"' if start \
+                    else f'repeat {op.attrs["repeat"]} {text} as "{path}.{{i}}"'
+            elif path and instance(op) and path != self.named[id(op)]:
+                text += f' as "{path}"'
             out.append(f"  let {self.named[id(op)]} = {text}")
         for name, op in self.outputs:
-            out.append(f"  output {name} = {self.writer.arg(op)}")
+            value = self.writer.arg(op)
+            out.append(f"  return {value}" if returns else f"  output {name} = {value}")
         return out
 
 
-def let_name(op: Op) -> str:
+def let_name(op: Op, path: str | None = None) -> str:
     """An instance is named after its path (`conv1`; `downsample_0` for `downsample.0`), any
     other value after its op."""
-    if op.path and instance(op):
-        parts = op.path.split(".")
+    path = path or op.path
+    if path and instance(op):
+        parts = path.split(".")
         tail = parts[-2:] if parts[-1].isdigit() and len(parts) > 1 else parts[-1:]
         return identifier("_".join(tail), op.op.removeprefix("def:"))
     return {"index": "part", "bias_add": "biased"}.get(op.op, op.op)
@@ -147,8 +161,9 @@ def unique_path(op: Op, weights: dict[str, np.ndarray]) -> None:
 
 
 def emit(name: str, header: list[str], dims: list[DimDecl], inputs: list[Op],
-         outputs: list[tuple[str, Op]], env: DimEnv) -> Emitted:
-    """The model `name`: `header` comment lines, then its dims, inputs, params and body."""
+         outputs: list[tuple[str, Op]], env: DimEnv, defs: Iterable[list[str]] = ()) -> Emitted:
+    """The model `name`: `header` comment lines, the `defs` (each its lines), then the model's
+    dims, inputs, params and body."""
     order = topological(op for _, op in outputs)
     taken = {d.name for d in dims}
     names = Names(taken)
@@ -156,6 +171,8 @@ def emit(name: str, header: list[str], dims: list[DimDecl], inputs: list[Op],
     lines = ["cgraph 0.1", *(f"# {h}" for h in header)]
     if any(instance(op) or op.op in ("softmax",) for op in order):
         lines.append('import "std/nn.cgraph"')
+    for def_lines in defs:
+        lines += ["", *def_lines]
     lines += ["", f"model {name} {{", "  precision io=f32, intermediate=f32, compute=f32"]
     for d in dims:
         tune = f" tune [{', '.join(map(str, d.tune))}]" if d.tune else ""

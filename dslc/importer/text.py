@@ -85,6 +85,8 @@ class Writer:
             args[3] = f"bias={args[3]}"
         if op.op == "concat":
             args = [f"[{', '.join(args)}]"]
+        if op.op.startswith("def:"):  # an instance of an imported def: no attributes
+            return f"{op.op[4:]}({', '.join(args)})", POSTFIX
         defaults = DEFAULTS.get(op.op, {})
         args += [self.keyword(op.op, k, v) for k, v in attr_items(op.attrs)
                  if not (k in defaults and _same(v, defaults[k]))]
