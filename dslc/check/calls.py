@@ -12,7 +12,7 @@ from dslc.check.resolve import DefRef, suggest
 from dslc.check.values import ERROR, DType, Frame, ListVal, Scope, TensorVal, TupleVal, kind_of
 from dslc.core import dims
 from dslc.core.dims import DimEnv
-from dslc.core.types import DTYPES, PrecisionSpec, TensorType, format_type, is_float
+from dslc.core.types import DTYPES, INTS, PrecisionSpec, TensorType, format_type, is_float
 from dslc.diag.codes import CodeId
 from dslc.diag.diagnostic import Label
 from dslc.diag.span import Span
@@ -154,10 +154,12 @@ class CallEval:
         producers: dict[str, str] = {}
         inputs: list[str] = []
         operands: list[str] = []
+        numbers = _number_dtype(op, [v for v, _ in bound.values()])
         for p in op.params:
             value, span = bound[p.name]
             spans[p.name] = span
-            converted = self._convert(op, p.name, p.kind, value, span, scope, hint, precision)
+            converted = self._convert(op, p.name, p.kind, value, span, scope, hint, precision,
+                                      numbers)
             if converted is ERROR:
                 return ERROR
             if isinstance(converted, TensorVal):
@@ -238,8 +240,9 @@ class CallEval:
         return bound
 
     def _convert(self, op: OpDef, name: str, kind: Kind, value: Any, span: Span, scope: Scope,
-                 hint: str, precision: PrecisionSpec) -> Any:
-        """Check an argument's kind; a number standing for a tensor becomes a scalar node."""
+                 hint: str, precision: PrecisionSpec, numbers: str = "f32") -> Any:
+        """Check an argument's kind; a number standing for a tensor becomes a scalar node (of
+        dtype `numbers`: an integer written beside integer tensors is one of theirs)."""
         ok: bool
         if kind in (Kind.TENSOR, Kind.OPT_TENSOR):
             if kind is Kind.OPT_TENSOR and value is None:
@@ -247,7 +250,8 @@ class CallEval:
             if isinstance(value, TensorVal):
                 return value
             if op.scalars_as_tensors and isinstance(value, (int, float)) and not isinstance(value, bool):
-                return self.ctx.add_node("scalar", (), {"value": float(value)}, TensorType("f32", ()),
+                dtype = numbers if isinstance(value, int) else "f32"
+                return self.ctx.add_node("scalar", (), {"value": float(value)}, TensorType(dtype, ()),
                                          span, scope.frame, precision,
                                          self.ctx.node_name(scope.frame, f"{hint or op.name}.scalar"))
             ok = False
@@ -346,6 +350,21 @@ def _shape_of(op: OpDef) -> tuple[tuple[str, ...], bool]:
             tuple(p.name for p in op.params if not p.is_tensor),
             any(p.kind in (Kind.OPT_TENSOR, Kind.TENSORS) for p in op.params))
     return shape
+
+
+# Ops where an integer written beside integer tensors is an integer of theirs (`arange(S) + 1`,
+# `ids == 0`, `max(pos, 0)`): exact integer math. Division and powers stay float-only (E0402).
+INTEGER_NUMBER_OPS = ("add", "sub", "mul", "max", "min", "cmp_lt", "cmp_le", "cmp_gt", "cmp_ge",
+                      "cmp_eq", "cmp_ne")
+
+
+def _number_dtype(op: OpDef, args: list[Any]) -> str:
+    """The dtype an integer number takes among `args`: the integer tensors' one dtype, where the
+    op is one of INTEGER_NUMBER_OPS and no float tensor is there; f32 otherwise."""
+    dtypes = {v.type.dtype for v in args if isinstance(v, TensorVal)}
+    if op.name in INTEGER_NUMBER_OPS and len(dtypes) == 1 and next(iter(dtypes)) in INTS:
+        return next(iter(dtypes))
+    return "f32"
 
 
 def _article(kind: Kind) -> str:

@@ -199,8 +199,20 @@ def _match(el: CallEval, p: ast.DefParam, value: TensorVal, span: Span, inner: S
         pairs.append((v, middle))
         pairs.extend(zip(items[cut + 1:], t.shape[t.rank - tail:], strict=True))
     for axis, (item, actual) in enumerate(pairs):
-        if isinstance(item, ast.Variadic):
+        if isinstance(item, ast.Variadic) and item.name not in inner.values:
             inner.values[item.name] = Binding(actual, item.span, "shape")
+            continue
+        if isinstance(item, ast.Variadic):  # bound by an earlier parameter: the same axes
+            bound = inner.values[item.name].value
+            if bound != actual:
+                found = ", ".join(dims.format_dim(d) for d in actual.items)
+                shown = (f"[{', '.join(dims.format_dim(d) for d in bound.items)}]"
+                         if isinstance(bound, ListVal) else kind_of(bound))
+                el.ctx.report("E0301", f"{what} does not match its shape pattern", span,
+                              format_type(t), (Label(item.span, f"expects {shown} here"),),
+                              notes=(f"`*{item.name}` is {shown}, found [{found}]",),
+                              frame=caller.frame)
+                return ERROR
             continue
         if isinstance(item, ast.Name) and item.name not in inner.values:
             inner.values[item.name] = Binding(actual, item.span, "shape")

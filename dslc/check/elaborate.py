@@ -5,6 +5,7 @@ call layer; the result is a typed op graph plus the model's manifest (`model` ->
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -444,34 +445,59 @@ class Elaborator:
             est = estimate(self.ctx.resolved, callee, self.ctx.resolved.estimates)
             self.ctx.expansion_limit(count * est.ops, rhs.span, scope.frame, "this `repeat`",
                                      callee)
-        current = self.exprs.eval(call.args[0], scope, hint)
-        first_type = current.type if isinstance(current, TensorVal) else None
-        rest = ast.Call(call.span, call.func, call.args[1:])
+        # The leading positional arguments, evaluated once. An instance that returns n values
+        # passes them on as the next instance's first n (`repeat K f(x, ...)` carries one).
+        leading = [a for a in itertools.takewhile(lambda a: not isinstance(a, ast.Kwarg),
+                                                  call.args) if not isinstance(a, ast.Kwarg)]
+        given = [(self.exprs.eval(a, scope, hint), a.span) for a in leading]
+        if any(v is ERROR for v, _ in given):
+            return ERROR
+        rest = ast.Call(call.span, call.func, call.args[len(leading):])
+        carried = given
         start = len(self.ctx.nodes)
+        current: Any = ERROR
         for i in range(count):
-            if current is ERROR:
-                return ERROR
             if i == 1:  # instances are alike: the first one tells what the others will cost
                 self.ctx.expansion_limit((count - 1) * (len(self.ctx.nodes) - start), rhs.span,
                                          scope.frame, "this `repeat`", None)
             self.ctx.pending_instance = (paths[i], rhs.span)
-            carried = (current, call.args[0].span)
             try:
                 current = self.call_with(rest, carried, scope, f"{hint}.{i}")
             finally:
                 self.ctx.pending_instance = None
-            if (isinstance(current, TensorVal) and first_type is not None
-                    and (current.type.shape, current.type.dtype) != (first_type.shape,
-                                                                      first_type.dtype)):
+            if current is ERROR:
+                return ERROR
+            passed = list(current.items) if isinstance(current, TupleVal) else [current]
+            if not self.repeat_carries(passed, given, call, scope):
+                return ERROR
+            carried = [(v, span) for v, (_, span) in zip(passed, given)] + given[len(passed):]
+        return current
+
+    def repeat_carries(self, passed: list[Any], given: list[Arg], call: ast.Call,
+                       scope: Scope) -> bool:
+        """E0303 unless an instance's results can stand for the arguments they replace: as many
+        as there are leading positional arguments at most, each of the type it replaces."""
+        if len(passed) > len(given):
+            self.ctx.report("E0303", f"this `repeat` passes {len(passed)} values on, but its call "
+                            f"has {len(given)} positional argument{'s' if len(given) != 1 else ''}"
+                            " to take them", call.span, f"returns {len(passed)} values",
+                            notes=("an instance's results are the next instance's first "
+                                   "positional arguments",),
+                            help=("give the first instance a value for each result",),
+                            frame=scope.frame)
+            return False
+        for value, (arg, span) in zip(passed, given):
+            if _carried_type(value) != _carried_type(arg):
+                what = format_type(value.type) if isinstance(value, TensorVal) else kind_of(value)
+                took = format_type(arg.type) if isinstance(arg, TensorVal) else kind_of(arg)
                 self.ctx.report("E0303", "the body of this `repeat` changes the type it passes on",
-                                call.span, f"returns {format_type(current.type)}",
-                                (Label(call.args[0].span, f"takes {format_type(first_type)}"),),
-                                notes=("each instance's result is the next instance's first "
-                                       "argument, so the two types must be equal",),
+                                call.span, f"returns {what}", (Label(span, f"takes {took}"),),
+                                notes=("each instance's results are the next instance's first "
+                                       "arguments, so their types must be equal",),
                                 help=("repeat only shape-preserving blocks; write the first, "
                                       "changing block separately",), frame=scope.frame)
-                return ERROR
-        return current
+                return False
+        return True
 
     def repeat_paths(self, template: str, count: int, rhs: ast.Rhs, scope: Scope,
                      ) -> list[str] | None:
@@ -491,13 +517,13 @@ class Elaborator:
             return None
         return paths
 
-    def call_with(self, rest: ast.Call, carried: tuple[Any, Span], scope: Scope, hint: str) -> Any:
-        """A call whose first positional argument is already evaluated (`repeat`)."""
+    def call_with(self, rest: ast.Call, carried: list[Arg], scope: Scope, hint: str) -> Any:
+        """A call whose first positional arguments are already evaluated (`repeat`)."""
         ns = self.ctx.resolved.namespaces[scope.module.path]
         callee = ns.lookup(rest.func)
         if callee is None:
             return ERROR
-        args = self.calls.eval_args(rest, [carried], scope, hint)
+        args = self.calls.eval_args(rest, carried, scope, hint)
         if args is None:
             return ERROR
         pos, kws = args
@@ -552,7 +578,25 @@ class Elaborator:
                             "nothing is computed", help=("declare one: `output y = ...`",))
         if self.ctx.bucket is None and self.ctx.sink.error_count == 0:  # after errors it would mislead
             self.warn_unused()
+            self.dims_read_off_inputs()
         return scope
+
+    def dims_read_off_inputs(self) -> None:
+        """E0606 for a dynamic dim no input's shape names: a run reads each dim's value off the
+        shapes of the inputs it is given, and would have none for it (`arange(S)` alone)."""
+        named = {sym for i in self.inputs for d in i.type.shape if isinstance(d, dims.Poly)
+                 for sym in d.symbols()}
+        used = {sym for node in self.ctx.nodes for v in (*node.type.shape, *node.attrs.values())
+                for sym in _symbols(v)}
+        for d in self.dims:
+            if d.dynamic and d.name in used and d.name not in named:
+                self.ctx.report(
+                    "E0606", f"the dynamic dim `{d.name}` is the size of no input's axis", d.span,
+                    "a run could not know its value",
+                    notes=("a run reads every dynamic dim off the shapes of the inputs it is "
+                           "given",),
+                    help=(f"give an input of that size (`input positions: i64[{d.name}]`), or "
+                          f"make the dim static (`dim {d.name} = {d.hi}`)",))
 
     def warn_unused(self) -> None:
         """W0201 for a `let` whose value no op or output reads, in every instance of its def."""
@@ -569,6 +613,21 @@ class Elaborator:
                                 "computed here but not used",
                                 help=(f"use it, or remove it (a model can export it with `output "
                                       f"{let_name}`)",))
+
+
+def _carried_type(v: Any) -> Any:
+    """What must stay the same from one `repeat` instance to the next: a tensor's shape and
+    dtype (its layout may change), another value's kind."""
+    return (v.type.shape, v.type.dtype) if isinstance(v, TensorVal) else kind_of(v)
+
+
+def _symbols(v: Any) -> set[str]:
+    """The dims a shape entry or an attribute value names (tuples searched)."""
+    if isinstance(v, dims.Poly):
+        return set(v.symbols())
+    if isinstance(v, tuple):
+        return {s for x in v for s in _symbols(x)}
+    return set()
 
 
 def model_metadata(el: Elaborator, model: ast.Model, scope: Scope) -> dict[str, Any]:

@@ -236,8 +236,10 @@ class _Body:
     def pattern(self, t: ast.TensorTypeExpr) -> None:
         """Shape-pattern names not yet bound are bound here; everything else is resolved."""
         for d in t.dims or ():
-            if isinstance(d, ast.Variadic) or (isinstance(d, ast.Name) and d.name not in self.scope):
+            if isinstance(d, (ast.Variadic, ast.Name)) and d.name not in self.scope:
                 self.bind(ast.Ident(d.span, d.name))
+            elif isinstance(d, ast.Variadic):
+                pass  # bound by an earlier parameter: checked when the def is instantiated
             else:
                 self.expr(d)
 

@@ -189,6 +189,9 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
     if len(group.nodes) == 1 and OPS[nodes[group.nodes[0]].op].lower is None:
         op = nodes[group.nodes[0]].op
         return [_kernel(out, group, group.reason or f"`{op}` runs as a fallback kernel")]
+    if len(group.nodes) == 1 and _integer_math(nodes, nodes[group.nodes[0]]):
+        return [_kernel(out, group, "integer arithmetic runs in a fallback kernel, exactly (a "
+                                    "cuDNN graph computes in floats)")]
     if len(group.nodes) == 1 and _reads_unaligned(nodes, nodes[group.nodes[0]]):
         return [_kernel(out, group, "a copy of a view that starts off a 16-byte boundary, which "
                                     "cuDNN's kernels cannot read: a fallback kernel copies it")]
@@ -228,6 +231,16 @@ def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str
                               f"split from the fused group {group.name}: cuDNN rejected it "
                               f"({error})"))
     return steps
+
+
+INTEGERS = ("i8", "u8", "i32", "i64")
+
+
+def _integer_math(nodes: dict[str, Node], node: Node) -> bool:
+    """Arithmetic or a comparison on integers (`arange(S) + 2`, `ids == 0`): cuDNN would compute
+    it in f32, exact only below 2^24."""
+    return OPS[node.op].family == "pointwise" and node.op not in ("cast", "contiguous") and \
+        any(nodes[i].type.dtype in INTEGERS for i in node.inputs)
 
 
 def _reads_unaligned(nodes: dict[str, Node], node: Node) -> bool:

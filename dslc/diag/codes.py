@@ -71,7 +71,7 @@ E0602 a division that is not exact for every admissible value
 E0603 an output size below 1
 E0604 a compile-time condition that depends on a dynamic dim
 E0605 a parameter shape that depends on a dynamic dim
-E0606 an invalid `dim` or `buckets` declaration
+E0606 an invalid `dim` or `buckets` declaration, or a dynamic dim no input sizes
 E0607 a slice out of bounds
 E0701 a def that calls itself
 E0702 an import cycle

@@ -77,6 +77,14 @@ SEQ_BLOCK = """def {name}(x: [*L, D], hidden: int) -> [*L, D] {{
 {ret}
 }}"""
 
+# A pre-norm block that carries the hidden state and the residual (`repeat` over a tuple).
+PAIR_BLOCK = """def {name}(x: [*L, D], res: [*L, D], hidden: int) -> ([*L, D], [*L, D]) {{
+{precision}  let r = x + res
+  let h = linear(r, out=hidden)
+  let o = linear({act}(h), out=D)
+  return o, r
+}}"""
+
 CONV_BLOCK = """def {name}(x: [N, C, H, W]) -> [N, C, H, W] {{
 {precision}  let c = conv2d(x, out=C, k=3, pad=1)
   let b = batchnorm2d(c)
@@ -98,15 +106,37 @@ def block(g: Gen) -> bool:
         g.prog.defs[name] = CONV_BLOCK.format(name=name, precision=precision, act=act)
         args = ""
     else:
-        ret = g.ch.pick(["  return x + o", "  let n = layer_norm(x + o)\n  return n"])
+        ret = g.ch.pick(["  return x + o", "  let n = layer_norm(x + o)\n  return n", "pair"])
+        if ret == "pair":
+            return _pair_block(g, x, name, act, precision)
         g.prog.defs[name] = SEQ_BLOCK.format(name=name, precision=precision, act=act, ret=ret)
         args = f", hidden={g.ch.pick([16, 8, 32])}"
     x = tame(g, x, 2.0)
     times = g.ch.between(1, 3)
     g.stats.features["repeat" if times > 1 else "def"] += 1
-    if times > 1:
-        text = f'repeat {times} {name}({x.text}{args}) as "{name}.{{i}}"'
-    else:
-        text = f"{name}({x.text}{args})"
-    _call(g, text, x, TensorType(x.type.dtype, x.type.shape), 2.0 ** times, "block", (name,))
+    _call(g, _stacked(name, f"{x.text}{args}", times), x, TensorType(x.type.dtype, x.type.shape),
+          2.0 ** times, "block", (name,))
+    return True
+
+
+def _stacked(name: str, args: str, times: int) -> str:
+    return f'repeat {times} {name}({args}) as "{name}.{{i}}"' if times > 1 else f"{name}({args})"
+
+
+def _pair_block(g: Gen, x: Expr, name: str, act: str, precision: str) -> bool:
+    """`let (o, r) = repeat K block(x, res, ...)`: both results carried to the next instance."""
+    res = g.pick(lambda e: e.type.shape == x.type.shape and e.type.dtype == x.type.dtype)
+    assert res is not None  # x itself qualifies
+    g.prog.defs[name] = PAIR_BLOCK.format(name=name, precision=precision, act=act)
+    x, res = tame(g, x, 2.0), tame(g, res, 2.0)
+    times = g.ch.between(1, 3)
+    g.stats.features["repeat_tuple" if times > 1 else "def"] += 1
+    g.stats.ops["block"] += 1
+    text = _stacked(name, f"{x.text}, {res.text}, hidden={g.ch.pick([16, 8, 32])}", times)
+    outs = (g.fresh("v"), g.fresh("v"))
+    g.prog.stmts.append(Stmt(outs, f"  let ({outs[0]}, {outs[1]}) = {text}", x.reads | res.reads,
+                             (name,)))
+    for out, scale in zip(outs, (2.0, 2.0 ** times), strict=True):
+        g.pool.append(Expr(out, TensorType(x.type.dtype, x.type.shape), frozenset({out}), False,
+                           scale, "block"))
     return True

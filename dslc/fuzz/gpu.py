@@ -109,8 +109,8 @@ def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
 
     save(tmp / "fuzz.safetensors", weights)
     model = Model(bundle, tmp / "fuzz.safetensors", plan_cache=None)
-    device_inputs = _to_device(inputs, model)
-    plain = _to_host(model.run(device_inputs))
+    device_inputs = to_device(inputs, model.program)
+    plain = to_host(model.run(device_inputs))
     program = Schedule(read(bundle))
     virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
     want = interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
@@ -121,6 +121,9 @@ def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
         if a.shape != b.shape or not np.isfinite(a).all():
             raise Failure(Outcome("mismatch", "run", f"output {name}: shape {a.shape} or "
                                                      f"values not finite"))
+        if value.dtype.kind in "biu" and not np.array_equal(plain[name], value):
+            raise Failure(Outcome("mismatch", "run", f"output {name}: integers differ at "
+                                                     f"{int((a != b).sum())} of {a.size}"))
         errors[name] = relative_error(a, b)
         if errors[name] > TOLERANCE[dtype]:
             raise Failure(Outcome("mismatch", "run", f"output {name}: relative error "
@@ -129,12 +132,12 @@ def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
     # A plan whose bits vary from run to run (a reduction that adds with atomics) cannot be held
     # to bit equality: outputs computed from a reduction, or seen to vary between two plain
     # runs, are held to the dtype's tolerance in replays and reloads instead.
-    second = _to_host(model.run(device_inputs))
+    second = to_host(model.run(device_inputs))
     varies = {n for n in plain if plain[n].tobytes() != second[n].tobytes()}
     varies |= _after_a_reduction(program)
     skipped = f"bits vary run to run: {sorted(varies)}" if varies else ""
     try:
-        replayed = _to_host(model.capture(device_inputs)(device_inputs))
+        replayed = to_host(model.capture(device_inputs)(device_inputs))
         _identical(plain, replayed, "replay", "a CUDA-graph replay differs from the plain run",
                    varies, TOLERANCE[dtype])
     except RunnerError as err:
@@ -144,7 +147,7 @@ def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
                                                    "capture (R0803)"]))
     model.close()
     reloaded = Model(bundle, tmp / "fuzz.safetensors", plan_cache=None)
-    again = _to_host(reloaded.run(device_inputs))
+    again = to_host(reloaded.run(device_inputs))
     reloaded.close()
     _identical(plain, again, "reload", "a model reloaded from the bundle computes other bits",
                varies, TOLERANCE[dtype])
@@ -198,23 +201,32 @@ def _narrowest(program: Any) -> str:
     return "bf16" if "bf16" in dtypes else "f16" if "f16" in dtypes else "f32"
 
 
-def _to_device(arrays: dict[str, np.ndarray], model: Any) -> dict[str, Any]:
-    """Torch CUDA tensors in each input's declared dtype and layout."""
+DEVICE_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "bool": "bool",
+                 "i32": "int32", "i64": "int64"}
+
+
+def to_device(arrays: dict[str, np.ndarray], program: Any) -> dict[str, Any]:
+    """Torch CUDA tensors in each input's declared dtype and layout (torch: it has bf16)."""
     import torch
 
     out = {}
     for name, a in arrays.items():
-        node = model.program.nodes[model.program.inputs[name]]
+        node = program.nodes[program.inputs[name]]
         order = node.type.layout.order if node.type.layout is not None else tuple(range(a.ndim))
-        dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[node.type.dtype]
-        t = torch.from_numpy(np.ascontiguousarray(a.astype(np.float32).transpose(order)))
-        out[name] = t.to(dtype=dtype).cuda().permute(tuple(order.index(i) for i in range(a.ndim)))
+        dtype = getattr(torch, DEVICE_DTYPES[node.type.dtype])
+        # integers (token ids) as they are: through f32 an id above 2**24 would change
+        host = a if a.dtype.kind in "biu" else a.astype(np.float32)
+        t = torch.from_numpy(np.ascontiguousarray(host.transpose(order))).to(dtype=dtype).cuda()
+        out[name] = t.permute(tuple(order.index(i) for i in range(a.ndim)))
     return out
 
 
-def _to_host(outputs: dict[str, Any]) -> dict[str, np.ndarray]:
+def to_host(outputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Host arrays: floats as f32, integers and booleans as they are (compared exactly)."""
     import torch
 
     torch.cuda.synchronize()
-    return {k: v.float().cpu().numpy() if hasattr(v, "cpu") else np.asarray(v.get())
-            for k, v in outputs.items()}
+    return {k: (v.float() if v.is_floating_point() else v).cpu().numpy() if hasattr(v, "cpu")
+            else np.asarray(v.get()) for k, v in outputs.items()}
+
+

@@ -82,7 +82,8 @@ def _expand(g: Gen, x: Expr) -> Expr | None:
             target.append(g.ch.between(2, 4))
             grew = True
         else:
-            target.append(-1 if g.ch.coin(0.3) else d)
+            # -1 also for a dim the source cannot spell (a conv's floor of a dynamic dim)
+            target.append(-1 if g.ch.coin(0.3) or not printable(d) else d)
     if x.type.rank < 4 and g.ch.coin(0.3):
         target.insert(0, g.ch.between(2, 3))
         grew = True

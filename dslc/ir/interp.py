@@ -215,7 +215,7 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np
                 raise InterpError(f"missing weight `{path}`")
             out = np.asarray(weights[path]).astype(NUMPY_DTYPES[node.type.dtype])
         elif node.op == "scalar":
-            out = np.asarray(attrs["value"], dtype=np.float32)
+            out = np.asarray(attrs["value"], dtype=NUMPY_DTYPES[node.type.dtype])
         elif node.op == "view":
             shape = tuple(int(d) for d in concrete(node.type.shape, values, env))
             out = planned_view(node, nodes[node.inputs[0]], results[node.inputs[0]], attrs, shape,

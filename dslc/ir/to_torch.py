@@ -114,7 +114,7 @@ class TorchProgram(nn.Module):
         self._mode = mode
         self._steps: list[_Step] = []
         self._slots: dict[str, tuple[nn.Module, str]] = {}  # param path -> (module, attribute)
-        scalars: list[float] = []
+        scalars: list[float] = []  # kept in float64: an integer number is exact to 2^53
         for node in graph.nodes:
             attrs = {k: _concrete(v, dims, env) for k, v in node.attrs.items()}
             shape = _concrete(tuple(node.type.shape), dims, env)
@@ -127,7 +127,7 @@ class TorchProgram(nn.Module):
             elif node.op == "input" and mode == "declared" and node.type.layout is not None:
                 attrs["channels_last"] = node.type.layout.order in ((0, 2, 3, 1), (0, 2, 3, 4, 1))
             self._steps.append(step)
-        self.register_buffer("_scalars", torch.tensor(scalars, dtype=torch.float32),
+        self.register_buffer("_scalars", torch.tensor(scalars, dtype=torch.float64),
                              persistent=False)
         self._outputs = graph.outputs
         self._mark_frees({v for _, v in graph.outputs})
@@ -194,8 +194,9 @@ class TorchProgram(nn.Module):
                 out = self._input(step, inputs)
             elif step.op == "param":
                 out = self.param(step.attrs["path"])
-            else:
+            else:  # a number: f32, or an integer beside integer tensors (LANGUAGE 3.4)
                 out = self._scalars[step.attrs["index"]]
+                out = out.to(torch.float32 if step.dtype.is_floating_point else step.dtype)
             values[step.name] = out
             for name in step.free:
                 del values[name]

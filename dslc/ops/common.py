@@ -105,17 +105,19 @@ def check_mixed_numeric(ctx: InferCtx, op: str, named: list[tuple[str, TensorTyp
     if floats and others:
         (fn, ft), (on, ot) = floats[0], others[0]
         if ctx.producer(fn) == "scalar":
-            # A number written next to an integer tensor (`ids + 2`, `mask == 0`) is an f32
-            # scalar like every number mixed with a tensor: say so, rather than call the number
-            # a float tensor the user never wrote.
+            # A float number next to an integer tensor (`ids + 0.5`), or any number in an op
+            # with no integer form (`ids / 2`), is an f32 scalar: say so, rather than call the
+            # number a float tensor the user never wrote.
             article = "an" if ot.dtype.startswith("i") else "a"
             back = (f" (and back with `cast(..., {ot.dtype})` where integers are needed)"
                     if ot.dtype != "bool" else "")
             ctx.error("E0402", f"`{op}` mixes {article} {ot.dtype} tensor with the number "
                       f"`{ctx.text(fn)}`", at=on, label=f"{ot.dtype}",
                       labels=(ctx.label(fn, "a number: an f32 scalar"),),
-                      notes=("a number mixed with a tensor is an f32 scalar, and integer and "
-                             "bool tensors are never converted implicitly",),
+                      notes=("an integer number beside integer tensors is one of theirs in "
+                             "`+ - *`, `max`, `min` and comparisons; any other number is an f32 "
+                             "scalar, and integer and bool tensors are never converted "
+                             "implicitly",),
                       help=(f"compute in floats: `cast({ctx.text(on)}, f32)`{back}",))
             return False
         ctx.error("E0402", f"`{op}` mixes {ft.dtype} and {ot.dtype} operands", at=on,

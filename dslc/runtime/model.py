@@ -441,7 +441,8 @@ class Model:
               outputs: Mapping[str, device.ArrayRef]) -> Any:
         node = self.program.nodes[name]
         if node.op == "scalar":  # a pass-by-value constant
-            return self.cupy.asarray(float(node.attrs["value"]), dtype=self.cupy.float32)
+            return self.cupy.asarray(float(node.attrs["value"]),
+                                     dtype=device.CUPY_DTYPES[node.type.dtype])
         s = exe.storage(name)
         return device.view(self._pointer(exe, name, refs, outputs), s.shape, s.strides, s.dtype,
                            device.KERNEL_DTYPES)

@@ -214,7 +214,7 @@ def load_time_values(program: Schedule, tensors: Mapping[str, np.ndarray],
             values[node.name] = np.asarray(tensors[node.attrs["path"]]).astype(
                 NUMPY_DTYPES[node.type.dtype], copy=False)
         elif node.op == "scalar":
-            values[node.name] = np.asarray(node.attrs["value"], dtype=np.float32)
+            values[node.name] = np.asarray(node.attrs["value"], dtype=NUMPY_DTYPES[node.type.dtype])
         else:
             values[node.name] = evaluate_node(node, [values[i] for i in node.inputs],
                                               concrete_attrs(node, {}), node.type.dtype)
@@ -259,7 +259,8 @@ def upload(program: Schedule, tensors: Mapping[str, np.ndarray],
                 if values[node.name].dtype.kind in "iub":
                     values[node.name] = values[node.name].astype(cupy.int64)
         elif node.op == "scalar":
-            values[node.name] = cupy.asarray(node.attrs["value"], dtype=cupy.float32)
+            values[node.name] = cupy.asarray(node.attrs["value"],
+                                             dtype=NUMPY_DTYPES[node.type.dtype])
         else:
             xs = [values[i] for i in node.inputs]
             attrs = concrete_attrs(node, {})

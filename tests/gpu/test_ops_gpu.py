@@ -450,6 +450,17 @@ model m {
   output o = sdpa(q, k, v, causal=true, align="bottom_right")
   output w = sdpa(q, k, v, causal=true, window=4, align="bottom_right")
 }""",
+    # Integer numbers beside integer tensors run as fallback kernels, exactly (a cuDNN graph
+    # computes in floats: 3000000001 is not an f32).
+    "integer_numbers_computed_exactly_i64": NN + """model m {
+  dim S = 1..64 tune [5]
+  input ids: i64[2, S]
+  let pos = embedding(arange(S) + 2, num=70, dim=4) as "pos"
+  output pad: bool[2, S] = ids == 0
+  output clipped: i64[2, S] = max(ids * 3 - 7, 0)
+  output big: i64[2, S] = ids + 3000000001
+  output y = pos
+}""",
     "cast_inside_a_fused_group_rounds_f32": """model m {
   input x: f32[8, 64]
   let r = relu(x)
