@@ -29,9 +29,9 @@ ERRONEOUS = "Erroneous example:"
 
 
 def _prose_only(code: str) -> bool:
-    """Codes that `dslc check` cannot report: run-time errors, backend support, and warnings
-    about the values in a weight file."""
-    return code.startswith("R") or code.startswith("E08") or code in ("W0202", "W0203")
+    """Codes that `dslc check` cannot report: run-time errors, backend support, models imported
+    from ONNX, and warnings about the values in a weight file."""
+    return code.startswith(("R", "E08", "E09")) or code in ("W0202", "W0203")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dslc.cli import calibrate as calibrate_commands
 from dslc.cli import compile as compile_commands
 from dslc.cli import fmt as fmt_commands
 from dslc.cli import inspect as inspect_commands
+from dslc.cli import onnx_import as import_commands
 from dslc.cli import run as run_commands
 from dslc.cli import weights as weights_commands
 from dslc.cli.front import (
@@ -50,7 +51,8 @@ from dslc.weights import WeightError
 __all__ = ["front_end", "main"]
 
 # Optional packages a command may need, and the extra of dslc that installs them.
-EXTRAS = {"cudnn": ("the cuDNN frontend", "cudnn"), "cupy": ("CuPy", "gpu")}
+EXTRAS = {"cudnn": ("the cuDNN frontend", "cudnn"), "cupy": ("CuPy", "gpu"),
+          "onnx": ("the onnx package", "onnx")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate_commands.add_commands(sub)
     inspect_commands.add_commands(sub)
     bench_commands.add_commands(sub)
+    import_commands.add_commands(sub)
     return parser
 
 

@@ -1,7 +1,8 @@
 """The registry of diagnostic codes: one line per code, its severity and title.
 
 Families: E01 syntax, E02 names and calls, E03 shapes, E04 dtypes, E05 layouts, E06 dims and
-buckets, E07 defs and imports, E08 backend support, W warnings, R runner errors at run time.
+buckets, E07 defs and imports, E08 backend support, E09 models imported from ONNX (`dslc import`),
+W warnings, R runner errors at run time.
 The long explanation of each code (`dslc explain CODE`) is `explanations/CODE.md` beside this file.
 """
 
@@ -19,9 +20,9 @@ CodeId = Literal[
     "E0204", "E0205", "E0206", "E0207", "E0208", "E0209", "E0210", "E0301", "E0302",
     "E0303", "E0304", "E0305", "E0306", "E0401", "E0402", "E0403", "E0404", "E0501", "E0502",
     "E0503", "E0601", "E0602", "E0603", "E0604", "E0605", "E0606", "E0607", "E0701",
-    "E0702", "E0703", "E0704", "E0705", "E0801", "E0802", "W0201", "W0202", "W0203", "W0301",
-    "W0302", "W0303", "W0401", "W0501", "W0602", "R0201", "R0202", "R0203", "R0301", "R0401",
-    "R0501", "R0601", "R0602", "R0801", "R0802", "R0803",
+    "E0702", "E0703", "E0704", "E0705", "E0801", "E0802", "E0901", "E0902", "W0201", "W0202",
+    "W0203", "W0301", "W0302", "W0303", "W0401", "W0501", "W0602", "R0201", "R0202", "R0203",
+    "R0301", "R0401", "R0501", "R0601", "R0602", "R0801", "R0802", "R0803",
 ]
 
 
@@ -79,6 +80,8 @@ E0704 a def or model that is incomplete or repeated
 E0705 a model nested or expanded beyond the compiler's limits
 E0801 no cuDNN engine supports a fused group
 E0802 an operation the target device cannot run
+E0901 an ONNX node that cannot be imported
+E0902 an ONNX model that cannot be imported as a whole
 W0201 a value that is never used
 W0202 weights holding NaN or infinite values
 W0203 weights the model does not declare

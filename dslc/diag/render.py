@@ -69,8 +69,9 @@ def render_human(diag: Diagnostic, sources: SourceMap, color: bool = False) -> s
             text, shown = _window(sources.line(fname, ln) or "", [m for m in marks if m.line == ln])
             out.append(f"{st.gutter(f'{ln:>{width}} |')} {text}".rstrip())
             out.extend(_underlines(shown, pad, st, diag.severity))
-    if not by_file:
-        out.append(f"{pad}{st.gutter('-->')} {diag.span}")
+    if not by_file:  # a file without lines to show (a weight file, an ONNX model)
+        where = diag.span.file if diag.span.line < 1 else str(diag.span)
+        out.append(f"{pad}{st.gutter('-->')} {where}")
     if diag.notes or diag.help:
         out.append(st.gutter(f"{pad} |"))
         for note in diag.notes:

@@ -32,3 +32,9 @@ def lark_parser() -> Lark:
 @cache
 def tables() -> Tables:
     return Tables.from_lark(lark_parser())
+
+
+@cache
+def keywords() -> frozenset[str]:
+    """The words an identifier cannot be (`let`, `input`, the dtypes, ...)."""
+    return frozenset(tables().keywords["NAME"])
