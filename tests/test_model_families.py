@@ -205,7 +205,8 @@ def test_reference_executor_equals_pytorch_at_the_declared_precision(name: str,
 # computed wrongly on the H200 (ops/attention.py).
 FALLBACK_KERNELS = {
     "mobilenet_v3": {}, "convnext": {}, "vit_front": {"concat": 1}, "sd_down_block": {},
-    "bert": {"gather": 3, "arange": 1, "sdpa": 1}, "yolo_sppf": {"maxpool": 3, "concat": 1},
+    # cuDNN's sdpa reads the padding mask at full size, a copy (dslc.lower.views)
+    "bert": {"gather": 3, "arange": 1}, "yolo_sppf": {"maxpool": 3, "concat": 1},
     # rotary positions arange(S) at each size; the frequencies' arange (static) at load time
     "llama_layer": {"arange": 1, "concat": 3},
 }

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dslc.backend.device import TORCH_DTYPES, require
+from dslc.backend.device import CUPY_DTYPES, TORCH_DTYPES, require
 
 
 def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 5) -> float:
@@ -50,7 +50,7 @@ def upload(host: np.ndarray, dtype: str, order: tuple[int, ...] | None, kind: st
         t = torch.from_numpy(source).to(device="cuda", dtype=getattr(torch, TORCH_DTYPES[dtype]))
         return t.permute(inverse)
     cupy, _ = require()
-    return cupy.asarray(physical).transpose(inverse)
+    return cupy.asarray(physical.astype(CUPY_DTYPES[dtype])).transpose(inverse)
 
 
 def to_host(value: Any) -> np.ndarray:

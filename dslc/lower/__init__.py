@@ -14,7 +14,12 @@ from dslc.lower.canonical import expand_norm_reductions, fold_scalars, load_time
 from dslc.lower.norms import expand_group_norm
 from dslc.lower.quantize import quantize
 from dslc.lower.rewrite import Rule, rewrite
-from dslc.lower.views import assign_layouts, make_views, weights_like_inputs
+from dslc.lower.views import (
+    assign_layouts,
+    full_size_attention_bias,
+    make_views,
+    weights_like_inputs,
+)
 
 Pass = Callable[[Graph], Graph]
 
@@ -58,6 +63,8 @@ PASSES: list[Pass] = [
     # Reshape / transpose / slice chains read their base in place: no copy, no kernel.
     _each(make_views),
     remove_dead,
+    # An attention bias broadcast over batch or heads is read at full size (cuDNN's sdpa).
+    _each(full_size_attention_bias),
     # Every materialised value gets a layout; views get strides (or a copy where needed).
     # An op whose rule needs a memory order its operand lacks reads a row-major copy of it.
     _each(assign_layouts),

@@ -39,7 +39,7 @@ def test_bench_against_torch_agrees_and_times_every_way(model: str, size: str, s
     # ResNet-50 runs on cuDNN graphs and CuPy kernels that capture; BERT's gathers run on the
     # ops' references over CuPy, which may refuse capture (R0803, reported, not a failure)
     assert (d["graph_ms"] or 0) > 0 or (model == "bert" and d["graph_error"]), d["graph_error"]
-    assert t["eager_ms"] > 0 and t["graph_ms"] > 0, t["graph_error"]
+    assert t["eager_ms"] > 0 and (t["graph_ms"] or 0) > 0, t["graph_error"]
     assert t["compile_ms"] is not None and t["compile_ms"] > 0, t["compile_error"]
     roof = row["roofline"]
     assert len(roof["steps"]) == steps and roof["totals"]["bound_ms"] > 0
