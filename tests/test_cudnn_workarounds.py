@@ -1,0 +1,98 @@
+"""What the compiler does around cuDNN defects that generated programs found on the H200 (each
+shrunk there; `tests/gpu/test_ops_gpu.py` holds the GPU cases): the forms below are what cuDNN
+gets instead of the ones it computed wrongly. Checked deviceless, through the real frontend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dslc.backend.target import load_target
+from dslc.compile.stage import Compiled, compile_model
+from dslc.pipeline import lower_and_fuse
+from tests.helpers import check_source
+
+NN = 'import "std/nn.cgraph"\n'
+
+
+def _compiled(text: str, tmp_path: Path) -> Compiled:
+    model = check_source(text, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    return compile_model(model, lowered, plan, load_target("h200"))
+
+
+def _pointwise_modes(c: Compiled) -> list[str]:
+    modes = []
+    for built in c.builds.values():
+        graph: dict[str, Any] = json.loads(str(built.graph))
+        modes += [str(n.get("mode")) for n in graph["nodes"] if n.get("tag") == "POINTWISE"]
+    return modes
+
+
+def test_a_conv_over_a_slice_of_rows_reads_a_dense_channels_last_copy(tmp_path: Path) -> None:
+    # 77% off on the H200 when the conv read the slice's strides (gaps between its rows)
+    c = _compiled(NN + """model m {
+  precision io=f16
+  input x: [2, 1, 4, 7]
+  let v = x[:, :, 0:2, :]
+  output y = conv2d(v, out=4, k=3, pad=1)
+}""", tmp_path)
+    nodes = c.graph.by_name()
+    conv = next(n for n in c.graph.nodes if n.op == "conv")
+    data = nodes[conv.inputs[0]]
+    assert data.op == "contiguous" and nodes[data.inputs[0]].op == "view"
+
+
+def test_a_conv_over_a_dense_view_reads_it_in_place(tmp_path: Path) -> None:
+    c = _compiled(NN + """model m {
+  precision io=f16
+  input x: [2, 1, 4, 7]
+  let v = x[0:1, :, :, :]
+  output y = conv2d(v, out=4, k=3, pad=1)
+}""", tmp_path)
+    conv = next(n for n in c.graph.nodes if n.op == "conv")
+    assert c.graph.by_name()[conv.inputs[0]].op == "view"
+
+
+def test_an_expand_of_the_channels_of_a_channels_last_value_runs_as_a_fallback_kernel(
+        tmp_path: Path) -> None:
+    # 100% off on the H200 as cuDNN's identity broadcasting the innermost axis
+    c = _compiled("""model m {
+  layout NHWC
+  input x: f32[2, 1, 4, 4]
+  output y = expand(relu(x), shape=[2, 2, 4, 4])
+}""", tmp_path)
+    kinds = {c.graph.by_name()[s.group.nodes[0]].op: s.kind for s in c.steps}
+    assert kinds == {"relu": "graph", "expand": "kernel"}
+
+
+def test_leaky_relu_lowers_to_the_max_of_x_and_its_scaled_self(tmp_path: Path) -> None:
+    # cuDNN's leaky relu in a matmul epilogue was 19% off on the H200
+    small = _compiled(NN + """model m {
+  input x: f32[1, 4, 16]
+  output y = leaky_relu(linear(x, out=8, has_bias=false), slope=0.01)
+}""", tmp_path)
+    assert _pointwise_modes(small) == ["MUL", "MAX"]
+    steep = _compiled("""model m {
+  input x: f32[4, 16]
+  output y = leaky_relu(x, slope=3.0)
+}""", tmp_path)
+    assert _pointwise_modes(steep) == ["MUL", "MIN"]
+
+
+def test_a_copy_gives_a_size_one_axis_whose_stride_ties_another_the_outermost_one(
+        tmp_path: Path) -> None:
+    # [2, 1, 12, 7] read as [1, 2, 12, 7] has strides [84, 84, 7, 1]; its copy into
+    # channels-last was 60% off on the H200
+    c = _compiled("""model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 1, 12, 7]
+  let r = relu(x)
+  output y = contiguous(transpose(r, perm=[1, 0, 2, 3]))
+}""", tmp_path)
+    [spec] = [s for s in c.specs.values() if [o.op for o in s.ops] == ["contiguous"]]
+    [source] = [t for t in spec.tensors if t.role == "input"]
+    assert source.dims == (1, 2, 12, 7)
+    assert source.strides == (168, 84, 7, 1)  # the size-1 axis outside all: 84 * 2
