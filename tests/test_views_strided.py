@@ -130,3 +130,18 @@ def test_reshape_of_a_channels_last_input_slice_equals_pytorch() -> None:
     x = np.random.default_rng(SEED + 2).standard_normal((2, 6, 4, 4)).astype(np.float32)
     expected = torch.from_numpy(x)[:, 1:4].reshape(2, 3, 16).numpy()
     np.testing.assert_array_equal(_run(text, x), expected)
+
+
+def test_dense_strides_are_packed_in_the_order_and_size_one_axes_may_take_any() -> None:
+    from dslc.ir.views import dense
+
+    nhwc = (0, 2, 3, 1)
+    # [2, 3, 4, 5] channels-last: C innermost (1), then W (3), H (15), N (60), by hand
+    assert dense((2, 3, 4, 5), (60, 1, 15, 3), nhwc)
+    assert not dense((2, 3, 4, 5), (60, 1, 15, 3), (0, 1, 2, 3))  # the same strides, NCHW
+    # a slice of rows 0:2 of a [2, 1, 4, 7] image: rows 7 apart, images 28 apart, not 14
+    assert not dense((2, 1, 2, 7), (28, 28, 7, 1), nhwc)
+    assert dense((2, 1, 2, 7), (14, 999, 7, 1), nhwc)  # the size-1 axis's stride is free
+    h = dims.sym("H")  # images 7 * H apart where H rows are read of H
+    assert dense((2, 1, h, 7), (dims.mul(7, h), 1, 7, 1), nhwc)
+    assert not dense((2, 1, h, 7), (dims.mul(14, h), 1, 7, 1), nhwc)
