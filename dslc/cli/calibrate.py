@@ -17,12 +17,11 @@ from dslc import fsutil
 from dslc.cli import paths
 from dslc.cli.front import EXIT_OK, add_diag_options, command
 from dslc.cli.paths import UsageError
-from dslc.cli.weights import missing_weights, runtime_warn
+from dslc.cli.weights import bundle_weights
 from dslc.core.types import FP8_MAX
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime.calibrate import calibrate, calibrated
 from dslc.runtime.calibration import Calibration, quantised
-from dslc.runtime.params import read as read_weights
 from dslc.runtime.schedule import Schedule, check_buckets
 
 
@@ -47,14 +46,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not quantised(program.graph):
         raise UsageError(f"`{args.bundle}` computes nothing in fp8: there is nothing to "
                          "calibrate (ask for it in the model: `precision matmul=f8e4m3`)")
-    manifest = bundle.manifest
-    if args.weights is None:
-        if manifest.params:
-            raise missing_weights(manifest.model, [p.name for p in manifest.params])
-        tensors = {}
-    else:
-        tensors = read_weights(args.weights, manifest, runtime_warn(args))
-    found = calibrate(program, tensors, read_samples(args.data))
+    found = calibrate(program, bundle_weights(args, bundle.manifest), read_samples(args.data))
     record = calibrated(bundle, found)
     check_buckets(Schedule(record))
     with paths.writing(target):

@@ -29,7 +29,7 @@ from dslc.cli.front import (
     sources,
 )
 from dslc.cli.paths import UsageError
-from dslc.cli.weights import checked_weights, missing_weights, runtime_warn
+from dslc.cli.weights import bundle_weights, checked_weights, missing_weights
 from dslc.core.errors import RunnerError
 from dslc.emit.manifest import manifest_record
 from dslc.ir import interp
@@ -39,7 +39,6 @@ from dslc.runtime.bundle import read
 from dslc.runtime.calibration import quantised
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.params import amaxes, check_calibrated_with
-from dslc.runtime.params import read as read_weights
 from dslc.runtime.schedule import Schedule
 
 
@@ -110,12 +109,8 @@ def _run_reference_bundle(args: argparse.Namespace) -> int:
     manifest = program.bundle.manifest
     try:
         bind_inputs(manifest, {k: (tuple(v.shape), weights.dtype_name(v)) for k, v in args.inputs.items()})
-        if args.weights is None:
-            if manifest.params:
-                raise missing_weights(manifest.model, [p.name for p in manifest.params])
-            tensors = {}
-        else:
-            tensors = read_weights(args.weights, manifest, runtime_warn(args))
+        tensors = bundle_weights(args, manifest)
+        if args.weights is not None:
             check_calibrated_with(program, tensors, args.weights)
         amax = amaxes(program)
     except RunnerError as err:

@@ -41,6 +41,16 @@ def missing_weights(name: str, params: list[str]) -> UsageError:
                       f"({shown}): give them with `--weights W.safetensors`")
 
 
+def bundle_weights(args: argparse.Namespace, manifest: Any) -> dict[str, np.ndarray]:
+    """The weights a bundle loads, from `--weights` (its W0202 sentence as `runtime_warn` says);
+    none for a bundle that loads none, `missing_weights` for one that does."""
+    if args.weights is None:
+        if manifest.params:
+            raise missing_weights(manifest.model, [p.name for p in manifest.params])
+        return {}
+    return params.read(args.weights, manifest, runtime_warn(args))
+
+
 def checked_weights(args: argparse.Namespace, out: Output, result: FrontEnd, convert: bool,
                     finite: bool = True, tensors: dict[str, np.ndarray] | None = None,
                     source: Path | None = None) -> dict[str, np.ndarray] | None:
