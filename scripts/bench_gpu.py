@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -24,22 +23,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def timed(fn: Any, iters: int, warmup: int = 5) -> float:
-    """Median milliseconds of `fn()` over `iters` runs, timed with CUDA events (for
-    scripts/bench_tune.py's encoder layer; `dslc bench` times with dslc.backend.timing)."""
-    import torch
+    """Median milliseconds of `fn()` over `iters` runs, timed with CUDA events on the default
+    stream, torch's and CuPy's alike (scripts/bench_tune.py's encoder layer)."""
+    from dslc.backend.timing import median_ms
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return median_ms(fn, iters, warmup)
 
 
 def torch_cuda_graph(net: Any, x: Any) -> Any:

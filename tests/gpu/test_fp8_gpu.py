@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from dslc.backend.target import load_target
+from dslc.backend.timing import median_ms
 from dslc.compile.stage import compile_model
 from dslc.diag.diagnostic import Sink
 from dslc.emit import bundle as emit_bundle
@@ -55,24 +56,6 @@ def _compile(outdir: Path, fp8: bool) -> tuple[Path, Any]:
     path = outdir / "gpt_block.bundle"
     emit_bundle.write(path, emit_bundle.payload(compiled))
     return path, result.model
-
-
-def _timed(fn: Any, iters: int = 30, warmup: int = 5) -> float:
-    """Median milliseconds of `fn()`, timed with CUDA events."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return float(np.median(samples))
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +109,8 @@ def test_fp8_gpt_blocks_are_faster_and_within_the_error_budget(built: dict[str, 
     inputs = to_device({"hidden_states": built["x"]}, built["fp8"])
     ours8 = to_host(fp8.run(inputs))["hidden"]
     ours16 = to_host(fp16.run(inputs))["hidden"]
-    ms8 = _timed(lambda: fp8.run(inputs))
-    ms16 = _timed(lambda: fp16.run(inputs))
+    ms8 = median_ms(lambda: fp8.run(inputs), 30)
+    ms16 = median_ms(lambda: fp16.run(inputs), 30)
     want = _f32_reference(built).astype(np.float64)
     got8, got16 = ours8[0].astype(np.float64), ours16[0].astype(np.float64)
     rms8 = float(np.sqrt(((got8 - want) ** 2).mean() / (want ** 2).mean()))
