@@ -17,6 +17,7 @@ from tests.gpu.common import (
     to_device,
     to_host,
 )
+from tests.test_integer_numbers import POSITIONS
 
 pytestmark = pytest.mark.gpu
 
@@ -452,15 +453,7 @@ model m {
 }""",
     # Integer numbers beside integer tensors run as fallback kernels, exactly (a cuDNN graph
     # computes in floats: 3000000001 is not an f32).
-    "integer_numbers_computed_exactly_i64": NN + """model m {
-  dim S = 1..64 tune [5]
-  input ids: i64[2, S]
-  let pos = embedding(arange(S) + 2, num=70, dim=4) as "pos"
-  output pad: bool[2, S] = ids == 0
-  output clipped: i64[2, S] = max(ids * 3 - 7, 0)
-  output big: i64[2, S] = ids + 3000000001
-  output y = pos
-}""",
+    "integer_numbers_computed_exactly_i64": POSITIONS,  # tests/test_integer_numbers.py's model
     # Shrunk from generated programs: a leaky relu in a matmul epilogue (245 of seed 15, 19%
     # off), a conv over a slice of the image's rows (164 of seed 13, 77% off), an expand of the
     # channels of a channels-last value (137 of seed 17, 100% off).
