@@ -193,12 +193,10 @@ class TorchProgram(nn.Module):
         for step in self._steps:
             if step.fn is not None:
                 xs = [_operand(values[i], step.compute) for i in step.inputs]
-                if step.op == "arange":  # made on the module's device: a CUDA graph cannot
-                    # capture a copy from the host
-                    out = torch.arange(int(step.attrs["n"]), dtype=step.dtype,
-                                       device=self._scalars.device)
-                else:
-                    out = step.fn(xs, step.attrs).to(step.dtype)
+                # a value made from nothing (arange) is made on the module's device: a CUDA
+                # graph cannot capture a copy from the host
+                attrs = step.attrs if xs else {**step.attrs, "device": self._scalars.device}
+                out = step.fn(xs, attrs).to(step.dtype)
             elif step.op == "input":
                 out = self._input(step, inputs)
             elif step.op == "param":

@@ -372,7 +372,7 @@ def _table() -> dict[str, OpFn]:
         "concat": lambda xs, a: torch.cat(xs, dim=a["axis"]),
         "expand": lambda xs, a: xs[0].expand(*a["shape"]).contiguous(),
         "gather": _gather,
-        "arange": lambda xs, a: torch.arange(int(a["n"]), dtype=torch.int64),
+        "arange": lambda xs, a: torch.arange(int(a["n"]), dtype=torch.int64, device=a.get("device")),
         "reshape": lambda xs, a: xs[0].reshape(a["shape"]),
         "transpose": lambda xs, a: xs[0].permute(a["perm"]),
         "slice": lambda xs, a: xs[0][tuple(slice(s, e) for s, e in
