@@ -203,23 +203,16 @@ def _narrowest(program: Any) -> str:
     return "bf16" if "bf16" in dtypes else "f16" if "f16" in dtypes else "f32"
 
 
-DEVICE_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "bool": "bool",
-                 "i32": "int32", "i64": "int64"}
-
-
 def to_device(arrays: dict[str, np.ndarray], program: Any) -> dict[str, Any]:
-    """Torch CUDA tensors in each input's declared dtype and layout (torch: it has bf16)."""
-    import torch
+    """Torch CUDA tensors in each input's declared dtype and layout (torch: it has bf16;
+    integers as they are: through f32 an id above 2**24 would change)."""
+    from dslc.backend.timing import upload
 
     out = {}
     for name, a in arrays.items():
         node = program.nodes[program.inputs[name]]
-        order = node.type.layout.order if node.type.layout is not None else tuple(range(a.ndim))
-        dtype = getattr(torch, DEVICE_DTYPES[node.type.dtype])
-        # integers (token ids) as they are: through f32 an id above 2**24 would change
-        host = a if a.dtype.kind in "biu" else a.astype(np.float32)
-        t = torch.from_numpy(np.ascontiguousarray(host.transpose(order))).to(dtype=dtype).cuda()
-        out[name] = t.permute(tuple(order.index(i) for i in range(a.ndim)))
+        order = node.type.layout.order if node.type.layout is not None else None
+        out[name] = upload(a, node.type.dtype, order, "torch")
     return out
 
 
