@@ -619,8 +619,7 @@ class Elaborator:
     def dims_read_off_inputs(self) -> None:
         """E0606 for a dynamic dim no input's shape names: a run reads each dim's value off the
         shapes of the inputs it is given, and would have none for it (`arange(S)` alone)."""
-        named = {sym for i in self.inputs for d in i.type.shape if isinstance(d, dims.Poly)
-                 for sym in d.symbols()}
+        named = {sym for i in self.inputs for sym in _symbols(i.type.shape)}
         used = {sym for node in self.ctx.nodes for v in (*node.type.shape, *node.attrs.values())
                 for sym in _symbols(v)}
         for d in self.dims:
