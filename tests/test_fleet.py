@@ -100,15 +100,37 @@ def test_a_plan_in_the_database_is_taken_not_measured(bundle: Bundle, tmp_path: 
     db.put(env, spec_key(ws[0].spec), measured(fake_plan("elsewhere"), host="gpu-02"))
     backend = FakeBackend(0.0)
     got = plans_for(db, env, ws, backend, LOG, FAST)
+    # measured where the driver was not known: its engine and knobs, no bytes
     assert got[ws[0].signature] == Outcome("database", replace(fake_plan("elsewhere"),
-                                                               serialized=None, workspace=0))
+                                                               serialized=None))
     assert sorted(backend.measured) == sorted(spec_key(w.spec) for w in ws[1:])
     assert all(got[w.signature].how == "tuned" for w in ws[1:])
     for w in ws[1:]:  # published, with where it was measured
         entry = db.get(env, spec_key(w.spec))
         assert entry is not None and entry.plan.ms == 0.25 and entry.host
     published = db.get(env, spec_key(ws[1].spec))
-    assert published is not None and published.plan.serialized is None  # the bytes stay here
+    assert published is not None and published.plan.serialized is None  # no driver, no bytes
+
+
+def test_a_replica_of_the_same_driver_gets_the_serialized_plan_another_the_engine(
+        bundle: Bundle, tmp_path: Path) -> None:
+    """Bytes restore in milliseconds where the driver that made them runs; elsewhere the engine
+    and knobs are replayed (a serialized plan is not promised to load under another driver)."""
+    db = SQLiteStore(tmp_path / "tuning.db")
+    env = env_key(live_here(bundle))
+    ws = wanted(bundle)[:3]
+    first = plans_for(db, env, ws, FakeBackend(0.0), LOG, FAST, driver=550540)
+    assert all(o.how == "tuned" for o in first.values())
+    same = plans_for(db, env, ws, FakeBackend(0.0), LOG, FAST, driver=550540)
+    for w in ws:
+        assert same[w.signature] == Outcome("database", fake_plan(spec_key(w.spec)))
+    other = plans_for(db, env, ws, FakeBackend(0.0), LOG, FAST, driver=560350)
+    unknown = plans_for(db, env, ws, FakeBackend(0.0), LOG, FAST)
+    for got in (other, unknown):
+        for w in ws:
+            plan = got[w.signature].plan
+            assert got[w.signature].how == "database" and plan is not None
+            assert plan.serialized is None and plan.engine_id == fake_plan(spec_key(w.spec)).engine_id
 
 
 def test_a_key_another_replica_holds_is_waited_for_then_heuristics(bundle: Bundle,

@@ -104,20 +104,45 @@ def test_a_bad_tuning_db_is_a_usage_error_before_any_work(tmp_path: Path,
     assert run.code == 2 and "DSLC_TUNING_DB `redis://:1/0`: no host" in run.stderr
 
 
-def test_an_entry_keeps_what_was_measured_not_the_plan_bytes(tmp_path: Path) -> None:
+def test_an_entry_keeps_the_plan_bytes_only_with_the_driver_that_made_them(
+        tmp_path: Path) -> None:
+    import base64
     import sqlite3
 
     db = SQLiteStore(tmp_path / "tuning.db")
     plan = replace(PlanRecord.from_data(record(3), "r", tuning=True), serialized=b"\x00\x01",
                    workspace=4096, reused=False)
-    db.put("env", "k", measured(plan))
+    db.put("env", "with", measured(plan, driver=550540))
+    db.put("env", "without", measured(plan))  # a driver not known: the bytes cannot be trusted
+    db.close()
+    with sqlite3.connect(tmp_path / "tuning.db") as conn:
+        rows = dict(conn.execute("SELECT key, entry FROM plans").fetchall())
+    stored = json.loads(rows["with"])
+    assert base64.b64decode(stored["serialized"]) == b"\x00\x01" and stored["driver"] == 550540
+    assert stored["plan"]["workspace"] == 4096 and stored["plan"]["ms"] == 3.5
+    assert "serialized" not in json.loads(rows["without"])
+    again = SQLiteStore(tmp_path / "tuning.db")
+    got, bare = again.get("env", "with"), again.get("env", "without")
+    assert got is not None and bare is not None
+    assert got.plan == plan and got.plan_for(550540) == plan
+    assert got.plan_for(560350) == got.plan_for(None) == replace(plan, serialized=None)
+    assert bare.plan == replace(plan, serialized=None) and bare.driver is None
+
+
+def test_an_entry_whose_bytes_are_not_base64_is_ignored_as_damaged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import sqlite3
+
+    db = SQLiteStore(tmp_path / "tuning.db")
+    db.put("env", "k", measured(PlanRecord.from_data(record(3), "r", tuning=True)))
     db.close()
     with sqlite3.connect(tmp_path / "tuning.db") as conn:
         [(text,)] = conn.execute("SELECT entry FROM plans").fetchall()
-    stored = json.loads(text)["plan"]
-    assert "serialized" not in stored and "workspace" not in stored and stored["ms"] == 3.5
-    got = SQLiteStore(tmp_path / "tuning.db").get("env", "k")
-    assert got is not None and got.plan == replace(plan, serialized=None, workspace=0)
+        data = {**json.loads(text), "serialized": "not base64!", "driver": 1}
+        conn.execute("UPDATE plans SET entry = ?", (json.dumps(data),))
+    with caplog.at_level(logging.WARNING, logger="dslc.tuningdb"):
+        assert SQLiteStore(tmp_path / "tuning.db").get("env", "k") is None
+    assert "entries.k.serialized: not base64" in caplog.text
 
 
 def test_the_json_database_beside_is_imported_once_and_kept(

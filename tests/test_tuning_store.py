@@ -75,11 +75,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 def test_an_entry_round_trips_with_its_provenance(backend: Backend) -> None:
     db = backend.open()
     assert db.get(ENV, "k") is None and db.size() == 0
-    plan = replace(record(3), serialized=b"\x00\x01", workspace=4096)
-    kept = db.put(ENV, "k", measured(plan, host="gpu-07"))
+    plan = replace(record(3), serialized=b"\x00\x01\xff", workspace=4096)
+    kept = db.put(ENV, "k", measured(plan, host="gpu-07", driver=550540))
     got = backend.open().get(ENV, "k")
     assert got == kept and got is not None
-    assert got.plan == replace(plan, serialized=None, workspace=0)  # what was measured only
+    assert got.plan == plan and got.driver == 550540  # the bytes, with the driver that made them
     assert (got.host, got.dslc_version, got.plan.error) == ("gpu-07", VERSION, 1e-3)
     assert got.at.endswith("+00:00") and db.stores == 1
     assert backend.open().get("another environment", "k") is None

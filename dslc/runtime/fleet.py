@@ -48,7 +48,7 @@ class Wanted:
 @dataclass(frozen=True)
 class Outcome:
     how: str  # database (measured elsewhere) | tuned (measured here) | heuristics
-    plan: PlanRecord | None  # tuned: with its serialized plan; database: engine and knobs
+    plan: PlanRecord | None  # with its serialized plan if measured here or under this driver
 
 
 Measure = Callable[[Wanted], PlanRecord | None]  # a validated plan measured here, or None
@@ -78,13 +78,16 @@ def consult(db: TuningStore | None, live: Environment, decision: Decision,
     if db is None or decision.action not in ("replay", "heuristic", "retune"):
         return {}
     return plans_for(db, env_key(live), wanted, measure if decision.action == "retune" else None,
-                     log, options)
+                     log, options, driver=live.driver)
 
 
 def plans_for(db: TuningStore, env: str, wanted: list[Wanted], measure: Measure | None,
               log: logging.Logger, options: FleetOptions = FleetOptions(),
               holder: str | None = None, clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] = time.sleep) -> dict[str, Outcome]:
+              sleep: Callable[[float], None] = time.sleep,
+              driver: int | None = None) -> dict[str, Outcome]:
+    """`driver`: this host's; plans serialized under the same one are restored from their
+    bytes (as fast as a bundle's), the others replayed from their engine and knobs."""
     holder = holder or holder_id()
     keys = {w.signature: spec_key(w.spec) for w in wanted}
     out: dict[str, Outcome] = {}
@@ -94,7 +97,8 @@ def plans_for(db: TuningStore, env: str, wanted: list[Wanted], measure: Measure 
         while pending:
             waiting = []
             for w in pending:
-                outcome = _one(db, env, keys[w.signature], w, measure, holder, options, log)
+                outcome = _one(db, env, keys[w.signature], w, measure, holder, options, log,
+                               driver)
                 if outcome is not None:
                     out[w.signature] = outcome
                 elif measure is not None:
@@ -116,16 +120,16 @@ def plans_for(db: TuningStore, env: str, wanted: list[Wanted], measure: Measure 
 
 
 def _one(db: TuningStore, env: str, key: str, w: Wanted, measure: Measure | None, holder: str,
-         options: FleetOptions, log: logging.Logger) -> Outcome | None:
+         options: FleetOptions, log: logging.Logger, driver: int | None) -> Outcome | None:
     """The outcome of one graph now, or None: another replica holds its lease (or, `measure`
     None, the database has nothing for it)."""
-    found = _found(db, env, key, w, log, measure is not None)
+    found = _found(db, env, key, w, log, measure is not None, driver)
     if found is not None or measure is None:
         return found
     if not db.lease(env, key, holder, options.lease_s):
         return None
     try:
-        found = _found(db, env, key, w, log, True)  # published between the look and the lease
+        found = _found(db, env, key, w, log, True, driver)  # published between the look and the lease
         if found is not None:
             return found
         try:
@@ -137,7 +141,7 @@ def _one(db: TuningStore, env: str, key: str, w: Wanted, measure: Measure | None
             db.put(env, key, measured(NO_PLAN))  # the waiting replicas stop waiting
             log.info("%s: no measured candidate was valid; the heuristics' plan", w.where)
             return Outcome("heuristics", None)
-        db.put(env, key, measured(plan))
+        db.put(env, key, measured(plan, driver=driver))
         log.info("%s: measured here (engine %s, %.4f ms) and published", w.where, plan.engine_id,
                  plan.ms)
         return Outcome("tuned", plan)
@@ -146,7 +150,7 @@ def _one(db: TuningStore, env: str, key: str, w: Wanted, measure: Measure | None
 
 
 def _found(db: TuningStore, env: str, key: str, w: Wanted, log: logging.Logger,
-           tuning: bool) -> Outcome | None:
+           tuning: bool, driver: int | None) -> Outcome | None:
     entry = db.get(env, key)
     if entry is None:
         return None
@@ -154,4 +158,4 @@ def _found(db: TuningStore, env: str, key: str, w: Wanted, log: logging.Logger,
         return Outcome("heuristics", None) if tuning else None
     log.info("%s: plan measured on %s at %s (engine %s, %.4f ms)", w.where, entry.host, entry.at,
              entry.plan.engine_id, entry.plan.ms)
-    return Outcome("database", entry.plan)
+    return Outcome("database", entry.plan_for(driver))

@@ -106,9 +106,9 @@ class Executable:
                              fleet.wanted_in(bucket, names), measure, m.log, m.fleet)
 
     def _from_fleet(self, spec: Any, outcome: fleet.Outcome, where: str) -> Ready:
-        """A graph from what the database or this replica's measurement gave: a measured plan
-        restored from its bytes, another host's replayed from its engine and knobs (its bytes
-        stay with that host), or the heuristics' choice."""
+        """A graph from what the database or this replica's measurement gave: a plan restored
+        from its bytes (measured here, or on a host of the same driver), else replayed from its
+        engine and knobs, or the heuristics' choice."""
         m = self.model
         ready = prepare(spec, outcome.plan, m.handle, where, m.log)
         if ready.how in ("restored", "replayed") and outcome.plan is not None:

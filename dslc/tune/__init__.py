@@ -92,7 +92,7 @@ def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
             if progress:
                 progress(f"[{done}/{total}] {bucket.key} {group}")
             spec = GroupSpec.from_data(entry.spec.to_data())
-            row, plan = _tune_one(spec, program, storage, handle, db, env,
+            row, plan = _tune_one(spec, program, storage, handle, db, (env, live.driver),
                                   time.perf_counter() - started > model_budget_s,
                                   (budget_s, search, f"{group} at {bucket.key}"))
             report.rows.append(Row(bucket.key, signature, group, *row))
@@ -104,22 +104,25 @@ def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
 
 
 def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
-              handle: Any, db: TuningStore | None, env: str, over_budget: bool,
+              handle: Any, db: TuningStore | None, where_run: tuple[str, int | None],
+              over_budget: bool,
               how: tuple[float, str, str]) -> tuple[tuple[Any, ...], PlanRecord | None]:
     """One graph at one size: its report row (after bucket, signature and group) and its new
     plan (None: the saved plan stays)."""
     from dslc.backend.graphs import build  # imports cudnn: only where tuning runs
 
+    env, driver = where_run  # the database's environment key, this host's driver
     key = spec_key(spec)
     entry = db.get(env, key) if db is not None else None
-    found = entry.plan if entry is not None else None
+    found = entry.plan_for(driver) if entry is not None else None
     if found is not None and found.engine_id is not None:
-        built = build(spec, handle, engine=(found.engine_id, dict(found.knobs)))
-        if built.has_plan:
-            plan = replace(found, serialized=built.serialized, workspace=built.workspace,
-                           reused=True)
+        if found.serialized is None:  # serialized under another driver: build it here
+            built = build(spec, handle, engine=(found.engine_id, dict(found.knobs)))
+            found = (replace(found, serialized=built.serialized, workspace=built.workspace)
+                     if built.has_plan else None)
+        if found is not None:
             return (found.heuristic.ms if found.heuristic else None, found.ms, found.error,
-                    "database", found.candidates or 0), plan
+                    "database", found.candidates or 0), replace(found, reused=True)
     if over_budget:
         return (None, None, None, "untimed (over budget)"), None
     budget_s, search, where = how
@@ -131,11 +134,11 @@ def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
     if result.chosen is None:
         return (None, None, None, "failed", len(result.candidates)), None
     record = PlanRecord.from_data(result.record(), "tuned plan", tuning=True)
-    if db is not None:
-        db.put(env, key, measured(record))
-    heur = result.heuristic.ms if result.heuristic else None
     plan = replace(record, serialized=result.serialized, workspace=result.workspace,
                    reused=False)
+    if db is not None:
+        db.put(env, key, measured(replace(plan, reused=None), driver=driver))
+    heur = result.heuristic.ms if result.heuristic else None
     return (heur, result.chosen.ms, result.chosen.error, "tuned", len(result.candidates)), plan
 
 

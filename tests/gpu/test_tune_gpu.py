@@ -106,15 +106,21 @@ def test_startup_decision_path(tuned: tuple[Path, Any], tmp_path: Path,
 
 def test_a_changed_gpu_takes_the_databases_plans_before_measuring(
         tuned: tuple[Path, Any], tmp_path: Path) -> None:
-    """The database the fixture's tuning filled holds this GPU's plans: start-up replays them
-    and measures nothing (`dslc.runtime.fleet`)."""
+    """The database the fixture's tuning filled holds this GPU's plans, serialized under this
+    driver: start-up restores them from their bytes, as fast as a bundle's own restore, and
+    measures nothing (`dslc.runtime.fleet`)."""
     bundle = _edited(tuned[0], tmp_path, {"device_name": "Another GPU"})
     inputs = random_inputs(bundle, BUCKET, seed=16)
+    restored, _ = _run(tuned[0], inputs)
     start = time.perf_counter()
     model, outputs = _run(bundle, inputs, tuning_db=str(tuned[0].parent / "tuning.db"))
-    print(f"retune from the database: {time.perf_counter() - start:.2f} s")
+    plans_s = sum(s["seconds"] for s in model.startup)
+    restore_s = sum(s["seconds"] for s in restored.startup)
+    print(f"retune from the database: {time.perf_counter() - start:.2f} s, plans {plans_s:.4f} s "
+          f"against a bundle's restore {restore_s:.4f} s")
     assert model.decision().action == "retune"
     assert {s["how"] for s in model.startup} == {"database"}
+    assert plans_s <= 2 * restore_s + 0.005  # a replay builds each graph: tens of ms apiece
     _check(bundle, outputs, inputs)
     empty = tmp_path / "empty.db"  # nothing there: measured here, and published
     model, outputs = _run(bundle, inputs, tuning_db=str(empty))

@@ -9,6 +9,8 @@ entry kept and says which was faster. Leases let one process measure a key while
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import hashlib
 import json
@@ -26,7 +28,7 @@ from dslc.runtime.records import BundleError, Environment, PlanRecord
 
 SCHEMA = 2  # 1 was the JSON file (`dslc.runtime.tuningdb.legacy` imports it)
 LOG = logging.getLogger("dslc.tuningdb")
-ENTRY_FIELDS = ("plan", "host", "at", "dslc_version", "source")
+ENTRY_FIELDS = ("plan", "host", "at", "dslc_version", "source", "serialized", "driver")
 
 
 def spec_key(spec: GroupSpec) -> str:
@@ -56,32 +58,56 @@ def validated(plan: PlanRecord) -> bool:
 
 @dataclass(frozen=True)
 class Entry:
-    """A measured plan (no serialized bytes or workspace: those belong to a bundle) and its
-    provenance; the error against the reference is the plan's `error`."""
+    """A measured plan and its provenance; the error against the reference is the plan's
+    `error`. The plan keeps its serialized bytes and workspace only with the `driver` that
+    serialized them: a serialized plan restores only under the same cuDNN (the key's
+    environment) and driver, and elsewhere its engine and knobs are replayed (`plan_for`)."""
 
     plan: PlanRecord
     host: str
     at: str  # ISO 8601, UTC
     dslc_version: str
     source: str | None = None  # where it came from, if not measured into this store
+    driver: int | None = None  # of the host that serialized `plan.serialized`
 
     @property
     def validated(self) -> bool:
         return validated(self.plan)
 
+    def plan_for(self, driver: int | None) -> PlanRecord:
+        """The plan as a host with this driver can use it: with its bytes only where the driver
+        that serialized them is the same (both known)."""
+        if self.plan.serialized is not None and driver is not None and driver == self.driver:
+            return self.plan
+        return replace(self.plan, serialized=None)
+
     def to_data(self) -> dict[str, Any]:
-        plan = {k: v for k, v in self.plan.to_data().items() if k not in ("serialized",
-                                                                           "workspace")}
-        out = {"plan": plan, "host": self.host, "at": self.at, "dslc_version": self.dslc_version}
-        return out if self.source is None else {**out, "source": self.source}
+        plan = {k: v for k, v in self.plan.to_data().items() if k != "serialized"}
+        out: dict[str, Any] = {"plan": plan, "host": self.host, "at": self.at,
+                               "dslc_version": self.dslc_version}
+        if self.source is not None:
+            out["source"] = self.source
+        if self.plan.serialized is not None:  # JSON has no bytes
+            out["serialized"] = base64.b64encode(self.plan.serialized).decode("ascii")
+            out["driver"] = self.driver
+        return out
 
     @staticmethod
     def from_data(d: Any, path: str) -> Entry:
         d = f.mapping(d, path, ENTRY_FIELDS[:4], ENTRY_FIELDS)
-        return Entry(PlanRecord.from_data(d["plan"], f"{path}.plan", tuning=True),
-                     f.text(d["host"], f"{path}.host", hi=256), f.text(d["at"], f"{path}.at", hi=64),
+        plan = PlanRecord.from_data(d["plan"], f"{path}.plan", tuning=True)
+        blob, driver = d.get("serialized"), d.get("driver")
+        if blob is not None:
+            text = f.text(blob, f"{path}.serialized", hi=f.MAX_BLOB)
+            try:
+                plan = replace(plan, serialized=base64.b64decode(text, validate=True))
+            except binascii.Error as err:
+                f.wrong(f"{path}.serialized", f"not base64 ({err})")
+        return Entry(plan, f.text(d["host"], f"{path}.host", hi=256),
+                     f.text(d["at"], f"{path}.at", hi=64),
                      f.text(d["dslc_version"], f"{path}.dslc_version", hi=64),
-                     f.opt_text(d.get("source"), f"{path}.source"))
+                     f.opt_text(d.get("source"), f"{path}.source"),
+                     f.opt_integer(driver, f"{path}.driver", 0, 2**62))
 
     def encode(self) -> str:
         # Infinity stays (a heuristics' choice that computed wrongly is timed as infinite).
@@ -102,10 +128,12 @@ def now() -> str:
 
 
 def measured(plan: PlanRecord, host: str | None = None, at: str | None = None,
-             source: str | None = None) -> Entry:
-    """The entry of a plan measured here and now (its serialized bytes and workspace left out)."""
-    return Entry(replace(plan, serialized=None, workspace=0), host or socket.gethostname(),
-                 at or now(), VERSION, source)
+             source: str | None = None, driver: int | None = None) -> Entry:
+    """The entry of a plan measured here and now; its serialized bytes are kept with the
+    `driver` that made them, and left out where it is not known."""
+    kept = plan if driver is not None else replace(plan, serialized=None)
+    return Entry(kept, host or socket.gethostname(), at or now(), VERSION, source,
+                 driver if kept.serialized is not None else None)
 
 
 def better(new: Entry, old: Entry | None) -> bool:
