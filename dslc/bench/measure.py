@@ -95,10 +95,17 @@ def _bench_size(model: Model, dims: dict[str, int], options: BenchOptions,
     timing.synchronize()
     first_s = time.perf_counter() - start
     ours_host = {k: timing.to_host(v) for k, v in ours.items()}
-    say("dslc plain calls")
+    say("dslc plain calls (a CUDA graph replayed from the second call on)")
     dslc: dict[str, Any] = {"plain_ms": timing.median_ms(lambda: model.run(inputs),
                                                          options.repeats, options.warmup),
                             "first_call_s": first_s, "graph_ms": None, "graph_error": None}
+    say("dslc plain calls step by step (cuda_graphs=False)")
+    graphs, model.cuda_graphs = model.cuda_graphs, False
+    try:
+        dslc["steps_ms"] = timing.median_ms(lambda: model.run(inputs), options.repeats,
+                                            options.warmup)
+    finally:
+        model.cuda_graphs = graphs
     say("dslc CUDA-graph replay")
     try:
         captured = model.capture(inputs)

@@ -17,7 +17,8 @@ def totals_of(row: dict[str, Any]) -> dict[str, float]:
     """The bars of the totals panel: every time this size has, and the roofline bound."""
     d, t = row["dslc"], row["torch"] or {}
     roof = (row["roofline"] or {}).get("totals") or {}
-    bars = {"dslc": d["plain_ms"], "dslc graph": d["graph_ms"], "torch": t.get("eager_ms"),
+    bars = {"dslc": d["plain_ms"], "dslc steps": d.get("steps_ms"), "dslc graph": d["graph_ms"],
+            "torch": t.get("eager_ms"),
             "torch graph": t.get("graph_ms"), "torch.compile": t.get("compile_ms"),
             "roofline": roof.get("bound_ms")}
     return {k: float(v) for k, v in bars.items() if v is not None}

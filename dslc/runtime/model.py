@@ -5,6 +5,9 @@ executable (plans, memory plan, arena, workspace). `Model` is what generated run
     out = model.run({"image": image})          # torch tensors in, torch tensors out
     fast = model.capture({"image": image})     # the whole schedule as one CUDA graph
     out = fast({"image": image})
+
+From the second call at a size on, `run` replays a CUDA graph of that size too
+(`dslc.runtime.replay`), with fresh outputs; `cuda_graphs=False` runs every call step by step.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from dslc import fsutil
 from dslc.backend import device, environment
-from dslc.backend.kernels import KERNELS, run_kernel
+from dslc.backend.kernels import run_kernel
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.core.dims import bucket_key
 from dslc.core.errors import RunnerError
@@ -29,6 +32,7 @@ from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.manifest import Manifest
 from dslc.runtime.plans import Ready, measure_here, plan_record, prepare, retime, retune
 from dslc.runtime.records import BucketRecord, Environment, PlanRecord, StepRecord
+from dslc.runtime.replay import Captured, Replays, stream_of
 from dslc.runtime.schedule import ITEMSIZE, MemoryPlan, Schedule
 from dslc.runtime.tuningdb import TuningStore, open_store
 
@@ -159,7 +163,7 @@ class Model:
                  on_mismatch: str = "retune", write_back: bool = False,
                  plan_cache: str | Path | None = "default", shared_kernels: bool = False,
                  tuning_db: str | Path | None = "default", tuning_wait_s: float = 120.0,
-                 log: logging.Logger | None = None) -> None:
+                 cuda_graphs: bool = True, log: logging.Logger | None = None) -> None:
         if on_mismatch not in startup.POLICIES:
             raise ValueError(f"on_mismatch must be one of {', '.join(startup.POLICIES)}")
         self.on_mismatch = on_mismatch
@@ -181,6 +185,9 @@ class Model:
         # slower on the H200 (docs/benchmarks.md), so it is opt-in, for many short-lived sizes.
         self.shared_kernels = shared_kernels
         self._kernel_caches: dict[str, Any] = {}  # cuDNN kernel caches by group signature
+        # Plain calls replay a CUDA graph per size from their second call on (`run`).
+        self.cuda_graphs = cuda_graphs
+        self._replays = Replays()
         self._decision: startup.Decision | None = None
         self.path = Path(bundle)
         # Validated records; each bucket's cuDNN tensor bounds are checked by `Executable`.
@@ -225,6 +232,7 @@ class Model:
             cudnn = (self._gpu or device.require())[1]
             cudnn.destroy_handle(self._handle)
             self._handle = None
+        self._replays.clear()
         self._executables.clear()
         self._weights = None
 
@@ -275,6 +283,7 @@ class Model:
             tensors = params.read(Path(path), self.manifest)
             params.check_calibrated_with(self.program, tensors, Path(path))
         self._host_weights = prepared if prepared is not None else tensors
+        self._replays.clear()  # their graphs read the weights they were recorded with
         self._weights = None
 
     def _device_weights(self) -> dict[str, Any]:
@@ -357,10 +366,15 @@ class Model:
         return refs, self.executable(dims), kind
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Run the model on `inputs` (by name); returns the outputs by name."""
+        """Run the model on `inputs` (by name); returns the outputs by name, on the caller's
+        current stream, without waiting for them."""
         refs, exe, kind = self._bind(inputs)
+        if self.cuda_graphs:
+            replayed = self._replays.call(self, refs, exe, kind)
+            if replayed is not None:
+                return replayed
         outputs = self._allocate_outputs(exe, kind)
-        stream = _stream_of(kind, self.cupy)
+        stream = stream_of(kind, self.cupy)
         self._launch(exe, refs, outputs, stream)
         return {name: self._output_view(exe, name, outputs, kind, refs)
                 for name in self.program.outputs}
@@ -454,7 +468,7 @@ class Model:
         """Milliseconds per step (median over `repeats` runs, CUDA events), in schedule order."""
         refs, exe, kind = self._bind(inputs)
         outputs = self._allocate_outputs(exe, kind)
-        stream = _stream_of(kind, self.cupy)
+        stream = stream_of(kind, self.cupy)
         samples: list[list[float]] = [[] for _ in self.program.steps]
         for _ in range(repeats + 1):
             events: list[tuple[Any, Any]] = []
@@ -472,86 +486,3 @@ class Model:
     def capture(self, inputs: Mapping[str, Any]) -> Captured:
         """The whole schedule at these inputs' sizes, recorded as one CUDA graph."""
         return Captured(self, inputs)
-
-
-class Captured:
-    """A CUDA graph of the model at fixed sizes: calls copy the inputs into static buffers and
-    replay the graph on the caller's current stream, without waiting (as a torch CUDA graph
-    does): read the outputs on that stream, or synchronize. The outputs are static too: the
-    next call overwrites them; calls on different streams must not overlap."""
-
-    def __init__(self, model: Model, inputs: Mapping[str, Any]) -> None:
-        self.model = model
-        refs, self.exe, kind = model._bind(inputs)
-        self.kind = kind
-        self.inputs = {name: device.empty(r.shape, r.strides, r.dtype, kind)
-                       for name, r in refs.items()}
-        self.outputs = model._allocate_outputs(self.exe, kind)
-        cupy = model.cupy
-        _stream_of(kind, cupy).synchronize()  # the inputs are ready before the side stream reads
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-        self._copy_in(inputs, self.stream)
-        model._launch(self.exe, self.inputs, self.outputs, self.stream)  # warm, outside capture
-        self.stream.begin_capture()
-        refused: NotImplementedError | None = None
-        try:
-            model._launch(self.exe, self.inputs, self.outputs, self.stream)
-        except NotImplementedError as err:  # CuPy refuses cuBLAS calls while capturing
-            refused = err
-        finally:
-            self.graph = self.stream.end_capture()
-        if refused is not None:
-            fallbacks = sorted({model.program.nodes[s.nodes[0]].op for s in model.program.steps
-                                if s.kind == "kernel"} - set(KERNELS))
-            raise RunnerError("R0803", "this model cannot be captured as a CUDA graph: its "
-                              f"fallback kernels ({', '.join(f'`{op}`' for op in fallbacks)}) "
-                              f"compute on CuPy, which refuses ({refused}); call the model "
-                              "directly instead") from refused
-        self.stream.synchronize()
-        self._results = {name: model._output_view(self.exe, name, self.outputs, kind, self.inputs)
-                         for name in model.program.outputs}
-        self._streams: dict[int, Any] = {}  # CuPy handles of the caller's torch streams
-
-    def _copy_in(self, inputs: Mapping[str, Any], stream: Any) -> None:
-        for name, obj in inputs.items():
-            dst = self.inputs[name].obj
-            if self.kind == "torch":
-                import torch
-
-                with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):
-                    dst.copy_(obj)
-            else:
-                with stream:
-                    dst[...] = obj
-
-    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        # The per-call path is kept short: with a small model the GPU waits on it (measured
-        # ~40 us of Python per call on a 0.3 ms encoder layer before it was).
-        if self.kind == "torch":
-            import torch
-
-            for name, obj in inputs.items():  # on the caller's current stream
-                self.inputs[name].obj.copy_(obj)
-            ptr = torch.cuda.current_stream().cuda_stream
-            stream = self._streams.get(ptr)
-            if stream is None:
-                stream = self._streams[ptr] = _stream_of("torch", self.model.cupy)
-        else:
-            stream = self.model.cupy.cuda.get_current_stream()
-            self._copy_in(inputs, stream)
-        self.graph.launch(stream)
-        return dict(self._results)
-
-
-def _stream_of(kind: str, cupy: Any) -> Any:
-    """The caller's current stream: work is ordered after what it queued."""
-    if kind == "torch":
-        import torch
-
-        current = torch.cuda.current_stream()
-        if hasattr(cupy.cuda.Stream, "from_external"):
-            return cupy.cuda.Stream.from_external(current)
-        return cupy.cuda.ExternalStream(current.cuda_stream)
-    return cupy.cuda.get_current_stream()
-
-

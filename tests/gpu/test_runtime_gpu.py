@@ -103,3 +103,37 @@ def test_capture_runs_or_says_which_fallback_it_cannot_record(tmp_path: Path) ->
         assert err.code == "R0803" and "`conv_transpose`" in str(err)
         return
     np.testing.assert_array_equal(replayed, plain)
+
+
+def test_plain_calls_replay_a_graph_from_the_second_call_with_fresh_outputs(
+        tmp_path: Path) -> None:
+    """`run` records a graph at its second call of a size and replays it after: the numbers
+    of every call equal a step-by-step model's, bit for bit, and an output returned earlier is
+    never overwritten by a later call."""
+    from dslc.runtime import Model
+
+    text = """model m {
+  precision io=f16
+  input x: [8, 64]
+  param w: [64, 32]
+  let h = relu(matmul(x, w))
+  output y = h * 0.5
+  output s = reduce_sum(h, axes=[1])
+}"""
+    bundle, model = _model(text, tmp_path)
+    steps = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=None, cuda_graphs=False)
+    a, b = (to_device(random_inputs(bundle, seed=s), bundle) for s in (9, 10))
+    first = model.run(a)
+    kept = {k: v.clone() for k, v in first.items()}
+    later = [model.run(b), model.run(a), model.run(b)]
+    assert [g is not None for g in model._replays.graphs.values()] == [True]  # one, recorded
+    for got, inputs in zip(later, (b, a, b), strict=True):
+        want = steps.run(inputs)
+        for name in want:
+            np.testing.assert_array_equal(to_host(got)[name], to_host(want)[name])
+    for name, value in kept.items():  # the first outputs are still the first call's
+        np.testing.assert_array_equal(to_host(first)[name], to_host({name: value})[name])
+    assert later[0]["y"].data_ptr() != later[2]["y"].data_ptr()
+    assert not steps._replays.graphs
+    model.load_weights(bundle.with_suffix(".safetensors"))  # graphs read the old weights
+    assert not model._replays.graphs
