@@ -98,13 +98,13 @@ def test_encoder_groups() -> None:
         net = torch_models.Encoder()
     layers = len(net.encoder.layer)
     assert layers == _ops_of("encoder", "sdpa")
-    assert chains[("matmul", "bias_add")] == 3 * layers  # q, k, v projections
+    assert chains[("matmul", "bias_add")] == layers  # q, k, v packed into one (lower/packing.py)
     assert chains[("matmul", "bias_add", "add")] == 2 * layers  # out_proj and fc2 + residual
     assert chains[("matmul", "bias_add", "gelu")] == layers  # fc1 + bias + GELU
     assert chains[("sdpa",)] == layers
     assert chains[("layernorm",)] == 2 * layers + 1
-    assert sum(chains.values()) == len(plan.groups) == (3 + 2 + 1 + 1 + 2) * layers + 1
-    # one layer's distinct graphs, from its Linear shapes: q/k/v share one; out_proj and fc2
+    assert sum(chains.values()) == len(plan.groups) == (1 + 2 + 1 + 1 + 2) * layers + 1
+    # one layer's distinct graphs, from its Linear shapes: q/k/v are one (packed); out_proj and fc2
     # (with the residual) differ in shape; fc1 ends in GELU; plus attention and layer norm
     layer = net.encoder.layer[0]
     linear = {(name.rsplit(".", 1)[-1] in ("out_proj", "fc2"), name.endswith("fc1"),

@@ -21,6 +21,10 @@ from dslc.ir.interp import ITEMSIZE
 from dslc.ir.storage import Storage
 
 NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to replace it
+# Candidates timed of the heuristics' list (past these, only until one is valid). Measured on
+# the H200 over ResNet-50's 25 graphs at batch 32 (811 candidates, 36 s): the fastest of the
+# first 6 was within 1.6% of the fastest of all (geomean 0.08%), inside NOISE; 136 candidates.
+FIRST = 6
 TOLERANCE = {"f32": 5e-3, "f16": 2e-2, "bf16": 4e-2}
 L2_FLUSH_BYTES = 128 << 20  # twice the H200's 60 MB L2
 
@@ -187,9 +191,10 @@ def check_and_time(graph: Any, bench: Bench, want: Mapping[str, Any], handle: An
 
 def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: float,
                tolerance: float, extra: list[tuple[int, dict[str, int]]] | None = None,
-               ) -> TuneResult:
+               first: int | None = None) -> TuneResult:
     """Build every candidate of `make()` (the heuristics' list, plus `extra` (engine_id, knobs)
-    pairs), check each against the reference, time the valid ones, pick the fastest."""
+    pairs), or the `first` of them and then only until one is valid; check each against the
+    reference, time the valid ones, pick the fastest."""
     from dslc.backend.graphs import HEURISTICS, _knobs_in, knobs_out
 
     cupy = bench.cupy
@@ -215,6 +220,9 @@ def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: 
     workspace = cupy.empty(256, dtype=cupy.uint8)
     for index in range(count):
         if time.perf_counter() - started > budget_s and out.heuristic is not None:
+            break
+        if first is not None and index >= first and any(math.isfinite(c.ms)
+                                                         for c in out.candidates):
             break
         engine_id, knobs = graph.get_engine_and_knobs_at_index(index)
         cand = Candidate(index, int(engine_id), knobs_out(knobs))
@@ -257,6 +265,7 @@ def tune_spec(spec: GroupSpec, nodes: Mapping[str, Node], storage: Mapping[str, 
 
     cupy, _ = require()
     bench = Bench(spec, nodes, storage, cupy)
-    extra = knob_space(make_graph(spec, handle)) if search == "exhaustive" else []
+    exhaustive = search == "exhaustive"
+    extra = knob_space(make_graph(spec, handle)) if exhaustive else []
     return tune_graph(lambda: make_graph(spec, handle), spec, bench, handle, budget_s,
-                      TOLERANCE.get(spec.io, 2e-2), extra)
+                      TOLERANCE.get(spec.io, 2e-2), extra, None if exhaustive else FIRST)

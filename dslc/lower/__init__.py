@@ -12,6 +12,7 @@ from dslc.ir.graph import Graph
 from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
 from dslc.lower.canonical import expand_norm_reductions, fold_scalars, load_time, make_bias_rule, remove_dead
 from dslc.lower.norms import expand_group_norm
+from dslc.lower.packing import pack_sibling_matmuls
 from dslc.lower.quantize import quantize
 from dslc.lower.rewrite import Rule, rewrite
 from dslc.lower.views import (
@@ -60,6 +61,8 @@ PASSES: list[Pass] = [
     _each(fold_scalars),
     # fp8: quantised operands (weights at load time, after batchnorm folding), descaled results.
     quantize_fp8,
+    # Projections of one activation (q, k, v) as one matmul by weights joined at load time.
+    pack_sibling_matmuls,
     # Reshape / transpose / slice chains read their base in place: no copy, no kernel.
     _each(make_views),
     remove_dead,

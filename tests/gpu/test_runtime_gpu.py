@@ -135,5 +135,10 @@ def test_plain_calls_replay_a_graph_from_the_second_call_with_fresh_outputs(
         np.testing.assert_array_equal(to_host(first)[name], to_host({name: value})[name])
     assert later[0]["y"].data_ptr() != later[2]["y"].data_ptr()
     assert not steps._replays.graphs
+    import torch
+
+    base = torch.randn(8 * 64 + 1, device="cuda").half()  # checked once per signature, but
+    with pytest.raises(RunnerError, match="16-byte aligned"):  # alignment at every call
+        model.run({"x": base[1:].view(8, 64)})
     model.load_weights(bundle.with_suffix(".safetensors"))  # graphs read the old weights
     assert not model._replays.graphs

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dslc.backend.measure import NOISE
+from dslc.backend.measure import FIRST, NOISE
 from dslc.core.errors import RunnerError
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import load, read
@@ -53,6 +53,7 @@ def _check(bundle: Path, outputs: dict[str, np.ndarray], inputs: dict[str, np.nd
 def test_tuned_plans_are_correct_and_not_slower(tuned: tuple[Path, Any]) -> None:
     bundle, report = tuned
     assert report.rows and all(r.source == "tuned" for r in report.rows)
+    assert all(r.candidates <= FIRST for r in report.rows)  # the heuristics' first FIRST
     for r in report.rows:
         print(f"{r.group}: heuristic {r.heuristic_ms:.4f} ms, tuned {r.tuned_ms:.4f} ms, "
               f"error {r.error:.1e}, {r.candidates} candidates")

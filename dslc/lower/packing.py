@@ -1,0 +1,184 @@
+"""Sibling matmuls packed into one: projections of the same activation by weights of the same
+depth (an attention's q, k and v, or a gated MLP's gate and up) become one matmul by the weights
+joined along their output axis (joined at load time), with the biases joined likewise, and each
+projection a slice (a view) of the packed result. The activation is read once instead of once
+per projection, and one launch replaces several: the encoders' q/k/v projections were three
+launches each reading the same layer norm.
+
+A projection whose result feeds a pointwise op is left alone: that op is its epilogue today,
+fused into the matmul, and on a slice of a packed result it would run on its own.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from dslc.core.types import TensorType
+from dslc.ir.graph import Attrs, Graph, Node
+from dslc.lower.canonical import load_time
+from dslc.ops import OPS
+
+
+@dataclass(frozen=True)
+class Branch:
+    matmul: Node
+    weight: TensorType  # [K, N], load-time
+    bias: Node | None  # the bias_add of the projection's bias vector, if it has one
+    bias_vector: TensorType | None  # [N]
+
+    @property
+    def end(self) -> Node:
+        return self.bias if self.bias is not None else self.matmul
+
+    @property
+    def width(self) -> int:
+        width = self.weight.shape[1]
+        assert isinstance(width, int)
+        return width
+
+
+def pack_sibling_matmuls(graph: Graph) -> Graph:
+    """Projections of one activation by load-time weights of one depth -> one packed matmul
+    (see the module's docstring)."""
+    families = [f for f in _families(graph) if len(f) > 1]
+    if not families:
+        return graph
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    replaced: dict[str, str] = {}  # a branch's end -> the slice standing for it
+    dropped: set[str] = set()
+    added: dict[str, list[Node]] = {}  # new nodes, emitted just after this existing node
+    for family in families:
+        new = _packed(family)
+        last = max((b.end.name for b in family), key=order.__getitem__)
+        added[last] = new
+        for branch, piece in zip(family, new[-len(family):], strict=True):
+            replaced[branch.end.name] = piece.name
+            dropped.add(branch.matmul.name)
+            dropped.add(branch.end.name)
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        if node.name not in dropped:
+            nodes.append(_renamed(node, replaced))
+        # the activation of a family may itself be a projection another family packed
+        nodes.extend(_renamed(n, replaced) for n in added.get(node.name, ()))
+    outputs = tuple((n, replaced.get(v, v)) for n, v in graph.outputs)
+    return Graph(_topological(nodes), outputs)
+
+
+def _families(graph: Graph) -> list[list[Branch]]:
+    """Projections grouped by what makes them one matmul: the activation, the weights' depth
+    and dtype, whether they have a bias (and its dtype), the result's dtype and precision."""
+    constants = load_time(graph)
+    users = graph.users()
+    nodes = graph.by_name()
+    exported = {v for _, v in graph.outputs}
+    groups: dict[tuple[object, ...], list[Branch]] = defaultdict(list)
+    for m in graph.nodes:
+        if m.op != "matmul" or m.inputs[1] not in constants or m.inputs[0] in constants:
+            continue
+        w = nodes[m.inputs[1]].type
+        if w.rank != 2 or not isinstance(w.shape[1], int) or m.name in exported:
+            continue
+        readers = users[m.name]
+        bias = readers[0] if len(readers) == 1 and _is_bias(readers[0], m, constants) else None
+        vector = nodes[bias.inputs[1]].type if bias is not None else None
+        branch = Branch(m, w, bias, vector)
+        if _feeds_an_epilogue(branch.end.name, users):
+            continue
+        key = (m.inputs[0], w.shape[0], w.dtype, vector is not None and vector.dtype,
+               m.type.dtype, m.precision, m.attrs, bias is not None and bias.type.dtype)
+        groups[key].append(branch)
+    return list(groups.values())
+
+
+def _feeds_an_epilogue(name: str, users: dict[str, list[Node]]) -> bool:
+    """Does a pointwise op read the value, directly or through views (which fusion looks
+    through to extend the matmul's epilogue)?"""
+    todo = [name]
+    while todo:
+        for u in users[todo.pop()]:
+            role = OPS[u.op].fusion
+            if role == "epilogue":
+                return True
+            if role == "view":
+                todo.append(u.name)
+    return False
+
+
+def _is_bias(node: Node, matmul: Node, constants: set[str]) -> bool:
+    """`bias_add(matmul, b)` along the last axis, with a load-time vector b."""
+    return (node.op == "bias_add" and node.inputs[0] == matmul.name
+            and node.inputs[1] in constants and node.attrs["axis"] == matmul.type.rank - 1)
+
+
+def _packed(family: list[Branch]) -> list[Node]:
+    """The joined weights (and biases), the packed matmul (and its bias_add), then one slice
+    per branch, in the family's order."""
+    first = family[0]
+    m = first.matmul
+    total = sum(b.width for b in family)
+    name = f"{m.name}.packed"
+    shape = (*m.type.shape[:-1], total)
+    out = [_like(m, f"{name}.weight", "concat", tuple(b.matmul.inputs[1] for b in family),
+                 _joined(len(family), 1), TensorType(first.weight.dtype, (first.weight.shape[0], total))),
+           _like(m, name, "matmul", (m.inputs[0], f"{name}.weight"), dict(m.attrs),
+                 TensorType(m.type.dtype, shape, m.type.layout))]
+    if first.bias is not None and first.bias_vector is not None:
+        vectors = tuple(b.bias.inputs[1] for b in family if b.bias is not None)
+        out.append(_like(first.bias, f"{name}.bias", "concat", vectors, _joined(len(family), 0),
+                         TensorType(first.bias_vector.dtype, (total,))))
+        out.append(_like(first.bias, f"{name}.biased", "bias_add", (name, f"{name}.bias"),
+                         dict(first.bias.attrs),
+                         TensorType(first.bias.type.dtype, shape, first.bias.type.layout)))
+    packed = out[-1].name
+    offset = 0
+    for b in family:
+        starts = (0,) * (len(shape) - 1) + (offset,)
+        ends = (*shape[:-1], offset + b.width)
+        out.append(_like(b.end, f"{b.end.name}.slice", "slice", (packed,),
+                         {"starts": starts, "ends": ends}, b.end.type))
+        offset += b.width
+    return out
+
+
+def _joined(count: int, axis: int) -> dict[str, object]:
+    """A concat's attributes: its axis and its operands named as the checker names them."""
+    return {"axis": axis, "operands": tuple(f"xs.{i}" for i in range(count))}
+
+
+def _like(node: Node, name: str, op: str, inputs: tuple[str, ...], attrs: dict[str, object],
+          type_: TensorType) -> Node:
+    """A new node with the span, instance path and precision of `node`."""
+    return Node(name, op, inputs, Attrs(attrs), type_, node.span, node.path, node.precision)
+
+
+def _renamed(node: Node, replaced: dict[str, str]) -> Node:
+    if not any(i in replaced for i in node.inputs):
+        return node
+    return replace(node, inputs=tuple(replaced.get(i, i) for i in node.inputs))
+
+
+def _topological(nodes: list[Node]) -> tuple[Node, ...]:
+    """The nodes in an order where each comes after what it reads, as close to the given one
+    as that allows: a reader of an early projection moves after the packed matmul."""
+    placed: set[str] = set()
+    out: list[Node] = []
+    waiting: dict[str, list[Node]] = defaultdict(list)  # a value -> nodes it holds back
+
+    def place(node: Node) -> None:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            missing = next((i for i in n.inputs if i not in placed), None)
+            if missing is not None:
+                waiting[missing].append(n)
+                continue
+            out.append(n)
+            placed.add(n.name)
+            stack.extend(reversed(waiting.pop(n.name, [])))
+
+    for node in nodes:
+        place(node)
+    assert not waiting, sorted(waiting)
+    return tuple(out)
