@@ -67,12 +67,23 @@ def test_a_projection_a_pointwise_op_reads_keeps_its_epilogue(tmp_path: Path) ->
     text = HEAD + """  let a = linear(x, out=16) as "a"
   let b = linear(x, out=16) as "b"
   let c = linear(x, out=16) as "c"
-  output y = reshape(gelu(reshape(a, [12, 16])), [2, 6, 16]) + b
+  output y = gelu(a) + b
   output z = c
 }
 """
-    # a feeds GELU through a view: alone; b feeds an add (its epilogue): alone; c alone too
+    # GELU reads a (its epilogue), an add reads b: each stays fused with its matmul; c alone
     assert len(_matmuls(text, tmp_path)) == 3
+
+
+def test_a_pointwise_op_after_a_view_does_not_keep_a_projection_apart(tmp_path: Path) -> None:
+    text = HEAD + """  let a = linear(x, out=16) as "a"
+  let b = linear(x, out=16) as "b"
+  output y = relu(reshape(a, [12, 16]))
+  output z = reshape(b, [12, 16])
+}
+"""
+    # fusion never extends an epilogue through a view: the relu runs apart either way
+    assert [shape for _, shape in _matmuls(text, tmp_path)] == [(16, 32)]
 
 
 def test_projections_of_other_activations_or_depths_stay_apart(tmp_path: Path) -> None:

@@ -5,17 +5,19 @@ projection a slice (a view) of the packed result. The activation is read once in
 per projection, and one launch replaces several: the encoders' q/k/v projections were three
 launches each reading the same layer norm.
 
-A projection whose result feeds a pointwise op is left alone: that op is its epilogue today,
+A projection whose result a pointwise op reads is left alone: that op is its epilogue today,
 fused into the matmul, and on a slice of a packed result it would run on its own.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from dslc.core.types import TensorType
 from dslc.ir.graph import Attrs, Graph, Node
+from dslc.ir.naming import StepNames
 from dslc.lower.canonical import load_time
 from dslc.ops import OPS
 
@@ -26,6 +28,7 @@ class Branch:
     weight: TensorType  # [K, N], load-time
     bias: Node | None  # the bias_add of the projection's bias vector, if it has one
     bias_vector: TensorType | None  # [N]
+    block: str  # the instance its weight belongs to (`encoder.layer.0.attn.q_proj`)
 
     @property
     def end(self) -> Node:
@@ -73,6 +76,7 @@ def _families(graph: Graph) -> list[list[Branch]]:
     users = graph.users()
     nodes = graph.by_name()
     exported = {v for _, v in graph.outputs}
+    names = StepNames(graph, constants)
     groups: dict[tuple[object, ...], list[Branch]] = defaultdict(list)
     for m in graph.nodes:
         if m.op != "matmul" or m.inputs[1] not in constants or m.inputs[0] in constants:
@@ -83,7 +87,7 @@ def _families(graph: Graph) -> list[list[Branch]]:
         readers = users[m.name]
         bias = readers[0] if len(readers) == 1 and _is_bias(readers[0], m, constants) else None
         vector = nodes[bias.inputs[1]].type if bias is not None else None
-        branch = Branch(m, w, bias, vector)
+        branch = Branch(m, w, bias, vector, _block(names.weight(m.inputs[1]), m))
         if _feeds_an_epilogue(branch.end.name, users):
             continue
         key = (m.inputs[0], w.shape[0], w.dtype, vector is not None and vector.dtype,
@@ -92,18 +96,19 @@ def _families(graph: Graph) -> list[list[Branch]]:
     return list(groups.values())
 
 
+def _block(weight: str | None, matmul: Node) -> str:
+    """The instance a projection's weight belongs to: its param's path without the param's own
+    name (`model.layers.0.self_attn.q_proj.weight` -> `...q_proj`), else the matmul's."""
+    if weight is None or "." not in weight:
+        return matmul.path or matmul.name
+    return weight.rsplit(".", 1)[0]
+
+
 def _feeds_an_epilogue(name: str, users: dict[str, list[Node]]) -> bool:
-    """Does a pointwise op read the value, directly or through views (which fusion looks
-    through to extend the matmul's epilogue)?"""
-    todo = [name]
-    while todo:
-        for u in users[todo.pop()]:
-            role = OPS[u.op].fusion
-            if role == "epilogue":
-                return True
-            if role == "view":
-                todo.append(u.name)
-    return False
+    """Does a pointwise op read the value itself? (Fusion extends a matmul's epilogue through
+    its direct readers only, never through a view: a pointwise op after a view runs apart
+    anyway, as the rotary embedding after a Llama layer's split heads does.)"""
+    return any(OPS[u.op].fusion == "epilogue" for u in users[name])
 
 
 def _is_bias(node: Node, matmul: Node, constants: set[str]) -> bool:
@@ -116,7 +121,7 @@ def _packed(family: list[Branch]) -> list[Node]:
     """The joined weights (and biases), the packed matmul (and its bias_add), then one slice
     per branch, in the family's order."""
     first = family[0]
-    m = first.matmul
+    m = replace(first.matmul, path=_joined_path(b.block for b in family))
     total = sum(b.width for b in family)
     name = f"{m.name}.packed"
     shape = (*m.type.shape[:-1], total)
@@ -125,12 +130,12 @@ def _packed(family: list[Branch]) -> list[Node]:
            _like(m, name, "matmul", (m.inputs[0], f"{name}.weight"), dict(m.attrs),
                  TensorType(m.type.dtype, shape, m.type.layout))]
     if first.bias is not None and first.bias_vector is not None:
+        bias = replace(first.bias, path=m.path)
         vectors = tuple(b.bias.inputs[1] for b in family if b.bias is not None)
-        out.append(_like(first.bias, f"{name}.bias", "concat", vectors, _joined(len(family), 0),
+        out.append(_like(bias, f"{name}.bias", "concat", vectors, _joined(len(family), 0),
                          TensorType(first.bias_vector.dtype, (total,))))
-        out.append(_like(first.bias, f"{name}.biased", "bias_add", (name, f"{name}.bias"),
-                         dict(first.bias.attrs),
-                         TensorType(first.bias.type.dtype, shape, first.bias.type.layout)))
+        out.append(_like(bias, f"{name}.biased", "bias_add", (name, f"{name}.bias"),
+                         dict(bias.attrs), TensorType(bias.type.dtype, shape, bias.type.layout)))
     packed = out[-1].name
     offset = 0
     for b in family:
@@ -140,6 +145,18 @@ def _packed(family: list[Branch]) -> list[Node]:
                          {"starts": starts, "ends": ends}, b.end.type))
         offset += b.width
     return out
+
+
+def _joined_path(paths: Iterable[str]) -> str:
+    """The instance path of a packed projection, naming its step: the branches' common block,
+    then each branch's own part, `encoder.layer.0.attn.q_proj|k_proj|v_proj`."""
+    split = [p.split(".") for p in paths]
+    common = 0
+    while all(len(s) > common + 1 and s[common] == split[0][common] for s in split):
+        common += 1
+    head = ".".join(split[0][:common])
+    tail = "|".join(".".join(s[common:]) for s in split)
+    return f"{head}.{tail}" if head else tail
 
 
 def _joined(count: int, axis: int) -> dict[str, object]:
