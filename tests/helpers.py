@@ -45,6 +45,24 @@ def check_source(text: str, tmp_path: Path, name: str = "snippet.cgraph") -> Che
     return Checked(result, list(sink.diagnostics))
 
 
+def deviceless_program(text: str, tmp_path: Path) -> tuple[CheckedModel, Any]:
+    """The checked model of `text` and its bundle, compiled deviceless for the H200 profile,
+    written and read back as the runtime's `Schedule`."""
+    from dslc.backend.target import load_target
+    from dslc.compile.stage import compile_model
+    from dslc.emit import bundle as emit_bundle
+    from dslc.pipeline import lower_and_fuse
+    from dslc.runtime.bundle import read
+    from dslc.runtime.schedule import Schedule
+
+    model = check_source(text, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    path = tmp_path / "m.bundle"
+    emit_bundle.write(path, emit_bundle.payload(compile_model(model, lowered, plan,
+                                                              load_target("h200"))))
+    return model, Schedule(read(path))
+
+
 def model_snippet(body: str, header: str = "", precision: str = "io=f32") -> str:
     """A model with `body` as its statements (and `header` before it: imports, defs)."""
     return f'{header}\nmodel m {{\n  precision {precision}\n{body}\n}}\n'

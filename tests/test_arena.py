@@ -10,18 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dslc.backend.target import load_target
-from dslc.compile.stage import compile_model
-from dslc.emit import bundle as emit_bundle
 from dslc.fuzz import arena
 from dslc.fuzz.oracle import relative_error
 from dslc.ir import interp
-from dslc.pipeline import lower_and_fuse
 from dslc.runtime import schedule
-from dslc.runtime.bundle import read
 from dslc.runtime.schedule import Schedule
 from dslc.weights import random_weights
-from tests.helpers import check_source, rng
+from tests.helpers import deviceless_program, rng
 
 CHAIN = """import "std/nn.cgraph"
 model m {
@@ -39,12 +34,7 @@ model m {
 def _compiled(text: str, tmp_path: Path) -> tuple[Schedule, dict[str, np.ndarray],
                                                    dict[str, np.ndarray]]:
     """The deviceless bundle of `text` read back, inputs at its first bucket, random weights."""
-    model = check_source(text, tmp_path).model
-    lowered, plan = lower_and_fuse(model)
-    path = tmp_path / "m.bundle"
-    emit_bundle.write(path, emit_bundle.payload(compile_model(model, lowered, plan,
-                                                              load_target("h200"))))
-    program = Schedule(read(path))
+    model, program = deviceless_program(text, tmp_path)
     g = rng("arena", text)
     dims = dict(program.bundle.buckets[0].dims)
     inputs = {n: g.standard_normal(program.storage(v, dims).shape).astype(np.float32)

@@ -10,17 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dslc.backend.target import load_target
-from dslc.compile.stage import compile_model
-from dslc.emit import bundle as emit_bundle
 from dslc.fuzz import arena
 from dslc.fuzz.oracle import relative_error
 from dslc.ir import interp
 from dslc.pipeline import lower_and_fuse
-from dslc.runtime.bundle import read
-from dslc.runtime.schedule import Schedule
 from dslc.weights import random_weights
-from tests.helpers import check_source, rng
+from tests.helpers import check_source, deviceless_program, rng
 
 HEAD = 'import "std/nn.cgraph"\nmodel m {\n  input x: [2, 6, 16]\n'
 QKV = HEAD + """  let q = linear(x, out=16) as "q"
@@ -46,12 +41,7 @@ def test_projections_of_one_activation_become_one_matmul_per_kind_of_bias(
 
 
 def test_a_packed_projection_computes_what_the_three_compute(tmp_path: Path) -> None:
-    model = check_source(QKV, tmp_path).model
-    lowered, plan = lower_and_fuse(model)
-    path = tmp_path / "m.bundle"
-    emit_bundle.write(path, emit_bundle.payload(compile_model(model, lowered, plan,
-                                                              load_target("h200"))))
-    program = Schedule(read(path))
+    model, program = deviceless_program(QKV, tmp_path)
     assert sum(n.op == "matmul" for n in program.graph.nodes) == 2  # q and k packed
     x = rng("packed projections").standard_normal((2, 6, 16)).astype(np.float32)
     w = random_weights(model.params, 5)
