@@ -30,7 +30,8 @@ from dslc.diag.span import printable
 from dslc.pipeline import STAGES, BuildOptions, Built, FrontEnd, TuneOptions, WriteFailed, build
 from dslc.runtime.bundle import load
 from dslc.runtime.tuningdb import SpecError, is_file, open_store
-from dslc.tune import format_report, tune, tuned_bundle
+from dslc.tune import format_report, group_measurer, tune, tuned_bundle
+from dslc.tune.fusion import measure_splits, with_fusion
 from dslc.tune.gpus import SpreadError, across, parse_gpus
 
 
@@ -158,6 +159,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     target = args.output or args.bundle  # in place unless told otherwise
     paths.output_file(target, [_tuning_db(args)], option="-o" if args.output else "")
     records = load(paths.bundle_file(args.bundle))
+    if args.fusion == "measure" and args.gpus is not None:
+        raise UsageError("`--fusion measure` measures on one GPU: leave out `--gpus`")
     how = _tune_options_of(args)
     progress = Progress(args.quiet)
     try:
@@ -172,9 +175,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return EXIT_BACKEND
     finally:
         progress.clear()
+    result = tuned_bundle(records, tuned)
+    measured = []
+    if args.fusion == "measure":
+        try:
+            measured = measure_splits(result, tuned.plans,
+                                      group_measurer(result, how.db, how.budget_s, how.search),
+                                      lambda text: progress(f"measuring {text}"))
+        finally:
+            progress.clear()
+        result = with_fusion(result, measured)
     with paths.writing(target):
-        emit_bundle.write(target, tuned_bundle(records, tuned))
+        emit_bundle.write(target, result)
     print(format_report(tuned.report))
+    for m in measured:
+        print(f"{m.split.step.name}: {m.summary()}: {'split' if m.chosen else 'kept fused'}")
+    if len(result.steps) != len(records.steps):
+        print(f"note: {len(result.steps) - len(records.steps)} groups split by measurement; the "
+              "runner beside the bundle runs the new schedule, its comments list the compiled "
+              "one", file=sys.stderr)
     print(f"wrote {target}", file=sys.stderr)
     return EXIT_OK
 
@@ -278,6 +297,10 @@ def add_commands(sub: Any, diag_options: Any) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="BUNDLE",
                    help="write the tuned bundle here (default: in place)")
     _tune_options(p)
+    p.add_argument("--fusion", choices=("keep", "measure"), default="keep",
+                   help="keep: the compiled partition (default); measure: also time each conv "
+                        "or matmul group split after its bias, and keep the split where it is "
+                        "faster over the buckets (the bundle's schedule is rewritten)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=cmd_tune)
 

@@ -142,6 +142,24 @@ def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
     return (heur, result.chosen.ms, result.chosen.error, "tuned", len(result.candidates)), plan
 
 
+def group_measurer(bundle: Bundle, db: TuningStore | None, budget_s: float = 20.0,
+                   search: str = "heuristics") -> Callable[[GroupSpec, Mapping[str, Any], str],
+                                                           PlanRecord | None]:
+    """A function measuring one group graph on this GPU as `tune` measures each of a bundle's
+    (the database first): its tuned plan with its time, or None (`dslc.tune.fusion`)."""
+    _, cudnn = require()
+    handle = cudnn.create_handle()
+    live = Environment.from_data(environment.live(properties=True), "live environment")
+    program = Schedule(bundle)
+
+    def measure(spec: GroupSpec, storage: Mapping[str, Any], where: str) -> PlanRecord | None:
+        _, plan = _tune_one(spec, program, dict(storage), handle, db, (env_key(live), live.driver),
+                            False, (budget_s, search, where))
+        return plan
+
+    return measure
+
+
 def tuned_bundle(bundle: Bundle, tuned: Tuned) -> Bundle:
     """The bundle with the plans tuning chose and the environment it measured in."""
     return bundle.with_plans(tuned.plans, tuned.environment)

@@ -205,3 +205,45 @@ def test_size_between_buckets_is_built_on_first_use(tuned: tuple[Path, Any],
     assert {s["how"] for s in later.startup if s["bucket"] == "N=24"} == {"restored"}
     assert len(list(cache.glob("*.plan"))) >= 1
     _check(bundle, outputs, inputs)
+
+
+FUSION_CHOICE = """import "std/nn.cgraph"
+model residual {
+  precision io=f16
+  layout NHWC
+  input x: [16, 64, 28, 28]
+  let a = relu(conv2d(x, out=64, k=3, pad=1, has_bias=true)) as "c1"
+  output y = relu(conv2d(a, out=64, k=1, has_bias=true) + x) as "c2"
+}
+"""
+
+
+def test_fusion_measured_keeps_or_splits_each_group_and_stays_correct(tmp_path: Path) -> None:
+    """`dslc tune --fusion measure`: both groups measured fused and split after their bias,
+    each step saying which won and by how much, and the tuned model still the reference's."""
+    from dslc.runtime import Model
+    from dslc.tune.fusion import splits
+    from tests.gpu.common import compile_source
+    from tests.helpers import run_cli
+
+    bundle = compile_source(FUSION_CHOICE, tmp_path)
+    before = read(bundle)
+    run = run_cli("tune", str(bundle), "--fusion", "measure", "--budget", "2",
+                  "--tuning-db", "none", "-q")
+    print(run.stdout)
+    assert run.code == 0, run.stderr
+    assert run.stdout.count("fusion measured: static: fused") == 2
+    after = load(bundle)
+    told = [s for s in after.steps if "fusion measured" in s.reason]
+    assert len(told) >= 2 and len(after.steps) >= len(before["steps"])
+    assert not splits_left_unmeasured(after, splits)
+    inputs = random_inputs(bundle, seed=21)
+    model = Model(bundle, bundle.with_suffix(".safetensors"), tuning_db=None)
+    _check(bundle, to_host(model.run(to_device(inputs, bundle))), inputs)
+
+
+def splits_left_unmeasured(bundle: Any, splits: Any) -> list[str]:
+    """Steps that could split and say nothing of a measurement (a split's parts say it)."""
+    from dslc.runtime.schedule import Schedule
+
+    return [s.step.name for s in splits(Schedule(bundle)) if "fusion measured" not in s.step.reason]

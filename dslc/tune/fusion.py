@@ -1,0 +1,195 @@
+"""Fusion as a measured choice (`dslc tune --fusion measure`). Fusing a pointwise tail into a
+convolution's or matmul's epilogue saves a round trip through memory, but the fused graph may
+run on a slower engine (a runtime-compiled one where the library has a tuned kernel for the
+anchor alone), so where a group has that alternative the tuner measures both: the group fused,
+and split after its anchor (and the anchor's bias or scale) into the anchor's graph and a
+pointwise graph for the rest. A split is kept where, summed over the buckets, it is faster than
+the fused group by more than the noise a plan must beat (`measure.NOISE`); the steps say what
+was measured either way (`dslc inspect` shows it).
+
+The bundle's schedule is rewritten for a split (its steps, the graphs of every bucket, their
+memory plans): the runtime runs whatever schedule a bundle holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dslc.backend.measure import NOISE
+from dslc.backend.spec import GroupSpec, group_spec
+from dslc.ir.groups import Group, make_group, unique_names
+from dslc.ir.naming import StepNames
+from dslc.ops import OPS
+from dslc.runtime.records import (
+    BucketRecord,
+    Bundle,
+    GraphEntry,
+    PlanRecord,
+    SpecRecord,
+    StepRecord,
+)
+from dslc.runtime.schedule import Schedule
+
+HEAD_EPILOGUE = ("bias_add", "scale_mul")  # what stays with the anchor: its engines take it
+
+
+@dataclass(frozen=True)
+class Split:
+    """A graph step that may run as its anchor's graph, then a pointwise graph."""
+
+    step: StepRecord
+    head: Group
+    tail: Group
+
+
+@dataclass
+class Measured:
+    """One split's times per bucket key: the fused graph's, and the two parts'."""
+
+    split: Split
+    fused_ms: dict[str, float | None] = field(default_factory=dict)
+    head_ms: dict[str, float | None] = field(default_factory=dict)
+    tail_ms: dict[str, float | None] = field(default_factory=dict)
+    # the parts' specs and plans per bucket key, for a bundle that takes the split
+    parts: dict[str, tuple[tuple[GroupSpec, PlanRecord], tuple[GroupSpec, PlanRecord]]] = \
+        field(default_factory=dict)
+
+    @property
+    def chosen(self) -> bool:
+        return split_is_faster(self.fused_ms, self.head_ms, self.tail_ms)
+
+    def summary(self) -> str:
+        def ms(t: float | None) -> str:
+            return "-" if t is None else f"{t:.4f}"
+
+        return "fusion measured: " + "; ".join(
+            f"{key}: fused {ms(fused)} ms, split {ms(self.head_ms.get(key))} + "
+            f"{ms(self.tail_ms.get(key))} ms" for key, fused in self.fused_ms.items())
+
+
+def splits(program: Schedule) -> list[Split]:
+    """The graph steps of a conv or matmul anchor with a pointwise tail after its bias: each
+    split after the bias. Steps writing into a concat's buffer stay as they are."""
+    users = program.graph.users()
+    names = StepNames(program.graph, program.load_time)
+    out = []
+    for step in program.steps:
+        nodes = [program.nodes[n] for n in step.nodes]
+        if step.kind != "graph" or len(nodes) < 2 or nodes[0].op not in ("conv", "matmul"):
+            continue
+        k = 2 if nodes[1].op in HEAD_EPILOGUE else 1
+        tail = nodes[k:]
+        if not tail or any(OPS[n.op].fusion != "epilogue" for n in tail) or \
+                any(o in program.placement for o in step.outputs):
+            continue
+        head = make_group(program.graph, list(step.nodes[:k]), step.pattern, "", users, names,
+                          program.placement)
+        rest = make_group(program.graph, list(step.nodes[k:]), "pointwise", "", users, names,
+                          program.placement)
+        out.append(Split(step, head, rest))
+    return out
+
+
+def split_is_faster(fused: Mapping[str, float | None], head: Mapping[str, float | None],
+                    tail: Mapping[str, float | None]) -> bool:
+    """Summed over the buckets, are the two parts faster than the fused graph by more than
+    NOISE? Not where any time is missing (a part that did not tune stays fused)."""
+    times = [*fused.values(), *head.values(), *tail.values()]
+    if not fused or any(t is None or not math.isfinite(t) for t in times):
+        return False
+    total_fused = sum(t for t in fused.values() if t is not None)
+    total_split = sum(t for t in (*head.values(), *tail.values()) if t is not None)
+    return total_split < total_fused * (1 - NOISE)
+
+
+MeasureGroup = Callable[[GroupSpec, Mapping[str, Any], str], PlanRecord | None]
+
+
+def measure_splits(bundle: Bundle, plans: Mapping[tuple[str, str], PlanRecord],
+                   measure: MeasureGroup, progress: Callable[[str], None] | None = None,
+                   ) -> list[Measured]:
+    """Each split's parts measured at every bucket (`measure`: a tuned plan with its time, or
+    None), beside the fused graph's time from `plans` (the tuning just done), else the
+    bundle's."""
+    program = Schedule(bundle)
+    found = splits(program)
+    out = []
+    for i, s in enumerate(found):
+        m = Measured(s)
+        for bucket in bundle.buckets:
+            if progress:
+                progress(f"[{i + 1}/{len(found)}] {bucket.key} {s.step.name} split")
+            storage = program.memory_plan(dict(bucket.dims)).storage
+            fused = plans.get((bucket.key, s.step.signature)) or \
+                bucket.graphs[s.step.signature].plan
+            m.fused_ms[bucket.key] = fused.ms
+            parts = []
+            for group, times in ((s.head, m.head_ms), (s.tail, m.tail_ms)):
+                spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
+                                  program.placement)
+                plan = measure(spec, storage, f"{group.name} at {bucket.key}")
+                times[bucket.key] = plan.ms if plan is not None else None
+                if plan is not None:
+                    parts.append((spec, plan))
+            if len(parts) == 2:
+                m.parts[bucket.key] = (parts[0], parts[1])
+        out.append(m)
+    return out
+
+
+def with_fusion(bundle: Bundle, measured: list[Measured]) -> Bundle:
+    """The bundle with each chosen split taking its step's place (the parts' graphs added to
+    every bucket, the fused one dropped where no step uses it, memory plans made again) and
+    every measured step saying what was measured."""
+    by_step = {m.split.step.name: m for m in measured}
+    steps: list[StepRecord] = []
+    for step in bundle.steps:
+        m = by_step.get(step.name)
+        if m is None:
+            steps.append(step)
+        elif not m.chosen or len(m.parts) != len(bundle.buckets):
+            steps.append(replace(step, reason=_joined(step.reason, f"{m.summary()}: kept fused")))
+        else:
+            why = f"split from the fused group {step.name} by measurement ({m.summary()})"
+            steps.extend(_step(g, why) for g in (m.split.head, m.split.tail))
+    named = [replace(s, name=g.name) for s, g in zip(steps, unique_names(_as_groups(steps)),
+                                                     strict=True)]
+    used = {s.signature for s in named if s.kind == "graph"}
+    nodes = bundle.graph.graph.by_name()
+    buckets = []
+    for bucket in bundle.buckets:
+        graphs = {sig: g for sig, g in bucket.graphs.items() if sig in used}
+        for m in measured:
+            if m.chosen and m.split.step.name in by_step and bucket.key in m.parts:
+                for spec, plan in m.parts[bucket.key]:
+                    at = f"buckets.{bucket.key}.graphs.{spec.signature}"
+                    graphs.setdefault(spec.signature, GraphEntry(
+                        SpecRecord.from_data(spec.data(), f"{at}.spec", nodes),
+                        PlanRecord.from_data(plan.to_data(), f"{at}.plan")))
+        buckets.append(replace(bucket, graphs=graphs))
+    out = replace(bundle, steps=tuple(named), buckets=tuple(buckets))
+    program = Schedule(out)
+    return replace(out, buckets=tuple(_memory(program, b) for b in out.buckets))
+
+
+def _step(group: Group, reason: str) -> StepRecord:
+    return StepRecord("graph", group.name, group.pattern, group.nodes, group.inputs,
+                      group.outputs, group.signature, reason)
+
+
+def _as_groups(steps: list[StepRecord]) -> list[Group]:
+    """The steps as groups, for `unique_names` (which looks at names alone)."""
+    return [Group(s.name, s.pattern, s.nodes, s.nodes[0], s.inputs, s.outputs, s.signature,
+                  s.reason) for s in steps]
+
+
+def _memory(program: Schedule, bucket: BucketRecord) -> BucketRecord:
+    plan = program.memory_plan(dict(bucket.dims))
+    return replace(bucket, offsets=dict(plan.offsets), arena_bytes=plan.arena)
+
+
+def _joined(reason: str, more: str) -> str:
+    return f"{reason}; {more}" if reason else more

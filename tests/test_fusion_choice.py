@@ -1,0 +1,122 @@
+"""Fusion as a measured choice (dslc/tune/fusion.py): which steps may split after their anchor's
+bias, when the measured parts win (by more than the noise, over every bucket), and the bundle a
+split makes: valid as a bundle, its schedule computing what the fused one computes (the arena
+oracle runs both as the runtime lays memory out), and every measured step saying what was
+measured. The times are given here as numbers: measuring them needs a GPU
+(tests/gpu/test_tune_gpu.py measures real ones)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dslc.backend.spec import group_spec
+from dslc.fuzz import arena
+from dslc.fuzz.oracle import relative_error
+from dslc.runtime.records import Bundle, PlanRecord
+from dslc.runtime.schedule import Schedule
+from dslc.tune.fusion import Measured, split_is_faster, splits, with_fusion
+from dslc.weights import random_weights
+from tests.helpers import deviceless_program, rng, run_cli
+
+RESIDUAL = """import "std/nn.cgraph"
+model m {
+  layout NHWC
+  dim N = 1..8 tune [2, 4]
+  input x: [N, 8, 6, 6]
+  let a = relu(conv2d(x, out=8, k=3, pad=1, has_bias=true)) as "c1"
+  let b = relu(conv2d(a, out=8, k=3, pad=1, has_bias=true) + x) as "c2"
+  output y = conv2d(b, out=8, k=1, has_bias=true) as "c3"
+}
+"""
+
+
+def test_a_conv_with_a_pointwise_tail_splits_after_its_bias(tmp_path: Path) -> None:
+    _, program = deviceless_program(RESIDUAL, tmp_path)
+    found = {s.step.name: ([program.nodes[n].op for n in s.head.nodes],
+                           [program.nodes[n].op for n in s.tail.nodes]) for s in splits(program)}
+    # c3 is a conv and its bias only: nothing to split off
+    assert found == {"c1+bias_add+relu": (["conv", "bias_add"], ["relu"]),
+                     "c2+bias_add+add+relu": (["conv", "bias_add"], ["add", "relu"])}
+
+
+@pytest.mark.parametrize(("fused", "head", "tail", "split"), [
+    ({"N=2": 1.0, "N=4": 2.0}, {"N=2": 0.5, "N=4": 1.0}, {"N=2": 0.4, "N=4": 0.9}, True),
+    # 2.9 against 3.0: faster by 3.3%, past the 3% of noise
+    ({"N=2": 1.0, "N=4": 2.0}, {"N=2": 0.5, "N=4": 1.5}, {"N=2": 0.4, "N=4": 0.5}, True),
+    # 2.95 against 3.0: within the noise, fused stays
+    ({"N=2": 1.0, "N=4": 2.0}, {"N=2": 0.5, "N=4": 1.5}, {"N=2": 0.45, "N=4": 0.5}, False),
+    # faster at one bucket, slower in sum
+    ({"N=2": 1.0, "N=4": 2.0}, {"N=2": 0.1, "N=4": 2.0}, {"N=2": 0.1, "N=4": 1.0}, False),
+    # a part that did not tune at one bucket
+    ({"N=2": 1.0, "N=4": 2.0}, {"N=2": 0.1, "N=4": None}, {"N=2": 0.1, "N=4": 0.1}, False),
+    ({}, {}, {}, False),
+])
+def test_a_split_is_kept_only_where_its_parts_win_beyond_the_noise(
+        fused: dict, head: dict, tail: dict, split: bool) -> None:
+    assert split_is_faster(fused, head, tail) is split
+
+
+def _measured(program: Schedule, times: dict[str, tuple[float, float, float]]) -> list[Measured]:
+    """Each split with the given (fused, head, tail) milliseconds at every bucket, and the
+    parts' specs with plan records as a deviceless build leaves them (no engine yet)."""
+    out = []
+    for s in splits(program):
+        m = Measured(s)
+        fused, head, tail = times[s.step.name]
+        for bucket in program.bundle.buckets:
+            m.fused_ms[bucket.key], m.head_ms[bucket.key], m.tail_ms[bucket.key] = fused, head, tail
+            specs = [group_spec(program.graph, g, dict(bucket.dims), program.env,
+                                program.placement) for g in (s.head, s.tail)]
+            plans = [PlanRecord(None, {}, 0, None, ms=ms) for ms in (head, tail)]
+            m.parts[bucket.key] = ((specs[0], plans[0]), (specs[1], plans[1]))
+        out.append(m)
+    return out
+
+
+def test_a_split_bundle_is_valid_and_computes_what_the_fused_one_does(tmp_path: Path) -> None:
+    model, program = deviceless_program(RESIDUAL, tmp_path)
+    measured = _measured(program, {"c1+bias_add+relu": (1.0, 0.9, 0.2),  # 1.1: kept fused
+                                   "c2+bias_add+add+relu": (1.0, 0.5, 0.3)})  # 0.8: split
+    split = with_fusion(program.bundle, measured)
+    again = Bundle.from_data(split.to_data())  # every record valid, every bucket checked
+    steps = {s.name: s for s in again.steps}
+    assert [s.name for s in again.steps] == ["c1+bias_add+relu", "c2+bias_add", "b.add+relu",
+                                             "c3+bias_add"]
+    assert "kept fused" in steps["c1+bias_add+relu"].reason
+    assert "split from the fused group c2+bias_add+add+relu by measurement" in \
+        steps["c2+bias_add"].reason
+    assert "N=2: fused 1.0000 ms, split 0.5000 + 0.3000 ms; N=4: fused 1.0000 ms" in \
+        steps["b.add+relu"].reason
+    fused_sig = next(s.signature for s in program.steps if s.name == "c2+bias_add+add+relu")
+    for bucket in again.buckets:  # the parts' graphs in, the fused one out
+        assert fused_sig not in bucket.graphs
+        assert {steps["c2+bias_add"].signature, steps["b.add+relu"].signature} <= \
+            set(bucket.graphs)
+    weights = random_weights(model.params, 3)
+    for bucket in again.buckets:
+        dims = dict(bucket.dims)
+        x = rng("fusion choice", bucket.key).standard_normal((dims["N"], 8, 6, 6))
+        want = arena.run(program, dims, {"x": x.astype(np.float32)}, weights)["y"]
+        got = arena.run(Schedule(again), dims, {"x": x.astype(np.float32)}, weights)["y"]
+        assert relative_error(got, want) < 1e-6, bucket.key
+
+
+def test_nothing_chosen_leaves_the_schedule_and_says_what_was_measured(tmp_path: Path) -> None:
+    _, program = deviceless_program(RESIDUAL, tmp_path)
+    kept = with_fusion(program.bundle, _measured(program, {"c1+bias_add+relu": (1.0, 0.9, 0.2),
+                                                           "c2+bias_add+add+relu": (1.0, 0.9, 0.3)}))
+    assert [s.name for s in kept.steps] == [s.name for s in program.steps]
+    assert [b.graphs.keys() for b in kept.buckets] == \
+        [b.graphs.keys() for b in program.bundle.buckets]
+    assert ["kept fused" in s.reason for s in kept.steps] == [True, True, False]
+
+
+def test_measuring_fusion_across_gpus_is_a_usage_error_said_first(tmp_path: Path) -> None:
+    assert run_cli("compile", "models/mlp.cgraph", "-o", str(tmp_path), "-q").code == 0
+    run = run_cli("tune", str(tmp_path / "mnist_mlp.bundle"), "--fusion", "measure",
+                  "--gpus", "all")  # before the missing GPU (R0801, exit 3) is noticed
+    assert run.code == 2 and "`--fusion measure` measures on one GPU" in run.stderr
+    assert "Traceback" not in run.stderr
