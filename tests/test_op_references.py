@@ -1175,6 +1175,14 @@ def test_arange() -> None:
     exact(ref("arange", [], n=6, dtype="i64"), torch.arange(6))
 
 
+covers("full")
+
+
+def test_full() -> None:
+    exact(ref("full", [], shape=(2, 3), value=7, dtype="i32"),
+          torch.full((2, 3), 7, dtype=torch.int64))
+
+
 @pytest.mark.parametrize("storage", ["f16", "bf16"])
 def test_layout_rounded(storage: str) -> None:
     """Moving data never changes a value."""

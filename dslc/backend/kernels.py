@@ -265,8 +265,13 @@ def arange(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     y[...] = cupy.arange(y.shape[0], dtype=y.dtype)
 
 
+def full(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    """One integer everywhere, filled on the device (capturable: no copy from the host)."""
+    y.fill(int(a["value"]))
+
+
 KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
-                                "concat": concat, "arange": arange,
+                                "concat": concat, "arange": arange, "full": full,
                                 **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",
                                                                  "reduce_max", "reduce_min")}}
 DTYPES = ("f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool")  # bf16 as its uint16 bits

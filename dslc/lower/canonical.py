@@ -13,11 +13,13 @@ SOURCES = ("param", "scalar", CALIBRATED)  # what load time computes from
 def load_time(graph: Graph) -> set[str]:
     """Values computed from params and constants only (an op of none, `arange` of a static
     size, included): evaluated once, when the weights load. Not a value whose size depends on
-    the inputs' (a param expanded to [B, 1, D], `arange(S)`): it is computed at each size."""
+    the inputs' (a param expanded to [B, 1, D], `arange(S)`), nor a `full` of a dynamic dim's
+    value: it is computed at each size."""
     out: set[str] = set()
     for node in graph.nodes:
         if node.op in SOURCES or (node.op != "input" and all(i in out for i in node.inputs)
-                                  and all(isinstance(d, int) for d in node.type.shape)):
+                                  and all(isinstance(d, int) for d in node.type.shape)
+                                  and isinstance(node.attrs.get("value", 0), int | float)):
             out.add(node.name)
     return out
 
