@@ -14,6 +14,7 @@ from dslc.check.context import Context, ParamSpec, is_dim, is_int
 from dslc.check.defs import conform, instantiate, layout_of
 from dslc.check.expansion import estimate
 from dslc.check.exprs import ExprEval
+from dslc.check.inplace import check_in_place
 from dslc.check.resolve import DefRef, Resolved, suggest
 from dslc.check.values import (
     ERROR,
@@ -614,6 +615,7 @@ class Elaborator:
         if self.ctx.bucket is None and self.ctx.sink.error_count == 0:  # after errors it would mislead
             self.warn_unused()
             self.dims_read_off_inputs()
+            check_in_place(self.ctx, self.ctx.nodes, ((o.name, o.node) for o in self.outputs))
         return scope
 
     def dims_read_off_inputs(self) -> None:

@@ -234,6 +234,18 @@ def _attention_of(q: Tensor, k: Tensor, v: Tensor, a: Attrs, score_descale: Tens
     return torch.matmul(probs, v) * (v_descale.reshape(()) / 448.0)
 
 
+def _cache_write(xs: list[Tensor], a: Attrs) -> Tensor:
+    """The cache with rows at + s (s < S) of axis 2 taken from `new`, rows outside dropped:
+    each cache row picks the new row landing on it, if one does (a select, not an indexed
+    store: no host synchronisation, and it traces as one graph)."""
+    cache, new, at = xs
+    rows = at.reshape(()).to(torch.int64) + torch.arange(new.shape[2], device=new.device)
+    landing = torch.arange(cache.shape[2], device=new.device)[:, None] == rows[None, :]
+    source = landing.to(torch.int64).argmax(dim=1)
+    hit = landing.any(dim=1)[:, None]
+    return torch.where(hit, new.index_select(2, source), cache)
+
+
 def _prod(x: Tensor, axes: tuple[int, ...], keep: bool) -> Tensor:
     for axis in sorted(axes, reverse=True):  # torch.prod takes one axis at a time
         x = torch.prod(x, dim=axis, keepdim=keep)
@@ -377,6 +389,7 @@ def _table() -> dict[str, OpFn]:
         "expand": lambda xs, a: xs[0].expand(*a["shape"]).contiguous(),
         "gather": _gather,
         "arange": lambda xs, a: torch.arange(int(a["n"]), dtype=torch.int64, device=a.get("device")),
+        "cache_write": _cache_write,
         "full": lambda xs, a: torch.full(tuple(int(d) for d in a["shape"]), int(a["value"]),
                                          dtype=torch.int64, device=a.get("device")),
         "reshape": lambda xs, a: xs[0].reshape(a["shape"]),
