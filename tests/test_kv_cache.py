@@ -159,8 +159,8 @@ class _Model:
 
     class program:
         @staticmethod
-        def written_inputs() -> set[str]:
-            return {"k_cache"}
+        def written_inputs() -> frozenset[str]:
+            return frozenset({"k_cache"})
 
 
 def _refs(cache: int, x: int) -> dict[str, ArrayRef]:
@@ -178,3 +178,34 @@ def test_plain_calls_keep_a_graph_per_cache_buffer(monkeypatch: pytest.MonkeyPat
         r.call(_Model(), _refs(cache, x), _Exe(), "torch")  # type: ignore[arg-type]
     # the first call of a size runs step by step; then one graph per cache pointer
     assert _Captured.made == [(256, 512), (768, 512)]
+
+
+def test_a_write_nothing_reads_is_kept_for_its_effect(tmp_path: Path) -> None:
+    """A cache written and not read here (the next step reads it) is neither dead code nor an
+    unused value: the step stays and the caller's buffer gets the rows."""
+    text = """model step {
+  precision io=f32
+  input k_cache: [1, 2, 16, 8]
+  input k_new: [1, 2, 1, 8]
+  input x: [4]
+  input pos: i32[1]
+  let k = cache_write(k_cache, k_new, at=pos)
+  output y = relu(x)
+}
+"""
+    checked = check_source(text, tmp_path)
+    assert checked.codes == []  # no W0201
+    lowered, plan = lower_and_fuse(checked.model)
+    assert [n.op for n in lowered.nodes if n.op == "cache_write"] == ["cache_write"]
+    c = compile_model(checked.model, lowered, plan, load_target("h200"))
+    emit_bundle.write(tmp_path / "b.bundle", emit_bundle.records(c))
+    program = Schedule(read(tmp_path / "b.bundle"))
+    r = rng("cache_write", "unread")
+    x = {"k_cache": r.standard_normal((1, 2, 16, 8)).astype(np.float32),
+         "k_new": r.standard_normal((1, 2, 1, 8)).astype(np.float32),
+         "x": r.standard_normal(4).astype(np.float32), "pos": np.array([9], np.int32)}
+    written: dict[str, np.ndarray] = {}
+    arena.run(program, {}, x, {}, written)
+    np.testing.assert_array_equal(written["k_cache"], _by_hand(x))
+    _, by_reference = interp.run_in_place(lowered, x, {}, checked.model.env)
+    np.testing.assert_array_equal(by_reference["k_cache"], _by_hand(x))

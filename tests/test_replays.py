@@ -53,8 +53,8 @@ class FakeModel:
 
     class program:  # no input written in place
         @staticmethod
-        def written_inputs() -> set[str]:
-            return set()
+        def written_inputs() -> frozenset[str]:
+            return frozenset()
 
     def _output_view(self, exe: Any, name: str, outputs: Any, kind: str, refs: Any) -> Any:
         return refs["x"].obj  # the plain path's view: here the input itself

@@ -42,6 +42,7 @@ from dslc.core.types import (
 )
 from dslc.diag.diagnostic import Label, Sink
 from dslc.diag.span import Span
+from dslc.ir.graph import IN_PLACE
 from dslc.parse import ast
 from dslc.parse.loader import Program
 
@@ -639,6 +640,8 @@ class Elaborator:
         used = set(self.ctx.used)
         for node in self.ctx.nodes:
             used.update(node.inputs)
+            if node.op in IN_PLACE:  # its effect is the caller's buffer, read here or not
+                used.add(node.name)
         by_statement: dict[Span, tuple[str, bool]] = {}
         for node_name, let_name, span in self.lets:
             _, seen = by_statement.get(span, (let_name, False))

@@ -4,7 +4,7 @@ ops and scalar arithmetic folded, dead values removed; and which values are load
 from __future__ import annotations
 
 from dslc.core.types import TensorType
-from dslc.ir.graph import CALIBRATED, Graph, Node
+from dslc.ir.graph import CALIBRATED, IN_PLACE, Graph, Node
 from dslc.lower.rewrite import Rewriter
 
 SOURCES = ("param", "scalar", CALIBRATED)  # what load time computes from
@@ -117,9 +117,9 @@ def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:
 def remove_dead(graph: Graph) -> Graph:
     """Drop every value no output depends on. Inputs and params stay: they are the model's
     interface (the runner takes every declared input, the weights file holds every param), read
-    or not."""
+    or not; so do writes in place: the caller's cache is their effect, read here or not."""
     live = {v for _, v in graph.outputs} | {n.name for n in graph.nodes
-                                             if n.op in ("input", "param")}
+                                             if n.op in ("input", "param", *IN_PLACE)}
     for node in reversed(graph.nodes):
         if node.name in live:
             live.update(node.inputs)

@@ -65,7 +65,7 @@ class Captured:
         self.kind = kind
         inputs = {name: r.obj for name, r in refs.items()}
         # Written in place: the caller's buffer itself, recorded by its pointer.
-        self.written = frozenset(model.program.written_inputs())
+        self.written = model.program.written_inputs()
         self.inputs = {name: r if name in self.written else
                        device.empty(r.shape, r.strides, r.dtype, kind)
                        for name, r in refs.items()}

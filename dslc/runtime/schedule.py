@@ -52,6 +52,9 @@ class Schedule:
         self.outputs = dict(self.graph.outputs)
         # Concat operands their producers write in place (`dslc.ir.placement`).
         self.placement = in_place(self.graph, self.load_time)
+        # Inputs written in place, found once: every plain call's replay asks.
+        self._written = frozenset(self.nodes[self._base(n.name)].attrs["name"]
+                                  for n in self.graph.nodes if n.op in IN_PLACE)
 
     def storage(self, name: str, values: Mapping[str, int]) -> Storage:
         node = self.nodes[name]
@@ -109,11 +112,10 @@ class Schedule:
             name = self.placement[name][0] if name in self.placement else self.nodes[name].inputs[0]
         return name
 
-    def written_inputs(self) -> set[str]:
+    def written_inputs(self) -> frozenset[str]:
         """The model inputs (by input name) that steps write in place: the caller's buffers,
         never copied (a replayed CUDA graph records their pointers instead)."""
-        return {self.nodes[self._base(n.name)].attrs["name"] for n in self.graph.nodes
-                if n.op in IN_PLACE}
+        return self._written
 
     def memory_plan(self, values: Mapping[str, int]) -> MemoryPlan:
         out = MemoryPlan(dict(values))
