@@ -209,3 +209,32 @@ def test_a_write_nothing_reads_is_kept_for_its_effect(tmp_path: Path) -> None:
     np.testing.assert_array_equal(written["k_cache"], _by_hand(x))
     _, by_reference = interp.run_in_place(lowered, x, {}, checked.model.env)
     np.testing.assert_array_equal(by_reference["k_cache"], _by_hand(x))
+
+
+def test_a_written_cache_read_by_a_concat_is_copied_into_it(tmp_path: Path) -> None:
+    """Its memory is the caller's cache, so its producer cannot write it into the concat's
+    buffer: the concat copies it (the arena run would read poison otherwise)."""
+    text = """model step {
+  precision io=f32
+  input k_cache: [1, 2, 16, 8]
+  input k_new: [1, 2, 1, 8]
+  input pos: i32[1]
+  input other: [1, 2, 4, 8]
+  let k = cache_write(k_cache, k_new, at=pos)
+  output y = concat([relu(other), k], axis=2)
+}
+"""
+    model = check_source(text, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    k = next(n.name for n in lowered.nodes if n.op == "cache_write")
+    assert k not in plan.placement
+    c = compile_model(model, lowered, plan, load_target("h200"))
+    emit_bundle.write(tmp_path / "b.bundle", emit_bundle.records(c))
+    program = Schedule(read(tmp_path / "b.bundle"))
+    r = rng("cache_write", "concat")
+    x = {"k_cache": r.standard_normal((1, 2, 16, 8)).astype(np.float32),
+         "k_new": r.standard_normal((1, 2, 1, 8)).astype(np.float32),
+         "pos": np.array([3], np.int32), "other": r.standard_normal((1, 2, 4, 8)).astype(np.float32)}
+    out = arena.run(program, {}, x, {})
+    want = np.concatenate([np.maximum(x["other"], 0), _by_hand(x)], axis=2)
+    np.testing.assert_array_equal(out["y"], want)
