@@ -48,9 +48,13 @@ class Decoder:
             raise RunnerError("R0201", "a decoder passes one position input to every "
                               "`cache_write`, and this model writes at "
                               f"{sorted(str(p) for p in positions)}")
+        rows = {w.rows for w in written}
+        if len(rows) != 1:
+            raise RunnerError("R0201", "a decoder advances one position for every cache, and "
+                              f"this model's writes are {len(rows)} different row counts")
         self.model = model
         self.position_input = str(next(iter(positions)))
-        self.rows: Dim = written[0].rows
+        self.rows: Dim = rows.pop()
         self.batch, self.max_len, self.kind = batch, max_len, kind
         self.caches = {w.input: self._allocate(w.input) for w in written}
         self.position = 0
