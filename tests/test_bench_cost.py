@@ -70,6 +70,14 @@ def test_a_fused_step_moves_only_what_it_reads_and_stores(tmp_path: Path) -> Non
     assert cost == Cost(2 * 4 * 8 * 16 + 32 + 32, (64 + 128 + 32 + 32) * 4, "f32")
 
 
+def test_a_cache_write_moves_only_the_rows_it_writes(tmp_path: Path) -> None:
+    s = sizes_of(tmp_path, "  input c: [2, 4, 64, 8]\n  input n: [2, 4, 3, 8]\n"
+                 "  input p: i32[1]\n  output y = cache_write(c, n, at=p)")
+    node = only(s, "cache_write")
+    # reads the 2x4x3x8 new rows and the offset; stores the same rows: none of the 64-row cache
+    assert cost_of(s, node) == Cost(0, (192 + 192) * 4 + 4, None)
+
+
 def test_sdpa_counts_both_matmuls_per_query_key_pair(tmp_path: Path) -> None:
     s = sizes_of(tmp_path, "  input q: [1, 2, 4, 8]\n  input k: [1, 2, 6, 8]\n"
                  "  input v: [1, 2, 6, 16]\n  output y = sdpa(q, k, v)")

@@ -1175,6 +1175,26 @@ def test_arange() -> None:
     exact(ref("arange", [], n=6, dtype="i64"), torch.arange(6))
 
 
+covers("full", "cache_write")
+
+
+def test_full() -> None:
+    exact(ref("full", [], shape=(2, 3), value=7, dtype="i32"),
+          torch.full((2, 3), 7, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("at", [0, 3, 6, -1])
+def test_cache_write(at: int) -> None:
+    """PyTorch's index_copy of the rows inside the cache (rows past its end dropped)."""
+    g = rng("cache_write", at)
+    cache, new = randn(g, 2, 3, 8, 4), randn(g, 2, 3, 3, 4)
+    rows = [at + s for s in range(3) if 0 <= at + s < 8]
+    kept = [s for s in range(3) if 0 <= at + s < 8]
+    want = T(cache).index_copy(2, torch.tensor(rows, dtype=torch.int64),
+                               T(new)[:, :, kept])
+    exact(ref("cache_write", [cache, new, np.array([at], np.int32)]), want)
+
+
 @pytest.mark.parametrize("storage", ["f16", "bf16"])
 def test_layout_rounded(storage: str) -> None:
     """Moving data never changes a value."""

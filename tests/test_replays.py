@@ -51,6 +51,11 @@ class FakeModel:
     class bundle:
         model = "m"
 
+    class program:  # no input written in place
+        @staticmethod
+        def written_inputs() -> frozenset[str]:
+            return frozenset()
+
     def _output_view(self, exe: Any, name: str, outputs: Any, kind: str, refs: Any) -> Any:
         return refs["x"].obj  # the plain path's view: here the input itself
 

@@ -265,8 +265,46 @@ def arange(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     y[...] = cupy.arange(y.shape[0], dtype=y.dtype)
 
 
+# Thread i -> element (b, h, s, d) of `new`, stored at row at[0] + s of the cache `y`: the
+# offset is read on the device, so a CUDA graph of the step serves every position. Rows outside
+# the cache are not written (the reference drops them too).
+_CACHE_WRITE = r"""I idx = (I)i;
+const I d = idx % D; idx /= D;
+const I s = idx % S; idx /= S;
+const I h = idx % H; const I b = idx / H;
+const long long row = (long long)at[0] + (long long)s;
+if (row >= 0 && row < (long long)MAX)
+  y[b * yb + h * yh + (I)row * ys + d * yd] = x[b * xb + h * xh + s * xs + d * xd];
+"""
+_CACHE_WRITE_PARAMS = ("raw T x, raw int32 at, I H, I S, I D, I MAX, I xb, I xh, I xs, I xd, "
+                       "I yb, I yh, I ys, I yd")
+
+
+def cache_write(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    """`new` written into rows [at, at + S) of the cache in place: `y` is the cache's memory (the
+    memory plan gives the result the input's storage), so nothing else is copied. Where it is
+    not (a schedule laid out otherwise), the cache is copied into `y` first."""
+    cache, new, at = xs
+    if (y.data.ptr, y.strides) != (cache.data.ptr, cache.strides):
+        y[...] = cache
+    if new.size == 0:
+        return
+    nf, nst = _flat(new)
+    yf, yst = _flat(y)
+    _b, h, s, d = new.shape
+    kernel = _elementwise("cache_write", _CACHE_WRITE_PARAMS, _CACHE_WRITE,
+                          _wide(nf.size, yf.size, new.size))
+    kernel(nf, at, h, s, d, y.shape[2], *nst, *yst, yf, size=new.size)
+
+
+def full(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    """One integer everywhere, filled on the device (capturable: no copy from the host)."""
+    y.fill(int(a["value"]))
+
+
 KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
-                                "concat": concat, "arange": arange,
+                                "concat": concat, "arange": arange, "full": full,
+                                "cache_write": cache_write,
                                 **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",
                                                                  "reduce_max", "reduce_min")}}
 DTYPES = ("f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool")  # bf16 as its uint16 bits

@@ -199,6 +199,8 @@ class _Shaper:
             full = len(self.nodes[used_by.inputs[0]].type.shape)
             shape = [shape[0] if i == axis else 1 for i in range(full)]
             strides = self._fill_ones(shape, [strides[0] if i == axis else 1 for i in range(full)])
+        if used_by is not None and used_by.op == "sdpa" and name in _lengths_of(used_by):
+            return [shape[0], 1, 1, 1], [1, 1, 1, 1]  # cuDNN's padding-mask lengths
         shape, strides = _pad(shape, strides, self.rank)
         return self._form(shape, strides)
 
@@ -235,6 +237,12 @@ class _Shaper:
         if len(shape) < 4:
             return _pad(shape, strides, 4)
         return shape, strides
+
+
+def _lengths_of(sdpa: Node) -> set[str]:
+    """The values an sdpa reads as sequence lengths (`kv_len`, and the `q_len` lowering adds)."""
+    operands = sdpa.attrs.get("operands") or ("q", "k", "v")
+    return {i for n, i in zip(operands, sdpa.inputs, strict=True) if n in ("kv_len", "q_len")}
 
 
 def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: str) -> None:

@@ -14,6 +14,7 @@ from dslc.check.context import Context, ParamSpec, is_dim, is_int
 from dslc.check.defs import conform, instantiate, layout_of
 from dslc.check.expansion import estimate
 from dslc.check.exprs import ExprEval
+from dslc.check.inplace import check_in_place
 from dslc.check.resolve import DefRef, Resolved, suggest
 from dslc.check.values import (
     ERROR,
@@ -41,6 +42,7 @@ from dslc.core.types import (
 )
 from dslc.diag.diagnostic import Label, Sink
 from dslc.diag.span import Span
+from dslc.ir.graph import IN_PLACE
 from dslc.parse import ast
 from dslc.parse.loader import Program
 
@@ -614,6 +616,7 @@ class Elaborator:
         if self.ctx.bucket is None and self.ctx.sink.error_count == 0:  # after errors it would mislead
             self.warn_unused()
             self.dims_read_off_inputs()
+            check_in_place(self.ctx, self.ctx.nodes, ((o.name, o.node) for o in self.outputs))
         return scope
 
     def dims_read_off_inputs(self) -> None:
@@ -637,6 +640,8 @@ class Elaborator:
         used = set(self.ctx.used)
         for node in self.ctx.nodes:
             used.update(node.inputs)
+            if node.op in IN_PLACE:  # its effect is the caller's buffer, read here or not
+                used.add(node.name)
         by_statement: dict[Span, tuple[str, bool]] = {}
         for node_name, let_name, span in self.lets:
             _, seen = by_statement.get(span, (let_name, False))

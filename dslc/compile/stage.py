@@ -237,8 +237,11 @@ INTEGERS = ("i8", "u8", "i32", "i64")
 
 
 def _integer_math(nodes: dict[str, Node], node: Node) -> bool:
-    """Arithmetic or a comparison on integers (`arange(S) + 2`, `ids == 0`): cuDNN would compute
-    it in f32, exact only below 2^24."""
+    """Arithmetic or a comparison on integers (`arange(S) + 2`, `ids == 0`), or an integer
+    broadcast (`expand` of a cache's length over the batch): cuDNN would compute it in f32,
+    exact only below 2^24."""
+    if node.op == "expand":  # cuDNN's identity computes in floats too: an integer copy as well
+        return nodes[node.inputs[0]].type.dtype in INTEGERS
     return OPS[node.op].family == "pointwise" and node.op not in ("cast", "contiguous") and \
         any(nodes[i].type.dtype in INTEGERS for i in node.inputs)
 

@@ -17,7 +17,8 @@ from typing import Literal, get_args
 # unregistered code fails the type check, not a user. `_TABLE` below gives each its title.
 CodeId = Literal[
     "E0101", "E0102", "E0103", "E0104", "E0105", "E0106", "E0201", "E0202", "E0203",
-    "E0204", "E0205", "E0206", "E0207", "E0208", "E0209", "E0210", "E0301", "E0302",
+    "E0204", "E0205", "E0206", "E0207", "E0208", "E0209", "E0210", "E0211",
+    "E0301", "E0302",
     "E0303", "E0304", "E0305", "E0306", "E0401", "E0402", "E0403", "E0404", "E0501", "E0502",
     "E0503", "E0601", "E0602", "E0603", "E0604", "E0605", "E0606", "E0607", "E0701",
     "E0702", "E0703", "E0704", "E0705", "E0801", "E0802", "E0901", "E0902", "W0201", "W0202",
@@ -53,6 +54,7 @@ E0207 a value is used where its `when` condition is false
 E0208 invalid instance path, or a parameter path declared twice
 E0209 a value of the wrong kind
 E0210 wrong number of names in a tuple binding
+E0211 a write in place into something other than a model input nothing else reads
 E0301 incompatible shapes
 E0302 the inner dimensions of `matmul` differ
 E0303 a `repeat` body changes the type it passes on

@@ -12,7 +12,7 @@ from dslc.diag.span import Span
 from dslc.ir.graph import Graph
 from dslc.ir.serial import dim_data
 from dslc.runtime.irdata import GraphRecord
-from dslc.runtime.manifest import Manifest
+from dslc.runtime.manifest import Manifest, written_inputs
 
 
 def span_data(s: Span) -> dict[str, Any]:
@@ -26,6 +26,7 @@ def tensor_data(name: str, t: TensorType, span: Span) -> dict[str, Any]:
 
 
 def build_manifest(model: CheckedModel) -> dict[str, Any]:
+    written = written_inputs(model.graph)
     return {
         "model": model.name,
         "file": model.file,
@@ -39,6 +40,7 @@ def build_manifest(model: CheckedModel) -> dict[str, Any]:
                   "tune": list(d.tune) if d.tune else None, "span": span_data(d.span)}
                  for d in model.dims if d.dynamic],
         "buckets": [dict(b) for b in model.buckets],
+        **({"written": [w.to_data() for w in written]} if written else {}),
     }
 
 

@@ -18,6 +18,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from dslc import __version__
 from dslc.compile.stage import Compiled
 from dslc.core.types import format_type
+from dslc.runtime.manifest import written_inputs
 
 RESERVED = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | {"self", "Model",
                                                                                  "Path", "Any"}
@@ -74,7 +75,15 @@ def render(compiled: Compiled, bundle_name: str, module: str) -> str:
         ops = " -> ".join(nodes[n].op for n in s.group.nodes)
         where = "cuDNN graph" if s.kind == "graph" else "fallback kernel (CuPy)"
         steps.append({"where": f"{s.group.name}: {ops} [{where}]"})
+    written = written_inputs(compiled.graph)
+    caches = {w.input for w in written}
+    decoding = {"caches": ", ".join(f"`{w.input}`" for w in written),
+                "position": next((w.at for w in written if w.at is not None), None),
+                "example": ", ".join(f"{i['name']!r}: ..." for i in inputs
+                                     if i["name"] not in caches and
+                                     i["name"] not in {w.at for w in written})}
     text = env.get_template("runner.py.j2").render(
+        decoding=decoding if written else None,
         model=model.name, version=__version__, source=model.file, module=identifier(module),
         cls=class_name(model.name), inputs=inputs, outputs=outputs, dims=dims,
         bundle_name=bundle_name, weights_name=bundle_name.rsplit(".", 1)[0] + ".safetensors",

@@ -35,6 +35,9 @@ FALLBACK_REASONS = {
     "contiguous": "a copy into a new layout runs on its own",
     "gather": "cuDNN's graph API has no gather; a fallback kernel runs it",
     "arange": "cuDNN's graph API makes no index sequence; a fallback kernel runs it",
+    "full": "cuDNN's graph API makes no constant tensor; a fallback kernel fills it",
+    "cache_write": "a write into the caller's cache in place, at an offset read on the device: "
+                   "a fallback kernel",
 }
 
 Check = Callable[[list[Node]], str | None]

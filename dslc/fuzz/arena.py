@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.ir import interp
-from dslc.ir.graph import stored_dtype
+from dslc.ir.graph import IN_PLACE, stored_dtype
 from dslc.ir.groups import make_group
 from dslc.ir.interp import ITEMSIZE, NUMPY_DTYPES, concrete_attrs
 from dslc.ir.placement import placed_in
@@ -101,8 +101,10 @@ def _apart(step: Any, reads: list[Extent], writes: list[Extent]) -> None:
 
 
 def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndarray],
-        weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model's outputs, computed step by step in memory laid out as the runtime lays it."""
+        weights: Mapping[str, np.ndarray],
+        written: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The model's outputs, computed step by step in memory laid out as the runtime lays it;
+    `written` gets the inputs written in place as their buffers hold them after the run."""
     plan = program.memory_plan(dict(dims))
     mem = Memory(program, plan)
     for name, node_name in program.inputs.items():
@@ -120,6 +122,9 @@ def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndar
             _graph_step(mem, program, step, spec, dims)
         else:
             _kernel_step(mem, program, step, dims)
+    if written is not None:
+        for name in program.written_inputs():
+            written[name] = np.array(mem.value(plan.storage[program.inputs[name]]))
     return {out: np.array(mem.value(plan.storage[value]))
             for out, value in program.outputs.items()}
 
@@ -185,6 +190,8 @@ def _kernel_step(mem: Memory, program: Schedule, step: Any, dims: Mapping[str, i
     node = program.nodes[step.nodes[0]]
     storage = mem.plan.storage
     in_place = placed_in(program.placement, node.name)  # a concat's slices, already there
+    if node.op in IN_PLACE:  # the memory it writes is its first operand's (rows not rewritten)
+        in_place = {*in_place, node.inputs[0]}
     _apart(step, [mem.extent(*_where(storage[i])) for i in node.inputs
                   if program.nodes[i].op != "scalar" and i not in in_place],
            [mem.extent(*_where(storage[node.name]))])

@@ -438,6 +438,15 @@ def attention(g: Gen) -> bool:
     tensors: dict[str, Expr | None] = dict(zip("qkv", qkv, strict=True))
     if static(s) and g.ch.coin(0.2):
         tensors["bias"] = g.new_param((size(sq), size(s)), "shift")
+    if static(s) and g.ch.coin(0.15):
+        # Valid key lengths (a cache filled up to L): L >= Sq leaves every query a key, aligned
+        # either way and under any window (query i stands at L - Sq + i >= 0 at the latest).
+        lengths = g.apply("full", {}, {"shape": (b,), "value": g.ch.between(size(sq), size(s)),
+                                       "dtype": "i32"})
+        if lengths is None:
+            return False
+        tensors["kv_len"] = lengths
+        g.stats.features["attention over valid key lengths"] += 1
     out = g.apply("sdpa", tensors, attrs)
     if out is None:
         return False

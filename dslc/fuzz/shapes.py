@@ -196,3 +196,30 @@ def gather(g: Gen) -> bool:
         return False
     g.bind(out)
     return True
+
+
+def cache_write(g: Gen) -> bool:
+    """A rank-4 value written into a key/value cache in place: the cache a new model input that
+    nothing else reads (E0211 otherwise: it leaves the pool at once), a few rows longer than the
+    value, at a new i32 offset input drawn in [0, rows + 2), so some writes reach past the end
+    (those rows are dropped, on every backend). Drawn less often than the others: each one
+    adds two inputs."""
+    if not g.ch.coin(0.3):
+        return False
+    new = g.pick(lambda e: is_float(e) and e.type.rank == 4 and static(e.type.shape[2])
+                 and printable(e.type.shape[0]) and printable(e.type.shape[1]))
+    if new is None:
+        return False
+    b, h, s, d = new.type.shape
+    rows = size(s) + g.ch.between(0, 4)
+    cache = g.new_input((b, h, rows, d), dtype=new.type.dtype)
+    at = g.new_input((1,), dtype="i32")
+    g.pool.remove(cache)
+    g.pool.remove(at)
+    g.prog.index_bounds[at.text] = rows + 2
+    out = g.apply("cache_write", {"cache": cache, "new": new, "at": at})
+    if out is None:
+        return False
+    g.stats.features["cache written in place"] += 1
+    g.bind(out)
+    return True

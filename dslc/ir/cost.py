@@ -4,7 +4,8 @@ operations and the bytes it moves, for a roofline (`dslc bench`).
 Bytes are the physical limit of the fusion as built: a step reads each value it takes from
 outside once (inputs, weights, a residual) and writes each value it stores once; what stays
 inside a fused group (cuDNN's virtual tensors) moves no bytes. A view is read for its distinct
-elements (a broadcast axis, stride 0, is read once); a `gather` reads the rows it picks.
+elements (a broadcast axis, stride 0, is read once); a `gather` reads the rows it picks; a
+write in place (`cache_write`) reads the new rows and stores them, none of the rest of the cache.
 
 FLOPs count a multiply-add as two. Tensor-core ops: `conv` 2 x out x (C/groups x window),
 `conv_transpose` 2 x in x (K x window), `matmul` 2 x out x K, `sdpa` 2 x (D + Dv) per query-key
@@ -22,7 +23,7 @@ from math import prod
 
 from dslc.core import dims as dimlib
 from dslc.core.dims import Dim, DimEnv
-from dslc.ir.graph import Node
+from dslc.ir.graph import IN_PLACE, Node
 from dslc.ir.interp import ITEMSIZE
 from dslc.ops import OPS
 
@@ -143,12 +144,15 @@ def step_cost(sizes: Sizes, members: Iterable[str], inputs: Iterable[str],
     are passed by value) and of what it stores."""
     nodes = [sizes.nodes[m] for m in members]
     flops = sum(node_flops(n, sizes) for n in nodes)
+    # A write in place (`cache_write`) reads none of the cache and stores only the new rows.
+    untouched = {n.inputs[0] for n in nodes if n.op in IN_PLACE}
     read = 0
     for name in inputs:
-        if sizes.nodes[name].op == "scalar":
+        if sizes.nodes[name].op == "scalar" or name in untouched:
             continue
         read += sizes.nbytes(name, _gathered(nodes, name, sizes))
-    written = sum(sizes.nbytes(name) for name in outputs)
+    written = sum(sizes.nbytes(sizes.nodes[name].inputs[1]) if sizes.nodes[name].op in IN_PLACE
+                  else sizes.nbytes(name) for name in outputs)
     tensor = next((n for n in nodes if n.op in TENSOR_OPS), None)
     dtype = sizes.nodes[tensor.inputs[0]].type.dtype if tensor is not None else None
     return Cost(flops, read + written, dtype)

@@ -79,6 +79,9 @@ FLOAT_STORAGE = ("f32", "f16", "bf16")
 # time. A source, like a param: its value is in the bundle's calibration record.
 CALIBRATED = "amax"
 SOURCES = ("input", "param", "scalar", CALIBRATED)  # the nodes that read no other value
+# Ops whose result is their first operand's memory, written in place (`cache_write`: a model
+# input the caller owns; the checker sees to it that nothing else reads it).
+IN_PLACE = ("cache_write",)
 
 
 def compute_dtype(node: Node) -> str:

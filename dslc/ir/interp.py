@@ -19,7 +19,7 @@ import numpy as np
 from dslc.core import dims
 from dslc.core.dims import DimEnv, Poly
 from dslc.core.types import is_float
-from dslc.ir.graph import CALIBRATED, Graph, Node, compute_dtype, stored_dtype
+from dslc.ir.graph import CALIBRATED, IN_PLACE, Graph, Node, compute_dtype, stored_dtype
 
 NUMPY_DTYPES: dict[str, Any] = {
     "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
@@ -254,3 +254,17 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np
                 del results[i]
     kept.update({name: results[value] for name, value in graph.outputs})
     return kept
+
+
+def run_in_place(graph: Graph, inputs: Mapping[str, np.ndarray],
+                 weights: Mapping[str, np.ndarray], env: DimEnv | None = None,
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """`run`, and what the inputs written in place (`cache_write`) hold afterwards, by input
+    name: the reference of a decode step, whose caches the runtime updates in the caller's
+    buffers while the interpreter stays pure."""
+    nodes = graph.by_name()
+    writes = {n.name: nodes[n.inputs[0]].attrs["name"] for n in graph.nodes
+              if n.op in IN_PLACE and nodes[n.inputs[0]].op == "input"}
+    kept = run(graph, inputs, weights, env, keep=lambda n: n.name in writes)
+    outputs = {name: kept[name] for name, _ in graph.outputs}
+    return outputs, {writes[n]: kept[n] for n in writes}

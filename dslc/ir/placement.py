@@ -5,10 +5,11 @@ the concat's strides and an offset, and its producer writes, and its readers rea
 
 A pure function of the lowered graph (and of which values are load-time), so the compiler, the
 runtime and the bundle's readers agree without recording it. An operand stays a buffer of its
-own, copied by the concat, when it is an input, a param, a load-time value, a view or another
-concat, a model output, an operand of more than one concat (or twice of one), the base of a
-view (whose strides were planned in its own memory), in another dtype or memory order than the
-concat, or when its slice could start off a 16-byte boundary (cuDNN's 16-byte vector stores).
+own, copied by the concat, when it is an input, a param, a load-time value, a view, another
+concat or a write in place (whose memory is the caller's cache), a model output, an operand of
+more than one concat (or twice of one), the base of a view (whose strides were planned in its own
+memory), in another dtype or memory order than the concat, or when its slice could start off a
+16-byte boundary (cuDNN's 16-byte vector stores).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from collections.abc import Collection, Mapping
 from dslc.core import dims
 from dslc.core.dims import Dim
 from dslc.ir import views
-from dslc.ir.graph import SOURCES, Graph, Node
+from dslc.ir.graph import IN_PLACE, SOURCES, Graph, Node
 from dslc.ir.interp import ITEMSIZE
 
-NOT_PLACED = (*SOURCES, "view", "concat")
+NOT_PLACED = (*SOURCES, "view", "concat", *IN_PLACE)  # a write in place has its input's memory
 
 Slice = tuple[str, tuple[Dim, ...], tuple[Dim, ...]]
 Placement = Mapping[str, tuple[str, tuple[Slice]]]  # operand -> (concat, its slice there)

@@ -182,8 +182,9 @@ def _instancenorm(xs: list[Tensor], a: Attrs) -> Tensor:
 
 def _sdpa(xs: list[Tensor], a: Attrs) -> Tensor:
     """Heads of k and v repeated for GQA (query head h reads kv head h // group); `causal` keeps
-    key j <= query i's place (i top-left, i + Skv - Sq bottom-right), `window` keeps
-    j > place - window; bias adds to the scores.
+    key j <= query i's place (i top-left, i + Skv - Sq bottom-right, i + L[b] - Sq with
+    `kv_len` L), `window` keeps j > place - window, `kv_len` keeps j < L[b]; bias adds to the
+    scores.
     A query that keeps no key at all is undefined (PyTorch returns 0 there, numpy NaN)."""
     t = _named(xs, a, ("q", "k", "v"))
     if "descale_q" in t:  # the explicit fp8 form: the operands are fp8 values already
@@ -193,12 +194,15 @@ def _sdpa(xs: list[Tensor], a: Attrs) -> Tensor:
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     mask: Tensor | None = t.get("bias")
-    if a["causal"] or a["window"] is not None:
-        # bottom-right: query i stands at key i + (Skv - Sq), the last query at the last key
-        shift = k.shape[2] - q.shape[2] if a.get("align") == "bottom_right" else 0
+    lengths = t.get("kv_len")
+    if a["causal"] or a["window"] is not None or lengths is not None:
+        # bottom-right: query i stands at key i + (Skv - Sq), the last query at the last key;
+        # with valid lengths L, at i + (L[b] - Sq), and keys from L[b] on are dropped
+        valid = k.shape[2] if lengths is None else lengths.to(torch.int64).view(-1, 1, 1, 1)
+        shift = valid - q.shape[2] if a.get("align") == "bottom_right" else 0
         i = torch.arange(q.shape[2], device=q.device)[:, None] + shift
         j = torch.arange(k.shape[2], device=q.device)[None, :]
-        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
+        keep = j < valid
         if a["causal"]:
             keep = keep & (j <= i)
         if a["window"] is not None:
@@ -228,6 +232,18 @@ def _attention_of(q: Tensor, k: Tensor, v: Tensor, a: Attrs, score_descale: Tens
     probs = torch.softmax(scores, dim=-1)
     probs = (probs * 448.0).to(torch.float8_e4m3fn).float()
     return torch.matmul(probs, v) * (v_descale.reshape(()) / 448.0)
+
+
+def _cache_write(xs: list[Tensor], a: Attrs) -> Tensor:
+    """The cache with rows at + s (s < S) of axis 2 taken from `new`, rows outside dropped:
+    each cache row picks the new row landing on it, if one does (a select, not an indexed
+    store: no host synchronisation, and it traces as one graph)."""
+    cache, new, at = xs
+    rows = at.reshape(()).to(torch.int64) + torch.arange(new.shape[2], device=new.device)
+    landing = torch.arange(cache.shape[2], device=new.device)[:, None] == rows[None, :]
+    source = landing.to(torch.int64).argmax(dim=1)
+    hit = landing.any(dim=1)[:, None]
+    return torch.where(hit, new.index_select(2, source), cache)
 
 
 def _prod(x: Tensor, axes: tuple[int, ...], keep: bool) -> Tensor:
@@ -373,6 +389,9 @@ def _table() -> dict[str, OpFn]:
         "expand": lambda xs, a: xs[0].expand(*a["shape"]).contiguous(),
         "gather": _gather,
         "arange": lambda xs, a: torch.arange(int(a["n"]), dtype=torch.int64, device=a.get("device")),
+        "cache_write": _cache_write,
+        "full": lambda xs, a: torch.full(tuple(int(d) for d in a["shape"]), int(a["value"]),
+                                         dtype=torch.int64, device=a.get("device")),
         "reshape": lambda xs, a: xs[0].reshape(a["shape"]),
         "transpose": lambda xs, a: xs[0].permute(a["perm"]),
         "slice": lambda xs, a: xs[0][tuple(slice(s, e) for s, e in

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dslc.ir.graph import Graph
+from dslc.lower.attention import padding_mask_lengths
 from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
 from dslc.lower.canonical import expand_norm_reductions, fold_scalars, load_time, make_bias_rule, remove_dead
 from dslc.lower.norms import expand_group_norm
@@ -68,6 +69,8 @@ PASSES: list[Pass] = [
     remove_dead,
     # An attention bias broadcast over batch or heads is read at full size (cuDNN's sdpa).
     _each(full_size_attention_bias),
+    # cuDNN's padding mask takes the queries' lengths beside the keys' (`kv_len`): Sq per row.
+    _each(padding_mask_lengths),
     # Every materialised value gets a layout; views get strides (or a copy where needed).
     # An op whose rule needs a memory order its operand lacks reads a row-major copy of it.
     _each(assign_layouts),

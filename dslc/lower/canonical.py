@@ -4,7 +4,7 @@ ops and scalar arithmetic folded, dead values removed; and which values are load
 from __future__ import annotations
 
 from dslc.core.types import TensorType
-from dslc.ir.graph import CALIBRATED, Graph, Node
+from dslc.ir.graph import CALIBRATED, IN_PLACE, Graph, Node
 from dslc.lower.rewrite import Rewriter
 
 SOURCES = ("param", "scalar", CALIBRATED)  # what load time computes from
@@ -13,11 +13,13 @@ SOURCES = ("param", "scalar", CALIBRATED)  # what load time computes from
 def load_time(graph: Graph) -> set[str]:
     """Values computed from params and constants only (an op of none, `arange` of a static
     size, included): evaluated once, when the weights load. Not a value whose size depends on
-    the inputs' (a param expanded to [B, 1, D], `arange(S)`): it is computed at each size."""
+    the inputs' (a param expanded to [B, 1, D], `arange(S)`), nor a `full` of a dynamic dim's
+    value: it is computed at each size."""
     out: set[str] = set()
     for node in graph.nodes:
         if node.op in SOURCES or (node.op != "input" and all(i in out for i in node.inputs)
-                                  and all(isinstance(d, int) for d in node.type.shape)):
+                                  and all(isinstance(d, int) for d in node.type.shape)
+                                  and isinstance(node.attrs.get("value", 0), int | float)):
             out.add(node.name)
     return out
 
@@ -115,9 +117,9 @@ def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:
 def remove_dead(graph: Graph) -> Graph:
     """Drop every value no output depends on. Inputs and params stay: they are the model's
     interface (the runner takes every declared input, the weights file holds every param), read
-    or not."""
+    or not; so do writes in place: the caller's cache is their effect, read here or not."""
     live = {v for _, v in graph.outputs} | {n.name for n in graph.nodes
-                                             if n.op in ("input", "param")}
+                                             if n.op in ("input", "param", *IN_PLACE)}
     for node in reversed(graph.nodes):
         if node.name in live:
             live.update(node.inputs)

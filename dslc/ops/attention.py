@@ -2,6 +2,11 @@
 
 q [B, Hq, Sq, Dk], k [B, Hk, Skv, Dk], v [B, Hk, Skv, Dv] -> [B, Hq, Sq, Dv], with Hq a
 multiple of Hk (MHA, GQA, MQA); f16 or bf16; head dims multiples of 8 up to 256.
+
+`kv_len` (i32 [B]) is the number of valid keys of each batch row (a KV cache filled up to
+there): keys at or after it are masked, and a bottom-right diagonal aligns to it. cuDNN's
+padding mask takes it with the valid queries per row; lowering adds those as the operand
+`q_len` (Sq for every row: `dslc.lower.attention`), which no source can write.
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ def _fp8_operands(ctx: InferCtx, a: Args) -> tuple[str, ...] | None:
 
 def _fp8_plain(ctx: InferCtx, a: Args, dtype: str) -> bool:
     """cuDNN's fp8 attention takes no bias and no sliding window (E0404)."""
-    for name, what in (("bias", "a bias"), ("window", "a sliding window")):
+    for name, what in (("bias", "a bias"), ("window", "a sliding window"),
+                       ("kv_len", "valid key lengths")):
         if a.get(name) is not None:
             ctx.error("E0404", f"`sdpa` cannot compute in {dtype} with {what}", at=name,
                       label=f"`{name}` given", labels=common.asked(ctx, dtype),
@@ -168,6 +174,8 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
     if window is not None and window < 1:
         ctx.error("E0305", "`window` of `sdpa` must be at least 1", at="window")
         return None
+    if not _lengths(ctx, a, b):
+        return None
     if a.get("align") == "bottom_right" and a.get("causal") and \
             isinstance(sq, int) and isinstance(k.shape[2], int) and sq > k.shape[2]:
         ctx.error("E0305", f"a bottom-right causal mask leaves the first {sq - k.shape[2]} "
@@ -182,6 +190,22 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
     return out
 
 
+def _lengths(ctx: InferCtx, a: Args, batch: dims.Dim) -> bool:
+    """`kv_len`, and `q_len` where lowering added it: one i32 count per batch row."""
+    for name in ("kv_len", "q_len"):
+        t = a.opt(name)
+        if t is None:
+            continue
+        if t.dtype != "i32" or t.rank != 1 or t.shape[0] != batch:
+            ctx.error("E0301", f"`{name}` of `sdpa` must be i32 [{dims.format_dim(batch)}]: a "
+                      "count of valid keys per batch row", at=name, label=common.fmt(t),
+                      notes=("cuDNN's padding mask reads one 32-bit length per batch row",),
+                      help=("`cast` the lengths to i32, or `expand` one length over the "
+                            "batch",))
+            return False
+    return True
+
+
 def _last_axis_innermost(types: Mapping[str, TensorType]) -> str | None:
     """cuDNN SDPA reads q, k and v (BHSD or BSHD) with the head dimension contiguous."""
     for name in ("q", "k", "v"):
@@ -191,11 +215,27 @@ def _last_axis_innermost(types: Mapping[str, TensorType]) -> str | None:
     return None
 
 
+def _masked(xp: Any, sq: int, skv: int, kv_len: Any, a: Mapping[str, Any]) -> Any:
+    """Where a score is masked: [Sq, Skv], or [B, 1, Sq, Skv] with `kv_len` (per batch row:
+    keys at or after L[b], and a bottom-right diagonal at L[b] - Sq + i instead of Skv - Sq + i).
+    A query left no key gives NaN (softmax over nothing); `q_len` is Sq, so it masks nothing."""
+    i = xp.arange(sq)[:, None]
+    j = xp.arange(skv)[None, :]
+    valid = skv if kv_len is None else kv_len.astype(np.int64).reshape(-1, 1, 1, 1)
+    at = i + (valid - sq if a.get("align") == "bottom_right" else 0)
+    mask = j >= valid
+    if a["causal"]:
+        mask = mask | (j > at)
+    if a["window"] is not None:
+        mask = mask | (j <= at - a["window"])
+    return mask
+
+
 def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     """softmax(q k^T * scale + bias) v, heads of k and v repeated for GQA; `causal` masks keys
     after the query, `window` keeps only the last `window` keys up to it; aligned top-left
-    (query i is at key i) or bottom-right (the last query is at the last key: a query block at
-    the end of a longer key sequence)."""
+    (query i is at key i) or bottom-right (the last query is at the last (valid) key: a query
+    block at the end of a longer key sequence); `kv_len` masks each row's keys from L[b] on."""
     operands = a.get("operands") or ("q", "k", "v")
     named = dict(zip(operands, xs, strict=True))
     q, k, v = named["q"], named["k"], named["v"]
@@ -208,15 +248,8 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     if "bias" in named:
         scores = scores + named["bias"]
     xp = array_module(q)
-    i = xp.arange(q.shape[2])[:, None]
-    j = xp.arange(k.shape[2])[None, :]
-    mask = xp.zeros((q.shape[2], k.shape[2]), dtype=bool)
-    at = i + (k.shape[2] - q.shape[2] if a.get("align") == "bottom_right" else 0)
-    if a["causal"]:
-        mask |= j > at
-    if a["window"] is not None:
-        mask |= j <= at - a["window"]
-    scores = np.where(mask, -np.inf, scores)
+    scores = np.where(_masked(xp, q.shape[2], k.shape[2], named.get("kv_len"), a), -np.inf,
+                      scores)
     special = special_functions(scores)
     probs = special.softmax(scores, axis=-1).astype(q.dtype)
     if "descale_q" not in named:
@@ -251,6 +284,11 @@ def _lower_sdpa(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # p
         kwargs["bias"] = named["bias"]
     if "descale_q" in named:
         return _lower_sdpa_fp8(ctx, named, kwargs, a)
+    if "kv_len" in named:
+        # cuDNN's padding mask: both lengths [B, 1, 1, 1] i32 (the group spec shapes them so);
+        # the frontend refuses one without the other. A bottom-right diagonal then aligns to
+        # seq_len_kv[b] - seq_len_q[b] per row.
+        kwargs.update(use_padding_mask=True, seq_len_q=named["q_len"], seq_len_kv=named["kv_len"])
     if a["causal"] or a["window"] is not None:
         kwargs["diagonal_alignment"] = ctx.enum(
             "diagonal_alignment", "BOTTOM_RIGHT" if a.get("align") == "bottom_right" else "TOP_LEFT")
@@ -288,9 +326,11 @@ OPS = [
            Param("scale", Kind.OPT_FLOAT, None), Param("causal", Kind.BOOL, False),
            Param("bias", Kind.OPT_TENSOR, None), Param("window", Kind.OPT_INT, None),
            Param("align", Kind.STR, "top_left", ("top_left", "bottom_right")),
-           *(Param(d, Kind.OPT_TENSOR, None) for d in DESCALES)),
+           *(Param(d, Kind.OPT_TENSOR, None) for d in DESCALES),
+           Param("kv_len", Kind.OPT_TENSOR, None)),
           _sdpa, "[B, Hq, Sq, Dv]",
-          "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk)", fusion="anchor",
+          "softmax(q k^T * scale + bias) v; scale defaults to 1/sqrt(Dk); `kv_len` (i32 [B]) masks "
+          "each row's keys from its length on", fusion="anchor",
           reference=_sdpa_ref, lower=_lower_sdpa, needs=_last_axis_innermost,
           quantize=_quantize),
 ]

@@ -1,5 +1,6 @@
 """Indexing: `gather`, numpy's `take` (rows of a table picked by integer indices: an embedding
-lookup), and `arange` (0, 1, ..., n - 1: position ids). cuDNN's graph API has neither, so
+lookup), `arange` (0, 1, ..., n - 1: position ids) and `full` (one integer everywhere: the query
+lengths of a padding mask, which may be a dynamic dim). cuDNN's graph API has none of them, so
 fallback kernels run them; an index outside the table gives NaN, on the reference as on the GPU
 (a kernel that checked would have to stop the stream; NaN cannot pass for a row of the table)."""
 
@@ -62,6 +63,23 @@ def _arange(ctx: InferCtx, a: Args) -> TensorType | None:
     return TensorType(a["dtype"], (n,))
 
 
+def _full(ctx: InferCtx, a: Args) -> TensorType | None:
+    shape: tuple[Dim, ...] = tuple(a["shape"])
+    if a["dtype"] not in INDEX_DTYPES:
+        ctx.error("E0401", f"`full` makes i32 or i64 values, not {a['dtype']}", at="dtype",
+                  help=("`cast` the result for another dtype",))
+        return None
+    if any(isinstance(d, int) and d < 1 for d in shape):
+        ctx.error("E0305", "`full` of an empty shape", at="shape",
+                  label="every size must be at least 1")
+        return None
+    return TensorType(a["dtype"], shape)
+
+
+def _full_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    return np.full(tuple(int(d) for d in a["shape"]), int(a["value"]), dtype=np.int64)
+
+
 OPS = [
     OpDef("gather", "index",
           (Param("x", Kind.TENSOR), Param("indices", Kind.TENSOR), Param("axis", Kind.INT, 0)),
@@ -72,4 +90,8 @@ OPS = [
           (Param("n", Kind.DIM), Param("dtype", Kind.DTYPE, "i64")),
           _arange, "[n]", "0, 1, ..., n - 1 (position ids)",
           reference=lambda xs, a: np.arange(int(a["n"]), dtype=np.int64)),
+    OpDef("full", "index",
+          (Param("shape", Kind.SHAPE), Param("value", Kind.DIM), Param("dtype", Kind.DTYPE, "i32")),
+          _full, "shape", "`value` (an integer or a dim, static or dynamic) everywhere",
+          reference=_full_ref),
 ]

@@ -14,6 +14,7 @@ from typing import Any
 
 from dslc.core.dims import Dim
 from dslc.core.types import DTYPES
+from dslc.ir.graph import IN_PLACE
 from dslc.ir.serial import dim_data
 from dslc.runtime import fields as f
 from dslc.runtime.fields import MAX_DIM, MAX_RANK
@@ -91,6 +92,41 @@ class DimDecl:
 
 
 @dataclass(frozen=True)
+class Written:
+    """A model input a step writes in place (`cache_write`): the caller's buffer, never copied,
+    which a replayed CUDA graph records by its pointer; `at` is the input giving the write
+    offset (None where the offset is computed) and `rows` how many rows a call writes, so a
+    decoder knows where the next call writes."""
+
+    input: str
+    at: str | None
+    rows: Dim
+
+    def to_data(self) -> dict[str, Any]:
+        return {"input": self.input, "at": self.at, "rows": dim_data(self.rows)}
+
+    @staticmethod
+    def from_data(d: Any, path: str, symbols: Mapping[str, Any]) -> Written:
+        d = f.mapping(d, path, ("input", "at", "rows"), ())
+        return Written(f.text(d["input"], f"{path}.input"),
+                       None if d["at"] is None else f.text(d["at"], f"{path}.at"),
+                       dim(d["rows"], f"{path}.rows", symbols, lo=1))
+
+
+def written_inputs(graph: Any) -> tuple[Written, ...]:
+    """What the graph writes in place, in the order of its writes: one record per input."""
+    nodes = graph.by_name()
+    out = []
+    for n in graph.nodes:
+        if n.op not in IN_PLACE:
+            continue
+        cache, new, at = (nodes[i] for i in n.inputs)
+        out.append(Written(cache.attrs["name"] if cache.op == "input" else cache.name,
+                           at.attrs["name"] if at.op == "input" else None, new.type.shape[2]))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Manifest:
     model: str
     file: str
@@ -100,6 +136,7 @@ class Manifest:
     params: tuple[Declared, ...]
     dims: tuple[DimDecl, ...]
     buckets: tuple[Mapping[str, int], ...]
+    written: tuple[Written, ...] = ()  # inputs written in place (absent from older bundles)
 
     def to_data(self) -> dict[str, Any]:
         return {"model": self.model, "file": self.file, "metadata": dict(self.metadata),
@@ -107,12 +144,13 @@ class Manifest:
                 "outputs": [o.to_data() for o in self.outputs],
                 "params": [p.to_data("path") for p in self.params],
                 "dims": [d.to_data() for d in self.dims],
-                "buckets": [dict(b) for b in self.buckets]}
+                "buckets": [dict(b) for b in self.buckets],
+                **({"written": [w.to_data() for w in self.written]} if self.written else {})}
 
     @staticmethod
     def from_data(d: Any, graph: GraphRecord, path: str = "manifest") -> Manifest:
         d = f.mapping(d, path, ("model", "file", "metadata", "inputs", "outputs", "params",
-                                "dims", "buckets"), ())
+                                "dims", "buckets"), ("written",))
         symbols = {s.name: s for s in graph.syms} | {n: None for n, _, _ in graph.floors}
         metadata = f.mapping(d["metadata"], f"{path}.metadata")
         for k, v in metadata.items():
@@ -127,7 +165,9 @@ class Manifest:
             tuple(DimDecl.from_data(x, f"{path}.dims[{i}]")
                   for i, x in enumerate(f.items(d["dims"], f"{path}.dims"))),
             tuple(f.int_map(b, f"{path}.buckets[{i}]", 0, MAX_DIM)
-                  for i, b in enumerate(f.items(d["buckets"], f"{path}.buckets"))))
+                  for i, b in enumerate(f.items(d["buckets"], f"{path}.buckets"))),
+            tuple(Written.from_data(x, f"{path}.written[{i}]", symbols)
+                  for i, x in enumerate(f.items(d.get("written", []), f"{path}.written"))))
         out.check(graph, path)
         return out
 
@@ -145,6 +185,9 @@ class Manifest:
                 f.wrong(f"{path}.{part}", f"the names differ from the graph's {part}")
             for i, x in enumerate(declared):
                 _same_type(x, found[x.name], f"{path}.{part}[{i}]")
+        if self.written != written_inputs(graph.graph):
+            # A runner that copied a written input into a static buffer would write the copy.
+            f.wrong(f"{path}.written", "the inputs written in place differ from the graph's")
         syms = {s.name: s for s in graph.syms}
         for i, dd in enumerate(self.dims):
             s = syms.get(dd.name)

@@ -8,6 +8,8 @@ executable (plans, memory plan, arena, workspace). `Model` is what generated run
 
 From the second call at a size on, `run` replays a CUDA graph of that size too
 (`dslc.runtime.replay`), with fresh outputs; `cuda_graphs=False` runs every call step by step.
+A model with key/value caches runs a decode loop through `model.decoder(batch=, max_len=)`
+(`dslc.runtime.decoder`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dslc.ir.interp import concrete_attrs
 from dslc.ir.storage import Storage
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime import fleet, params, plancache, startup
+from dslc.runtime.decoder import Decoder
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.manifest import Manifest
 from dslc.runtime.plans import Ready, measure_here, plan_record, prepare, retime, retune
@@ -384,7 +387,10 @@ class Model:
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Run the model on `inputs` (by name); returns the outputs by name, on the caller's
         current stream, without waiting for them."""
-        refs, exe, kind = self._bind(inputs)
+        return self._run(*self._bind(inputs))
+
+    def _run(self, refs: dict[str, device.ArrayRef], exe: Executable,
+             kind: str) -> dict[str, Any]:
         if self.cuda_graphs:
             replayed = self._replays.call(self, refs, exe, kind)
             if replayed is not None:
@@ -498,6 +504,14 @@ class Model:
             rows.append({"step": step.name, "kind": step.kind, "pattern": step.pattern,
                          "ms": ordered[len(ordered) // 2]})
         return rows
+
+    def decoder(self, batch: int, max_len: int, kind: str = "torch") -> Decoder:
+        """A decode loop over a model that writes key/value caches in place (`cache_write`):
+        the caches [batch, H, max_len, D] allocated once and zeroed (torch tensors, or CuPy
+        arrays with `kind="cupy"`); `step(inputs)` passes them with the position input,
+        advances the position by the rows written, and returns the outputs; `reset()` starts
+        a new sequence (`dslc.runtime.decoder`)."""
+        return Decoder(self, batch, max_len, kind)
 
     def capture(self, inputs: Mapping[str, Any]) -> Captured:
         """The whole schedule at these inputs' sizes, recorded as one CUDA graph."""

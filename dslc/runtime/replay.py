@@ -8,6 +8,11 @@ replayed on the H200, the difference being Python per step).
 
 A size whose schedule CuPy will not record (fallback kernels on cuBLAS, R0803) runs step by
 step from then on, said once.
+
+Inputs written in place (a KV cache: `Schedule.written_inputs`) are never copied: a static copy
+would be written instead of the caller's buffer. A graph records the caller's own pointers for
+them, and plain calls keep one graph per (kind, size, those pointers): a decode loop passes the
+same caches at every step, so it records once and replays from then on.
 """
 
 from __future__ import annotations
@@ -59,7 +64,10 @@ class Captured:
         refs, self.exe, kind = bound if bound is not None else model._bind(inputs)
         self.kind = kind
         inputs = {name: r.obj for name, r in refs.items()}
-        self.inputs = {name: device.empty(r.shape, r.strides, r.dtype, kind)
+        # Written in place: the caller's buffer itself, recorded by its pointer.
+        self.written = model.program.written_inputs()
+        self.inputs = {name: r if name in self.written else
+                       device.empty(r.shape, r.strides, r.dtype, kind)
                        for name, r in refs.items()}
         self.outputs = model._allocate_outputs(self.exe, kind)
         cupy = model.cupy
@@ -94,6 +102,9 @@ class Captured:
 
     def _copy_in(self, inputs: Mapping[str, Any], stream: Any) -> None:
         for name, obj in inputs.items():
+            if name in self.written:
+                self._same_buffer(name, obj)
+                continue
             dst = self.inputs[name].obj
             if self.kind == "torch":
                 import torch
@@ -104,6 +115,13 @@ class Captured:
                 with stream:
                     dst[...] = obj
 
+    def _same_buffer(self, name: str, obj: Any) -> None:
+        """A written input must be the buffer the graph recorded: it writes there."""
+        if _pointer(obj) != self.inputs[name].ptr:
+            raise RunnerError("R0201", f"input `{name}` is written in place, and this graph was "
+                              "recorded with another buffer: pass the same tensor at every "
+                              "call (a decoder's caches), or capture again")
+
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         # The per-call path is kept short: with a small model the GPU waits on it (measured
         # ~40 us of Python per call on a 0.3 ms encoder layer before it was).
@@ -111,7 +129,10 @@ class Captured:
             import torch
 
             for name, obj in inputs.items():  # on the caller's current stream
-                self.inputs[name].obj.copy_(obj)
+                if name in self.written:
+                    self._same_buffer(name, obj)
+                else:
+                    self.inputs[name].obj.copy_(obj)
             ptr = torch.cuda.current_stream().cuda_stream
             stream = self._streams.get(ptr)
             if stream is None:
@@ -129,8 +150,9 @@ class Replays:
 
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
-        self.graphs: OrderedDict[tuple[str, str], Captured | None] = OrderedDict()
-        self.seen: set[tuple[str, str]] = set()
+        # (kind, size, then each input written in place with its pointer) -> its graph
+        self.graphs: OrderedDict[tuple[Any, ...], Captured | None] = OrderedDict()
+        self.seen: set[tuple[Any, ...]] = set()
 
     def clear(self) -> None:
         """Forget every graph (they hold pointers to the weights and arenas they recorded)."""
@@ -143,7 +165,8 @@ class Replays:
         call runs step by step (the first at its size, or a size that cannot be recorded)."""
         if any(r.kind != kind for r in refs.values()):  # torch and CuPy mixed: step by step
             return None
-        key = (kind, exe.key)
+        written = model.program.written_inputs()
+        key = (kind, exe.key, *sorted((n, r.ptr) for n, r in refs.items() if n in written))
         if key not in self.graphs:
             if key not in self.seen:  # the first call at this size builds its plans
                 self.seen.add(key)
@@ -163,6 +186,11 @@ class Replays:
         static = captured({name: r.obj for name, r in refs.items()})
         return {name: _fresh(static[name]) if name in captured.computed else
                 model._output_view(exe, name, {}, kind, refs) for name in static}
+
+
+def _pointer(obj: Any) -> int:
+    """The device address of a torch tensor or a CuPy array."""
+    return int(obj.data_ptr()) if hasattr(obj, "data_ptr") else int(obj.data.ptr)
 
 
 def _fresh(array: Any) -> Any:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dslc.core.dims import DimEnv
-from dslc.ir.graph import Graph, Node
+from dslc.ir.graph import IN_PLACE, Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
 from dslc.ir.placement import in_place, slice_of
 from dslc.ir.serial import plain
@@ -52,9 +52,14 @@ class Schedule:
         self.outputs = dict(self.graph.outputs)
         # Concat operands their producers write in place (`dslc.ir.placement`).
         self.placement = in_place(self.graph, self.load_time)
+        # Inputs written in place, found once: every plain call's replay asks.
+        self._written = frozenset(self.nodes[self._base(n.name)].attrs["name"]
+                                  for n in self.graph.nodes if n.op in IN_PLACE)
 
     def storage(self, name: str, values: Mapping[str, int]) -> Storage:
         node = self.nodes[name]
+        if node.op in IN_PLACE:  # the memory of the input it writes (`written_inputs`)
+            return self.storage(node.inputs[0], values)
         shape = tuple(self._concrete(d, values, name) for d in node.type.shape)
         if any(not 0 <= d <= MAX_DIM for d in shape):
             raise BundleError(f"graph: `{name}` has shape {list(shape)} at {dict(values)}")
@@ -103,9 +108,14 @@ class Schedule:
         return out
 
     def _base(self, name: str) -> str:
-        while self.nodes[name].op == "view" or name in self.placement:
+        while self.nodes[name].op in ("view", *IN_PLACE) or name in self.placement:
             name = self.placement[name][0] if name in self.placement else self.nodes[name].inputs[0]
         return name
+
+    def written_inputs(self) -> frozenset[str]:
+        """The model inputs (by input name) that steps write in place: the caller's buffers,
+        never copied (a replayed CUDA graph records their pointers instead)."""
+        return self._written
 
     def memory_plan(self, values: Mapping[str, int]) -> MemoryPlan:
         out = MemoryPlan(dict(values))
@@ -113,7 +123,8 @@ class Schedule:
         first: dict[str, int] = {}
         for i, step in enumerate(self.steps):
             for value in step.outputs:
-                first.setdefault(self._base(value), i)
+                if self.nodes[self._base(value)].op != "input":  # written in place: the caller's
+                    first.setdefault(self._base(value), i)
             for value in step.inputs:
                 last[self._base(value)] = i
         for node in self.graph.nodes:

@@ -1,0 +1,33 @@
+"""The query lengths of cuDNN's padding mask: an sdpa with `kv_len` reads `q_len` too, the
+frontend refusing one without the other. Every query of the block is valid, so `q_len` is Sq for
+each batch row: `full([B], Sq, i32)`, one value for every sdpa of that shape (the layers of a
+decoder share it). It is a load-time value where B and Sq are static, else a fallback kernel
+fills it at each call (on the device: a CUDA graph records it). Not a compile-time constant in
+the cuDNN graph: the frontend takes the lengths only as tensors, and a pass-by-value scalar is
+[1, 1, 1, 1], where it needs [B, 1, 1, 1]."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dslc.core.dims import format_dim
+from dslc.core.types import TensorType
+from dslc.ir.graph import Attrs, Node
+from dslc.lower.rewrite import Rewriter
+
+
+def padding_mask_lengths(rw: Rewriter, node: Node) -> str | None:
+    if node.op != "sdpa":
+        return None
+    operands = tuple(node.attrs.get("operands") or ("q", "k", "v"))
+    if "kv_len" not in operands or "q_len" in operands:
+        return None
+    q = rw.node(node.inputs[operands.index("q")]).type
+    batch, sq = q.shape[0], q.shape[2]
+    key = f"q_len.{format_dim(batch)}x{format_dim(sq)}"
+    if key not in rw.memo:
+        name = f"{node.name}.q_len"
+        rw.memo[key] = rw.new("full", (), {"shape": (batch,), "value": sq, "dtype": "i32"},
+                              TensorType("i32", (batch,)), node, name)
+    attrs = Attrs({**node.attrs, "operands": (*operands, "q_len")})
+    return rw.emit(replace(node, inputs=(*node.inputs, rw.memo[key]), attrs=attrs))
