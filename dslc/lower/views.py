@@ -53,9 +53,9 @@ def _chosen_layout(rw: Rewriter, node: Node) -> Layout:
         # the residual add of the channels-last input (a group in one memory order, see
         # `fuse.patterns`): two steps where one does.
         pointwise = OPS[node.op].fusion == "epilogue"
-        first = _seen_as(rw, node.inputs[0]) if pointwise else rw.node(node.inputs[0]).type
-        if first.shape == node.type.shape and first.layout is not None:
-            return first.layout
+        seen = _seen_as(rw, node.inputs[0]) if pointwise else rw.node(node.inputs[0]).type
+        if seen.shape == node.type.shape and seen.layout is not None:
+            return seen.layout
     if node.op == "concat":
         first = rw.node(node.inputs[0])
         if first.type.layout is not None and first.type.rank == rank:
