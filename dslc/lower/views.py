@@ -47,9 +47,15 @@ def _chosen_layout(rw: Rewriter, node: Node) -> Layout:
     if node.op == "sdpa":
         return Layout((0, 2, 1, 3), "BSHD")  # the merge of the heads back is then a view
     if node.op not in ("matmul", "reduce_sum", "concat") and node.inputs:
-        first = rw.node(node.inputs[0])
-        if first.type.shape == node.type.shape and first.type.layout is not None:
-            return first.type.layout
+        # A pointwise op writes in the memory order its first operand is read in, a view's
+        # included (its order in its base): ConvNeXt's layer scale, on the channels-first view
+        # of a channels-last matmul result, was written row-major and so could not fuse with
+        # the residual add of the channels-last input (a group in one memory order, see
+        # `fuse.patterns`): two steps where one does.
+        pointwise = OPS[node.op].fusion == "epilogue"
+        seen = _seen_as(rw, node.inputs[0]) if pointwise else rw.node(node.inputs[0]).type
+        if seen.shape == node.type.shape and seen.layout is not None:
+            return seen.layout
     if node.op == "concat":
         first = rw.node(node.inputs[0])
         if first.type.layout is not None and first.type.rank == rank:
