@@ -123,3 +123,10 @@ def test_clear_forgets_the_graphs_and_the_sizes_seen() -> None:
     r.clear()
     assert call(r, ref(), "N=4", "torch") is None
     assert FakeCaptured.made == ["N=4"]
+
+
+def test_the_sizes_met_once_are_bounded() -> None:
+    r = replay.Replays(limit=2)
+    for n in range(100):  # a caller with a new size (or new caches) at every call
+        assert call(r, ref(), f"N={n}", "torch") is None
+    assert len(r.seen) == 8 and ("torch", "N=99") in r.seen and FakeCaptured.made == []

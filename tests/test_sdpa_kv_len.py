@@ -17,13 +17,14 @@ import torch.nn.functional as F
 from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
 from dslc.core.dims import format_dim
+from dslc.fuzz import arena
 from dslc.ir import interp
 from dslc.ir.to_torch import run as run_torch
 from dslc.ir.to_torch import to_torch
 from dslc.ir.verify import verify
 from dslc.lower import lower
 from dslc.pipeline import lower_and_fuse
-from tests.helpers import check_source, rng
+from tests.helpers import check_source, deviceless_program, rng
 
 SRC = """
 model m {{
@@ -122,23 +123,28 @@ def test_lowering_gives_every_sdpa_its_query_lengths(batch: str, tmp_path: Path)
     seen: list[str] = []
     lowered = lower(model.graph, lambda name, g: seen.extend(verify(g, model.env)))
     assert seen == []
-    fills = [n for n in lowered.nodes if n.op == "full"]
-    assert len(fills) == 1 and fills[0].type.dtype == "i32"
-    assert [format_dim(d) for d in fills[0].attrs["shape"]] == ["B" if "tune" in batch else "2"]
-    for n in lowered.nodes:
-        if n.op == "sdpa":
-            assert n.attrs["operands"][-2:] == ("kv_len", "q_len")
-            assert n.inputs[-1] == fills[0].name
+    nodes = lowered.by_name()
+    attentions = [n for n in lowered.nodes if n.op == "sdpa"]
+    assert all(n.attrs["operands"][-2:] == ("kv_len", "q_len") for n in attentions)
+    [q_len] = {n.inputs[-1] for n in attentions}  # one for both
+    fill = nodes[q_len]
+    assert fill.op == "full" and fill.type.dtype == "i32" and format_dim(fill.attrs["value"]) == "S"
+    assert [format_dim(d) for d in fill.attrs["shape"]] == ["B" if "tune" in batch else "2"]
+    # the key lengths cuDNN reads: min(lens, 32), contiguous and never past the 32 keys
+    [kv_len] = {n.inputs[-2] for n in attentions}
+    clamp = nodes[kv_len]
+    assert clamp.op == "min" and clamp.inputs[0] == "lens"
+    assert nodes[clamp.inputs[1]].op == "full" and nodes[clamp.inputs[1]].attrs["value"] == 32
     _, plan = lower_and_fuse(model)
-    assert fills[0].name not in plan.load_time  # S varies: filled at each call
+    assert q_len not in plan.load_time  # S varies: filled at each call
 
 
 def test_static_query_lengths_are_load_time(tmp_path: Path) -> None:
     src = TWO_LAYERS.format(batch="2").replace("dim S = 1..8 tune [1]", "dim S = 1")
     model = check_source(src, tmp_path).model
     lowered, plan = lower_and_fuse(model)
-    (fill,) = [n.name for n in lowered.nodes if n.op == "full"]
-    assert fill in plan.load_time
+    fills = [n.name for n in lowered.nodes if n.op == "full"]  # q_len, and 32 for the clamp
+    assert len(fills) == 2 and all(f in plan.load_time for f in fills)
     got = interp.run(lowered, {"q": np.zeros((2, 4, 1, 16), np.float16),
                                "k": np.zeros((2, 4, 32, 16), np.float16),
                                "v": np.ones((2, 4, 32, 16), np.float16),
@@ -148,13 +154,16 @@ def test_static_query_lengths_are_load_time(tmp_path: Path) -> None:
 
 def test_padding_mask_graph_builds_deviceless(tmp_path: Path) -> None:
     """The sdpa graph reads both lengths as [B, 1, 1, 1] i32 and cuDNN validates it and makes
-    its operation graph for the H200 profile; the query lengths are a fallback kernel's fill."""
+    its operation graph for the H200 profile; the query lengths are a fallback kernel's fill,
+    the key lengths the clamp of the caller's."""
     model = check_source(TWO_LAYERS.format(batch="1..4 tune [2]"), tmp_path).model
     lowered, plan = lower_and_fuse(model)
     c = compile_model(model, lowered, plan, load_target("h200"))
     nodes = c.graph.by_name()
     kinds = [(s.kind, nodes[s.group.nodes[0]].op) for s in c.steps]
-    assert kinds == [("kernel", "full"), ("graph", "sdpa"), ("graph", "sdpa")]
+    # the query lengths, the key count and min(lens, it) are fallback kernels (B varies)
+    assert kinds == [("kernel", "full"), ("kernel", "full"), ("kernel", "min"), ("graph", "sdpa"),
+                     ("graph", "sdpa")]
     assert len(c.builds) == len({s.group.signature for s in c.steps if s.kind == "graph"})
     for spec in c.specs.values():
         lengths = [t for t in spec.tensors if t.dtype == "i32"]
@@ -162,4 +171,37 @@ def test_padding_mask_graph_builds_deviceless(tmp_path: Path) -> None:
             ((2, 1, 1, 1), (1, 1, 1, 1), "input")] * 2
     for built in c.builds.values():
         text = str(built.graph)
-        assert "'use_padding_mask': True" in text and '"seq_len_kv": "lens"' in text
+        assert "'use_padding_mask': True" in text and '"seq_len_kv": "a.kv_len"' in text
+
+
+def test_key_lengths_past_the_keys_or_strided_are_what_cudnn_reads_clamped_and_copied(
+        tmp_path: Path) -> None:
+    """cuDNN reads the key lengths as contiguous [B, 1, 1, 1] and would read past the keys for
+    a length beyond them: it is given min(kv_len, Skv), computed into a buffer of its own. A
+    strided view of the caller's lengths (every other column) and a length of 40 for 32 keys,
+    through the arena oracle, which reads memory as cuDNN would, against the reference."""
+    src = """model m {
+  precision io=f16, intermediate=f32, compute=f32
+  input q: [4, 2, 1, 16]
+  input k: [4, 2, 32, 16]
+  input v: [4, 2, 32, 16]
+  input lens2: i32[4, 2]
+  let kv_len = reshape(lens2[:, 0:1], [4])
+  output o = sdpa(q, k, v, causal=true, align="bottom_right", kv_len=kv_len)
+}
+"""
+    model, program = deviceless_program(src, tmp_path)
+    g = rng("strided kv_len")
+    x = {n: g.standard_normal(s).astype(np.float16)
+         for n, s in (("q", (4, 2, 1, 16)), ("k", (4, 2, 32, 16)), ("v", (4, 2, 32, 16)))}
+    x["lens2"] = np.array([[3, 30], [5, 31], [40, 29], [9, 28]], np.int32)
+    lowered, _ = lower_and_fuse(model)
+    want = interp.run(lowered, x, {}, model.env)["o"]
+    got = arena.run(program, {}, x, {})["o"]
+    assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() < 1e-3
+    # the third row's 40 keys are its 32: every key, as in the reference
+    k, v, q = (x[n].astype(np.float32) for n in ("k", "v", "q"))
+    scores = q[2] @ k[2].transpose(0, 2, 1) / 4.0
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    assert np.abs(got[2].astype(np.float32) - p @ v[2]).max() < 2e-2

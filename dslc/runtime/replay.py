@@ -152,7 +152,9 @@ class Replays:
         self.limit = limit
         # (kind, size, then each input written in place with its pointer) -> its graph
         self.graphs: OrderedDict[tuple[Any, ...], Captured | None] = OrderedDict()
-        self.seen: set[tuple[Any, ...]] = set()
+        # sizes met once (their next call records); bounded: a caller handing new caches at
+        # every call would make a key per call
+        self.seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
 
     def clear(self) -> None:
         """Forget every graph (they hold pointers to the weights and arenas they recorded)."""
@@ -169,7 +171,9 @@ class Replays:
         key = (kind, exe.key, *sorted((n, r.ptr) for n, r in refs.items() if n in written))
         if key not in self.graphs:
             if key not in self.seen:  # the first call at this size builds its plans
-                self.seen.add(key)
+                self.seen[key] = None
+                while len(self.seen) > 4 * self.limit:
+                    self.seen.popitem(last=False)
                 return None
             try:
                 self.graphs[key] = Captured(model, {}, (refs, exe, kind))
