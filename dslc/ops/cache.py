@@ -30,10 +30,11 @@ CACHE_DTYPES = ("f32", "f16", "bf16")
 
 def _cache_write(ctx: InferCtx, a: Args) -> TensorType | None:
     cache, new, at = a.t("cache"), a.t("new"), a.t("at")
-    if ctx.producer("cache") != "input":
-        ctx.error("E0211", "`cache_write` writes in place into a model input, and `cache` is "
-                  "computed here", at="cache", label=f"{common.fmt(cache)}, made by "
-                  f"`{ctx.producer('cache')}`",
+    made = ctx.producer("cache")
+    if made != "input":
+        what = "a param (weights)" if made == "param" else "computed here"
+        ctx.error("E0211", f"`cache_write` writes in place into a model input, and `cache` is "
+                  f"{what}", at="cache", label=f"{common.fmt(cache)}, made by `{made}`",
                   notes=("the caller owns the cache and passes the same buffer at every step; "
                          "its result is that buffer",),
                   help=("declare the cache an input (`input k_cache: [B, H, MAX, D]`) and pass "
