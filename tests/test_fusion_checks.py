@@ -137,3 +137,32 @@ def test_the_plan_lists_the_views_nothing_runs_and_no_other_value(tmp_path: Path
     assert plan.views and all(nodes[v].op == "view" for v in plan.views)
     assert set(plan.views) == {n.name for n in lowered.nodes if n.op == "view"} - \
         set(plan.load_time)
+
+
+def test_an_op_its_support_check_refuses_says_why_and_later_anchors_still_fuse(
+        tmp_path: Path) -> None:
+    """A rank-5 matmul (more batch axes than cuDNN takes) and an i64 cast: no pattern takes
+    them, and the plan gives the check's reason, not "no fusion pattern starts with this op";
+    the matmul after the refused one still fuses with its relu. (An output is stored in a
+    float dtype: lowering casts the i64 value back for it.)"""
+    model = check_source("""model m {
+  input x: [2, 2, 2, 4, 8]
+  input y: [2, 2, 2, 8, 4]
+  input u: [4, 8]
+  input v: [8, 4]
+  output big = matmul(x, y)
+  let n = matmul(u, v)
+  output r = relu(n)
+  let i = cast(u, i64)
+  output o = i
+}
+""", tmp_path).model
+    _, plan = lower_and_fuse(model)
+    by_node = {g.nodes: (g.pattern, g.reason) for g in plan.groups}
+    assert by_node[("big",)] == ("single", "cuDNN matmul takes at most 3 batch axes; %big has "
+                                           "rank 5")
+    assert by_node[("n", "r")] == ("matmul_epilogue", "")
+    assert by_node[("i",)] == ("single", "cuDNN graphs do not take i64 tensors (%i)")
+    # the output, cast back to f32, runs alone for the same reason
+    assert by_node[("o",)] == ("pointwise", "cuDNN graphs do not take i64 tensors (%i)")
+
