@@ -268,3 +268,158 @@ def test_a_read_only_replica_costs_the_writes_not_the_reads(
     finally:
         writer.client.replicaof("NO", "ONE")
     assert writer.get(ENV, "new") is None
+
+
+# The fleet's database over this machine's (`tiered.Tiered`), with a fleet store that can be
+# taken down at will and a clock the test moves.
+
+class Fleet(TuningStore):
+    """A fleet's store as `Tiered` sees one: a SQLite file behind it, and `down` makes every
+    call raise `Unavailable`, as a server out of reach does; `calls` counts the calls."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.inner = SQLiteStore(path)
+        self.name = "redis://fleet:6379/0"
+        self.down = False
+        self.calls = 0
+        self.closed = False
+
+    def _reach(self) -> SQLiteStore:
+        from dslc.runtime.tuningdb import Unavailable
+
+        self.calls += 1
+        if self.down:
+            raise Unavailable("tuning database `redis://fleet:6379/0` cannot be reached (down)")
+        return self.inner
+
+    def get(self, env: str, key: str) -> Entry | None:
+        return self._reach().get(env, key)
+
+    def put(self, env: str, key: str, entry: Entry) -> Entry:
+        return self._reach().put(env, key, entry)
+
+    def lease(self, env: str, key: str, holder: str, ttl_s: float) -> bool:
+        return self._reach().lease(env, key, holder, ttl_s)
+
+    def release(self, env: str, key: str, holder: str) -> None:
+        self._reach().release(env, key, holder)
+
+    def size(self) -> int:
+        return self._reach().size()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The clock `Tiered` reads (seconds; the test moves it)."""
+    from types import SimpleNamespace
+
+    from dslc.runtime.tuningdb import tiered
+
+    now = [1000.0]
+    monkeypatch.setattr(tiered, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def _tiered(tmp_path: Path) -> tuple[TuningStore, Fleet, SQLiteStore]:
+    from dslc.runtime.tuningdb.tiered import Tiered
+
+    fleet, local = Fleet(tmp_path / "fleet.db"), SQLiteStore(tmp_path / "local.db")
+    return Tiered(fleet, local), fleet, local
+
+
+def test_tiered_reads_the_fleet_first_and_keeps_what_it_read_here(tmp_path: Path,
+                                                                   clock: list[float]) -> None:
+    db, fleet, local = _tiered(tmp_path)
+    assert db.name == "redis://fleet:6379/0"
+    fast, slow = entry(1, ms=1.0, host="fleet"), entry(2, ms=2.0, host="here")
+    fleet.inner.put(ENV, "k", fast)
+    assert db.get(ENV, "k") == fast and db.hits == 1
+    assert local.get(ENV, "k") == fast  # kept here, for when the fleet is down
+    fleet.inner.put(ENV, "k2", fast)
+    local.put(ENV, "k2", slow)  # here an older, slower one: the fleet's replaces it
+    assert db.get(ENV, "k2") == fast and local.get(ENV, "k2") == fast and db.hits == 2
+    assert db.get(ENV, "none") is None and db.hits == 2
+    stored = local.stores
+    assert db.get(ENV, "k") == fast and local.stores == stored  # the same: not written again
+
+
+def test_tiered_publishes_what_was_measured_while_the_fleet_was_down(tmp_path: Path,
+                                                                     clock: list[float]) -> None:
+    db, fleet, local = _tiered(tmp_path)
+    mine = entry(3, host="here")
+    local.put(ENV, "k", mine)
+    assert db.get(ENV, "k") == mine and db.hits == 1
+    assert fleet.inner.get(ENV, "k") == mine
+
+
+def test_tiered_puts_go_to_both_and_the_fleets_merge_decides(tmp_path: Path,
+                                                             clock: list[float]) -> None:
+    db, fleet, local = _tiered(tmp_path)
+    fast, slow = entry(1, ms=1.0, host="fleet"), entry(2, ms=2.0, host="here")
+    fleet.inner.put(ENV, "k", fast)
+    assert db.put(ENV, "k", slow) == fast and db.stores == 0  # lost to the fleet's
+    assert local.get(ENV, "k") == slow  # this machine had none: it keeps its own
+    faster = entry(3, ms=0.5, host="here")
+    assert db.put(ENV, "k", faster) == faster and db.stores == 1
+    assert fleet.inner.get(ENV, "k") == faster and local.get(ENV, "k") == faster
+    assert db.size() == 1 and fleet.calls > 0
+
+
+def test_a_fleet_that_is_down_costs_reuse_never_a_start(
+        tmp_path: Path, clock: list[float], caplog: pytest.LogCaptureFixture) -> None:
+    """Reads, writes, leases and the size go to this machine's database alone, said once; the
+    fleet is not tried again until 30 s later."""
+    db, fleet, local = _tiered(tmp_path)
+    mine = entry(1, host="here")
+    local.put(ENV, "k", mine)
+    fleet.inner.put(ENV, "a", entry(2))
+    fleet.inner.put(ENV, "b", entry(3))
+    fleet.inner.put(ENV, "c", entry(5))
+    fleet.down = True
+    with caplog.at_level(logging.WARNING, logger="dslc.tuningdb"):
+        assert db.get(ENV, "k") == mine and db.hits == 1
+        assert db.get(ENV, "a") is None and db.hits == 1
+        assert fleet.calls == 1  # tried once; not again while it is down
+        new = entry(4, host="here")
+        assert db.put(ENV, "new", new) == new and db.stores == 1
+        assert local.get(ENV, "new") == new
+        assert db.lease(ENV, "k", "me", 30.0)
+        assert not local.lease(ENV, "k", "another", 30.0)  # taken on this machine's database
+        db.release(ENV, "k", "me")
+        assert local.lease(ENV, "k", "another", 30.0)  # and given back there
+        assert db.size() == 2  # this machine's two
+        assert fleet.calls == 1
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == ["tuning database `redis://fleet:6379/0` cannot be reached (down); using "
+                    f"this machine's tuning database `{local.name}` and the heuristics' plans "
+                    "meanwhile"]
+    fleet.down = False
+    clock[0] += 29.5
+    assert db.size() == 2 and fleet.calls == 1  # not yet
+    clock[0] += 0.5
+    assert db.size() == 3 and fleet.calls == 2  # 30 s later: the fleet's three
+    assert fleet.inner.get(ENV, "k") is None  # published when next read, not before
+    assert db.get(ENV, "k") == mine and fleet.inner.get(ENV, "k") == mine
+
+
+def test_tiered_leases_are_the_fleets_while_it_is_up(tmp_path: Path, clock: list[float]) -> None:
+    db, fleet, local = _tiered(tmp_path)
+    assert db.lease(ENV, "k", "me", 30.0)
+    assert not fleet.inner.lease(ENV, "k", "another host", 30.0)  # one host measures a key
+    assert local.lease(ENV, "k", "another process", 30.0)  # not taken here
+    local.release(ENV, "k", "another process")
+    db.release(ENV, "k", "me")
+    assert fleet.inner.lease(ENV, "k", "another host", 30.0)  # given back on the fleet
+    assert not db.lease(ENV, "k", "me", 30.0)  # another host holds it
+    assert local.lease(ENV, "k", "another process", 30.0)  # and this machine's is not taken
+    fleet.inner.release(ENV, "k", "another host")
+    assert db.lease(ENV, "k2", "me", 30.0)
+    fleet.down = True
+    db.release(ENV, "k2", "me")  # the fleet went down meanwhile: its lease expires by itself
+    assert db.size() == 0 and fleet.calls == 5  # down since the release: not tried for size
+    db.close()
+    assert fleet.closed and local._conn is None
