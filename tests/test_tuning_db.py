@@ -180,3 +180,67 @@ def test_a_json_database_at_the_path_is_kept_aside_and_imported(
     assert aside.read_bytes() == before
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and f"kept it as `{aside}`; imported its 12 entries" in said[0]
+
+
+def test_the_default_database_is_in_the_users_cache_folder(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # $XDG_CACHE_HOME where it is set (the XDG spec, which platformdirs follows on Linux).
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(tuningdb.ENV_VAR, raising=False)
+    assert tuningdb.default_path() == tmp_path / "dslc" / "tuning.db"
+    for spec in (None, ""):  # nothing named, or the variable set empty: the default file
+        if spec is not None:
+            monkeypatch.setenv(tuningdb.ENV_VAR, spec)
+        store = open_store(None)
+        assert isinstance(store, SQLiteStore) and store.path == tmp_path / "dslc" / "tuning.db"
+        assert store.beside == tmp_path / "dslc" / "tuning.json"
+    monkeypatch.setenv(tuningdb.ENV_VAR, "none")
+    assert open_store(None) is None
+    assert isinstance(open_store(tmp_path / "x.db"), SQLiteStore)  # a Path as well as a string
+
+
+@pytest.mark.parametrize("spec", ["redis://db:6379/0", "rediss://db:6380/15", "redis://db:6379",
+                                  "redis://db/3", "redis://db:65535/2147483647"])
+def test_a_redis_address_that_is_usable(spec: str) -> None:
+    assert tuningdb.redis_url(spec, "--tuning-db") == spec
+    store = open_store(spec)
+    assert isinstance(store, Tiered) and isinstance(store.shared, RedisStore)
+    assert store.shared.url == spec
+
+
+@pytest.mark.parametrize("spec, sentence", [
+    ("redis://db:65536/0", "the port must be a number in 1..65535"),
+    ("redis://db:0/0", "the port must be a number in 1..65535"),
+    ("redis://:6379/0", "no host; write redis://HOST:PORT/DB"),
+    ("redis://db:6379/2147483648", "the database must be a number, as in redis://HOST:PORT/0"),
+    ("redis://db:6379/-1", "the database must be a number, as in redis://HOST:PORT/0"),
+    ("redis://db:6379/0#x", "write redis://HOST:PORT/DB, without options"),
+    ("redis://db:6379/0?db=1", "write redis://HOST:PORT/DB, without options"),
+])
+def test_what_a_redis_address_that_is_not_usable_says(spec: str, sentence: str) -> None:
+    with pytest.raises(SpecError) as err:
+        tuningdb.redis_url(spec, "DSLC_TUNING_DB")
+    assert str(err.value) == f"DSLC_TUNING_DB `{spec}`: {sentence}"
+
+
+def test_what_a_value_that_names_no_database_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SpecError) as err:
+        open_store("postgres://db/tuning")
+    assert str(err.value) == "--tuning-db `postgres://db/tuning`: not a database dslc knows; " \
+                             "name a file (SQLite), redis://HOST:PORT/DB or `none`"
+    with pytest.raises(SpecError) as err:
+        open_store("")
+    assert str(err.value) == "--tuning-db is empty; name a file (SQLite), redis://HOST:PORT/DB " \
+                             "or `none`"
+    monkeypatch.setenv(tuningdb.ENV_VAR, "redis://db:x/0")  # the variable is named as the origin
+    with pytest.raises(SpecError) as err:
+        open_store(None)
+    assert str(err.value) == "DSLC_TUNING_DB `redis://db:x/0`: the port must be a number in " \
+                             "1..65535"
+
+
+def test_which_values_name_a_file() -> None:
+    assert tuningdb.is_file("runs/tuning.db") == Path("runs/tuning.db")
+    assert tuningdb.is_file(Path("/x/t.db")) == Path("/x/t.db")
+    for spec in (None, "none", "redis://db:6379/0", "postgres://db/t"):
+        assert tuningdb.is_file(spec) is None
