@@ -270,3 +270,199 @@ def test_threads_sharing_one_store_lose_nothing(tmp_path: Path) -> None:
     for t in threads:
         t.join(60)
     assert not failures and db.size() == 200
+
+
+# In this process (what the forked tests above check from outside, seen here step by step).
+
+def _page_damaged(path: Path) -> None:
+    """The last page (entries) overwritten: the header and the schema read fine, the entries
+    do not."""
+    data = bytearray(path.read_bytes())
+    data[-4096 + 8:-100] = b"\x55" * (4096 - 108)
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def stamp(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The time a file is kept aside at, fixed: 2026-11-01 10:00:00."""
+    from types import SimpleNamespace
+
+    from dslc.runtime.tuningdb import sqlite as module
+
+    fixed = time.struct_time((2026, 11, 1, 10, 0, 0, 6, 305, 0))
+    monkeypatch.setattr(module, "time", SimpleNamespace(
+        strftime=lambda fmt: time.strftime(fmt, fixed), time=time.time))
+    return "20261101-100000"
+
+
+def test_a_file_found_damaged_only_when_its_entries_are_read_is_kept_aside(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, stamp: str) -> None:
+    """The schema reads fine, the entries' page does not: SQLite's quick check confirms it (its
+    report named), the file is kept aside with the time, and the read is tried on a new one."""
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _page_damaged(path)
+    original = path.read_bytes()
+    db = SQLiteStore(path)
+    assert db.get("env", "k49") is None and db.size() == 0
+    aside = tmp_path / f"tuning.db.unreadable-{stamp}"
+    assert aside.read_bytes() == original
+    [said] = warnings_of(caplog)
+    assert said.startswith(f"tuning database `{path}` was unreadable (damaged (*** in database "
+                           "main ***\n")
+    assert said.endswith(f"); kept it as `{aside}` and started a new one")
+
+
+def test_a_file_kept_aside_in_the_same_second_as_another_gets_the_next_number(
+        tmp_path: Path, stamp: str) -> None:
+    path = tmp_path / "tuning.db"
+    path.write_text("{ torn")
+    (tmp_path / f"tuning.db.unreadable-{stamp}").write_text("an earlier one")
+    SQLiteStore(path).size()
+    assert (tmp_path / f"tuning.db.unreadable-{stamp}").read_text() == "an earlier one"
+    assert (tmp_path / f"tuning.db.unreadable-{stamp}-1").read_text() == "{ torn"
+
+
+def test_with_no_free_name_to_keep_a_file_aside_it_is_left_and_said(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, stamp: str) -> None:
+    """1000 names are tried (the time, then -1 .. -999); all taken, the file stays as it is."""
+    path = tmp_path / "tuning.db"
+    path.write_text("{ torn")
+    for n in range(1000):
+        (tmp_path / (f"tuning.db.unreadable-{stamp}" + (f"-{n}" if n else ""))).touch()
+    db = SQLiteStore(path)
+    assert db.get("env", "k") is None
+    assert path.read_text() == "{ torn"
+    assert warnings_of(caplog) == [f"cannot read tuning database `{path}` (no free name beside "
+                                   f"`{path}` to keep it aside); tuning without it"]
+
+
+def test_a_file_another_process_keeps_aside_meanwhile_is_not_kept_aside_twice(
+        tmp_path: Path) -> None:
+    """A store that finds the file damaged waits for the lock of the one keeping it aside, then
+    finds the new database good (checked through) and uses it."""
+    import threading
+
+    from filelock import FileLock
+
+    path = tmp_path / "tuning.db"
+    path.write_text("{ torn")
+    lock = FileLock(str(path) + ".lock")
+    lock.acquire()
+    got: list[Entry | None] = []
+    reader = threading.Thread(target=lambda: got.append(SQLiteStore(path).get("env", "k")))
+    reader.start()
+    time.sleep(1.0)  # the reader is waiting for the lock now
+    os.rename(path, tmp_path / "kept by the other")  # what the other process does
+    other = SQLiteStore(path)
+    other.put("env", "k", entry(1))
+    other.close()
+    lock.release()
+    reader.join(30)
+    assert got == [entry(1)]
+    assert sorted(p.name for p in tmp_path.iterdir() if "tuning.db." in p.name) == \
+        ["tuning.db.lock"]  # nothing else kept aside
+
+
+def test_a_file_whose_keep_aside_lock_is_held_too_long_costs_the_read_and_the_write(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from filelock import FileLock
+
+    path = tmp_path / "tuning.db"
+    path.write_text("{ torn")
+    lock = FileLock(str(path) + ".lock")
+    lock.acquire()
+    try:
+        db = SQLiteStore(path, timeout_s=0.2)
+        started = time.monotonic()
+        assert db.get("env", "k") is None
+        assert db.put("env", "k", entry(1)) == entry(1) and db.stores == 0
+        assert time.monotonic() - started < 5.0
+    finally:
+        lock.release()
+    assert path.read_text() == "{ torn"
+    held = f"The file lock '{path}.lock' could not be acquired."
+    assert warnings_of(caplog) == [
+        f"cannot read tuning database `{path}` ({held}); tuning without it",
+        f"cannot write tuning database `{path}` ({held}); results stay in the bundle only"]
+
+
+def test_an_error_that_is_no_damage_costs_the_operation_not_the_file(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    db = SQLiteStore(path)
+    conn = db._connection()
+    assert conn is not None
+    conn.close()  # closed under the store
+    assert db.get("env", "k1") is None
+    assert warnings_of(caplog) == [f"cannot read tuning database `{path}` (Cannot operate on a "
+                                   "closed database.); tuning without it"]
+    assert db.get("env", "k1") == entry(1)  # opened again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuning.db", "tuning.db-shm",
+                                                          "tuning.db-wal"]
+
+
+def test_a_database_this_process_cannot_write_is_read_and_never_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What a user who may not write the folder or the file sees (here the access check says
+    so; the forked test above is such a user)."""
+    from types import SimpleNamespace
+
+    from dslc.runtime.tuningdb import sqlite as module
+
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    before = path.read_bytes()
+    monkeypatch.setattr(module, "os", SimpleNamespace(
+        **{k: getattr(os, k) for k in ("path", "getpid", "rename", "W_OK")},
+        access=lambda p, mode: False))
+    db = SQLiteStore(path)
+    assert db.get("env", "k7") == entry(7) and db.size() == 50 and not db.writable
+    assert db.put("env", "new", entry(1)) == entry(1) and db.stores == 0
+    assert db.lease("env", "k7", "me", 30.0) and db.lease("env", "k7", "another", 30.0)
+    db.release("env", "k7", "me")
+    db.close()
+    assert path.read_bytes() == before
+    assert warnings_of(caplog) == [f"cannot write tuning database `{path}` (the folder or the "
+                                   "file is read-only); results stay in the bundle only"]
+    assert SQLiteStore(tmp_path / "absent.db").size() == 0  # nothing to read, nothing made
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_damaged_database_this_process_cannot_write_reads_as_empty(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from dslc.runtime.tuningdb import sqlite as module
+
+    cases = (("prefixed.db", _prefixed, "file is not a database"),
+             ("other.db", _another_database, "not a tuning database (no schema recorded)"))
+    for name, damage, _ in cases:
+        fifty(tmp_path / name)
+        damage(tmp_path / name)
+    monkeypatch.setattr(module, "os", SimpleNamespace(
+        **{k: getattr(os, k) for k in ("path", "getpid", "rename", "W_OK")},
+        access=lambda p, mode: False))
+    for name, _, problem in cases:
+        path = tmp_path / name
+        before = path.read_bytes()
+        assert SQLiteStore(path).size() == 0
+        assert path.read_bytes() == before
+        assert warnings_of(caplog)[-1] == f"tuning database `{path}` is unreadable ({problem}) " \
+                                          "and cannot be kept aside (read-only); tuning without it"
+
+
+def test_a_store_handed_to_another_process_takes_its_place_not_its_connection(
+        tmp_path: Path) -> None:
+    import pickle
+
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    db = SQLiteStore(path, timeout_s=7.0)
+    assert db.get("env", "k1") == entry(1)
+    copy = pickle.loads(pickle.dumps(db))
+    assert (copy.path, copy.timeout_s, copy._conn) == (path, 7.0, None)
+    assert copy.get("env", "k2") == entry(2) and db.get("env", "k3") == entry(3)
