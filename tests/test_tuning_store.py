@@ -264,7 +264,8 @@ def test_a_read_only_replica_costs_the_writes_not_the_reads(
         assert replica.put(ENV, "new", entry(2)) == entry(2) and replica.stores == 0
         assert replica.lease(ENV, "k", "me", 30.0)  # nobody to share the work with through it
         said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(said) == 1 and "cannot write tuning database" in said[0]
+        assert len(said) == 1 and said[0].startswith(f"cannot write tuning database `{redis_url}` (")
+        assert said[0].endswith("); results stay local")
     finally:
         writer.client.replicaof("NO", "ONE")
     assert writer.get(ENV, "new") is None
@@ -423,3 +424,125 @@ def test_tiered_leases_are_the_fleets_while_it_is_up(tmp_path: Path, clock: list
     assert db.size() == 0 and fleet.calls == 5  # down since the release: not tried for size
     db.close()
     assert fleet.closed and local._conn is None
+
+
+# What each store says and counts, to the letter.
+
+def test_what_a_put_that_lost_says(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    db = backend.open()
+    key = "0123456789abcdef0123456789abcdef"  # said by its first 24 characters
+    fast, slow = entry(1, ms=1.0, host="fast"), entry(2, ms=2.0, host="slow")
+    db.put(ENV, key, fast)
+    with caplog.at_level(logging.INFO, logger="dslc.tuningdb"):
+        assert db.put(ENV, key, slow) == fast
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tuning database {db.name}: kept the record of fast (1.0 ms) for "
+        "0123456789abcdef01234567 over the one from slow (2.0 ms)"]
+
+
+def test_each_hit_and_each_store_is_counted(backend: Backend) -> None:
+    db = backend.open()
+    db.put(ENV, "a", entry(1))
+    db.put(ENV, "b", entry(2))
+    db.put(ENV, "b", entry(3, ms=9.0))  # lost: not a store
+    assert db.get(ENV, "a") == entry(1) and db.get(ENV, "b") == entry(2)
+    assert db.get(ENV, "c") is None
+    assert (db.hits, db.stores) == (2, 2)
+
+
+def test_a_damaged_entry_is_named_by_the_first_40_characters_of_its_key(
+        backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    key = "k" * 40 + "-the rest of a long key"
+    db = backend.open()
+    db.put(ENV, key, entry(1))
+    backend.corrupt(ENV, key, "{ torn")
+    assert backend.open().get(ENV, key) is None
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and f"(entries.{'k' * 40}: not JSON " in said[0]
+
+
+def test_a_record_is_validated_only_with_an_engine_a_positive_time_and_an_error() -> None:
+    from dslc.runtime.tuningdb import validated
+
+    plan = record(1)
+    assert validated(plan) and validated(replace(plan, ms=1e-9))
+    for wrong in ({"ms": 0.0}, {"ms": -1.0}, {"ms": float("nan")}, {"ms": None},
+                  {"error": None}, {"error": float("inf")}, {"engine_id": None}):
+        assert not validated(replace(plan, **wrong)), wrong
+
+
+def test_an_entry_is_stored_with_its_keys_in_order_at_every_level() -> None:
+    """The stored text is canonical: equal entries are equal bytes in any store."""
+    import json
+
+    orders: list[list[str]] = []
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        orders.append([k for k, _ in items])
+        return dict(items)
+
+    text = measured(replace(record(3), serialized=b"\x01"), host="h", at="t", source="s",
+                    driver=5).encode()
+    json.loads(text, object_pairs_hook=pairs)
+    assert len(orders) > 3 and all(keys == sorted(keys) for keys in orders)
+
+
+def test_a_redis_entry_is_one_key_named_by_schema_environment_and_group(redis_url: str) -> None:
+    """`dslc:tuning:<schema>:<first 16 hex digits of the environment's SHA-256>:<group key>`
+    (and `dslc:lease:...` for its lease); the size counts only the entries of this schema."""
+    import hashlib
+
+    from dslc.runtime.tuningdb.store import SCHEMA
+
+    db = RedisStore(redis_url)
+    db.put(ENV, "k", entry(1))
+    db.lease(ENV, "k", "me", 30.0)
+    digest = hashlib.sha256(ENV.encode()).hexdigest()[:16]
+    client = db.client
+    assert sorted(client.keys("*")) == [f"dslc:lease:{SCHEMA}:{digest}:k".encode(),
+                                        f"dslc:tuning:{SCHEMA}:{digest}:k".encode()]
+    client.set(f"dslc:tuning:{SCHEMA - 1}:{digest}:k", "an older dslc's")
+    client.set("another:application", "x")
+    for i in range(3):
+        db.lease(ENV, f"lease{i}", "me", 30.0)
+    assert db.size() == 1
+
+
+def test_a_redis_store_is_used_again_after_close_and_handed_on_without_its_connection(
+        redis_url: str) -> None:
+    import pickle
+
+    db = RedisStore(redis_url)
+    db.put(ENV, "k", entry(1))
+    copy = pickle.loads(pickle.dumps(db))
+    assert copy._client is None and copy.url == redis_url and copy.get(ENV, "k") == entry(1)
+    db.close()
+    assert db.get(ENV, "k") == entry(1)  # connects again
+
+
+def test_a_host_without_the_redis_client_reads_the_fleet_as_down(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from dslc.runtime.tuningdb import Unavailable
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` raises ImportError
+    with pytest.raises(Unavailable) as err:
+        RedisStore("redis://db:6379/0").get(ENV, "k")
+    assert str(err.value) == "the fleet's tuning database needs the Redis client, which is not " \
+                             "installed here (`pip install 'dslc[fleet]'`)"
+
+
+def test_a_redis_lease_lasts_its_time_in_milliseconds_and_at_least_one() -> None:
+    asked: list[int] = []
+
+    class Client:
+        def set(self, name: str, holder: str, px: int, nx: bool) -> bool:
+            asked.append(px)
+            return True
+
+    db = RedisStore("redis://db:6379/0")
+    db._client = Client()
+    for ttl_s in (30.0, 0.0025, 0.0001):
+        assert db.lease(ENV, "k", "me", ttl_s)
+    assert asked == [30000, 2, 1]
