@@ -244,3 +244,71 @@ def test_which_values_name_a_file() -> None:
     assert tuningdb.is_file(Path("/x/t.db")) == Path("/x/t.db")
     for spec in (None, "none", "redis://db:6379/0", "postgres://db/t"):
         assert tuningdb.is_file(spec) is None
+
+
+@pytest.mark.parametrize("data, reason, tag", [
+    ({"version": 1}, "not a tuning database (no map of entries)", "unreadable"),
+    ({"version": 1, "entries": []}, "not a tuning database (no map of entries)", "unreadable"),
+    ([1, 2], "not a tuning database (no map of entries)", "unreadable"),
+    ({"version": 2, "entries": {}}, "JSON database version 2", "v2"),
+    ({"version": "1", "entries": {}}, "JSON database version '1'", "unreadable"),
+    ({"version": False, "entries": {}}, "JSON database version False", "unreadable"),
+    ({"version": 1, "entries": {"e" * 70: []}},
+     f"the entries of environment {'e' * 60!r} are not a map of records", "unreadable"),
+])
+def test_what_a_json_file_that_is_no_tuning_database_is(tmp_path: Path, data: object,
+                                                        reason: str, tag: str) -> None:
+    from dslc.runtime.tuningdb import legacy
+
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(legacy.NotLegacy) as err:
+        legacy.read(path)
+    assert (str(err.value), err.value.tag) == (reason, tag)
+
+
+def test_json_records_come_in_with_the_files_time_and_each_invalid_one_is_named(
+        tmp_path: Path) -> None:
+    import datetime
+    import os
+    import socket
+
+    from dslc.runtime.tuningdb import legacy
+
+    path = tmp_path / "tuning.json"
+    long_key = "b" * 40 + "-more"
+    raw = {"env": {long_key: {**record(1), "engine_id": "x"}, "k2": record(2),
+                   "k3": {**record(3), "ms": "slow"}, "k4": record(4)}}
+    path.write_text(json.dumps({"version": 1, "entries": raw}))
+    written = datetime.datetime(2026, 11, 1, 10, 0, 0, tzinfo=datetime.UTC).timestamp()
+    os.utime(path, (written, written))
+    entries, skipped = legacy.entries(legacy.read(path)[0], path)
+    assert [(env, key) for env, key, _ in entries] == [("env", "k2"), ("env", "k4")]
+    for *_, e in entries:
+        assert (e.host, e.at, e.dslc_version, e.source) == (
+            socket.gethostname(), "2026-11-01T10:00:00+00:00", "unknown", f"imported from {path}")
+    assert len(skipped) == 2
+    assert skipped[0].startswith(f"entries.{'b' * 40}.engine_id: ")
+    assert skipped[1].startswith("entries.k3.ms: ")
+
+
+def test_json_records_of_a_file_gone_meanwhile_come_in_at_the_time_now(tmp_path: Path) -> None:
+    import datetime
+
+    from dslc.runtime.tuningdb import legacy
+
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    [(_, _, e)], _ = legacy.entries({"env": {"k": record(1)}}, tmp_path / "gone.json")
+    after = datetime.datetime.now(datetime.UTC)
+    at = datetime.datetime.fromisoformat(e.at)
+    assert e.at.endswith("+00:00") and before <= at <= after and at.microsecond == 0
+
+
+def test_an_imported_json_record_does_not_replace_a_faster_entry(tmp_path: Path) -> None:
+    db = SQLiteStore(tmp_path / "tuning.db")
+    fast = measured(replace(PlanRecord.from_data(record(0), "r", tuning=True), ms=0.1))
+    db.put("env", "k0", fast)
+    db.close()
+    json_database(tmp_path / "tuning.json", 2)  # k0 at 0.5 ms, k1
+    again = SQLiteStore(tmp_path / "tuning.db", beside=tmp_path / "tuning.json")
+    assert again.get("env", "k0") == fast and again.size() == 2
