@@ -377,7 +377,10 @@ def test_a_file_whose_keep_aside_lock_is_held_too_long_costs_the_read_and_the_wr
         started = time.monotonic()
         assert db.get("env", "k") is None
         assert db.put("env", "k", entry(1)) == entry(1) and db.stores == 0
-        assert time.monotonic() - started < 5.0
+        assert db.lease("env", "k", "me", 30.0)  # nobody to share the work with through it
+        db.release("env", "k", "me")
+        assert db.size() == 0
+        assert time.monotonic() - started < 10.0
     finally:
         lock.release()
     assert path.read_text() == "{ torn"
@@ -403,9 +406,10 @@ def test_an_error_that_is_no_damage_costs_the_operation_not_the_file(
                                                           "tuning.db-wal"]
 
 
+@pytest.mark.parametrize("read_only", ["the folder", "the file"])
 def test_a_database_this_process_cannot_write_is_read_and_never_written(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        read_only: str) -> None:
     """What a user who may not write the folder or the file sees (here the access check says
     so; the forked test above is such a user)."""
     from types import SimpleNamespace
@@ -415,9 +419,10 @@ def test_a_database_this_process_cannot_write_is_read_and_never_written(
     path = tmp_path / "tuning.db"
     fifty(path)
     before = path.read_bytes()
+    writable = (lambda p: False) if read_only == "the folder" else (lambda p: Path(p) != path)
     monkeypatch.setattr(module, "os", SimpleNamespace(
         **{k: getattr(os, k) for k in ("path", "getpid", "rename", "W_OK")},
-        access=lambda p, mode: False))
+        access=lambda p, mode: writable(p)))
     db = SQLiteStore(path)
     assert db.get("env", "k7") == entry(7) and db.size() == 50 and not db.writable
     assert db.put("env", "new", entry(1)) == entry(1) and db.stores == 0
@@ -427,8 +432,9 @@ def test_a_database_this_process_cannot_write_is_read_and_never_written(
     assert path.read_bytes() == before
     assert warnings_of(caplog) == [f"cannot write tuning database `{path}` (the folder or the "
                                    "file is read-only); results stay in the bundle only"]
-    assert SQLiteStore(tmp_path / "absent.db").size() == 0  # nothing to read, nothing made
-    assert not (tmp_path / "absent.db").exists()
+    if read_only == "the folder":
+        assert SQLiteStore(tmp_path / "absent.db").size() == 0  # nothing to read, nothing made
+        assert not (tmp_path / "absent.db").exists()
 
 
 def test_a_damaged_database_this_process_cannot_write_reads_as_empty(
@@ -466,3 +472,99 @@ def test_a_store_handed_to_another_process_takes_its_place_not_its_connection(
     copy = pickle.loads(pickle.dumps(db))
     assert (copy.path, copy.timeout_s, copy._conn) == (path, 7.0, None)
     assert copy.get("env", "k2") == entry(2) and db.get("env", "k3") == entry(3)
+
+
+def test_a_lease_is_free_again_at_the_very_second_it_expires(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from dslc.runtime.tuningdb import sqlite as module
+
+    now = [100.0]
+    monkeypatch.setattr(module, "time", SimpleNamespace(time=lambda: now[0],
+                                                        strftime=time.strftime))
+    db = SQLiteStore(tmp_path / "tuning.db")
+    assert db.lease("env", "k", "a", 10.0)
+    now[0] = 109.5
+    assert not db.lease("env", "k", "b", 10.0)
+    now[0] = 110.0
+    assert db.lease("env", "k", "b", 10.0)
+
+
+@pytest.mark.parametrize("statements, reason, tag", [
+    (["DELETE FROM meta"], f"database schema None, this dslc uses {SCHEMA}", "unreadable"),
+    (["UPDATE meta SET value = 'abc'"], f"database schema 'abc', this dslc uses {SCHEMA}",
+     "unreadable"),
+    (["UPDATE meta SET value = '7'"], f"database schema '7', this dslc uses {SCHEMA}", "v7"),
+    (["DROP TABLE meta"], "not a tuning database (no schema recorded)", "unreadable"),
+    (["DROP TABLE leases", "CREATE TABLE leases (env TEXT, key TEXT)"],
+     "not a tuning database (table leases holds ['env', 'key'])", "unreadable"),
+], ids=["no schema row", "a schema that is no number", "schema 7", "no meta", "other leases"])
+def test_what_a_database_of_another_schema_is_kept_aside_as(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, stamp: str, statements: list[str],
+        reason: str, tag: str) -> None:
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _sql(path, *statements)
+    assert SQLiteStore(path).size() == 0
+    aside = tmp_path / f"tuning.db.{tag}-{stamp}"
+    assert aside.is_file()
+    assert warnings_of(caplog) == [f"tuning database `{path}` was unreadable ({reason}); kept it "
+                                   f"as `{aside}` and started a new one"]
+
+
+def test_a_file_that_is_no_database_is_said_in_sqlites_words(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, stamp: str) -> None:
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _prefixed(path)
+    old = tmp_path / "tuning.json"  # and the JSON database beside comes into the new one
+    old.write_text(json.dumps({"version": 1, "entries": {"env": {"k0": entry(0).plan.to_data()}}}))
+    db = SQLiteStore(path, beside=old)
+    assert db.size() == 1
+    aside = tmp_path / f"tuning.db.unreadable-{stamp}"
+    assert warnings_of(caplog) == [f"tuning database `{path}` was unreadable (file is not a "
+                                   f"database); kept it as `{aside}` and started a new one"]
+
+
+def test_a_database_in_folders_not_made_yet_is_made_with_them(tmp_path: Path) -> None:
+    db = SQLiteStore(tmp_path / "a" / "b" / "tuning.db")
+    db.put("env", "k", entry(1))
+    assert db.stores == 1 and SQLiteStore(tmp_path / "a" / "b" / "tuning.db").size() == 1
+
+
+def test_a_path_that_is_no_regular_file_is_said_once_whatever_else_cannot_be_read(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from filelock import FileLock
+
+    path = tmp_path / "tuning.db"
+    path.mkdir()
+    db = SQLiteStore(path, timeout_s=0.2)
+    assert db.get("env", "k") is None and db.size() == 0
+    assert warnings_of(caplog) == [f"tuning database `{path}` is not a regular file; tuning "
+                                   "without it"]
+    path.rmdir()
+    path.write_text("{ torn")
+    with FileLock(str(path) + ".lock"):
+        assert db.get("env", "k") is None  # another reason it cannot be read: not said again
+    assert len(warnings_of(caplog)) == 1
+
+
+def test_a_database_another_writer_holds_costs_the_read_after_the_timeout(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        db = SQLiteStore(path, timeout_s=0.2)
+        started = time.monotonic()
+        assert db.get("env", "k1") is None
+        assert time.monotonic() - started < 3.0  # its own timeout, not SQLite's 5 s
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert warnings_of(caplog) == [f"cannot read tuning database `{path}` (database is locked); "
+                                   "tuning without it"]
+    assert db.get("env", "k1") == entry(1)
+    assert not [p for p in tmp_path.iterdir() if ".unreadable-" in p.name]
