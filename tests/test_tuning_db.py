@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dslc.backend.spec import group_spec
+from dslc.backend.spec import GroupSpec, OpSpec, TensorSpec, group_spec
 from dslc.runtime import tuningdb
 from dslc.runtime.records import Environment, PlanRecord
 from dslc.runtime.tuningdb import SpecError, env_key, measured, open_store, spec_key
@@ -312,3 +312,32 @@ def test_an_imported_json_record_does_not_replace_a_faster_entry(tmp_path: Path)
     json_database(tmp_path / "tuning.json", 2)  # k0 at 0.5 ms, k1
     again = SQLiteStore(tmp_path / "tuning.db", beside=tmp_path / "tuning.json")
     assert again.get("env", "k0") == fast and again.size() == 2
+
+
+def _spec(names: tuple[str, str, str], signature: str, rows: int = 4,
+          op: str = "relu") -> GroupSpec:
+    x, y, node = names
+    return GroupSpec(signature,
+                     (TensorSpec(x, 1, (rows, 8), (8, 1), "f16", "input"),
+                      TensorSpec(y, 2, (rows, 8), (8, 1), "f16", "output")),
+                     (OpSpec(node, op, (x,), {"mode": op}, "f32"),), "f16", "f32", "f32")
+
+
+def test_a_group_key_is_its_cuDNN_form_without_names() -> None:
+    """Two groups that differ only in value names and signature share a key (24 hex digits);
+    a size, an op or an operand count tells them apart."""
+    a = _spec(("x", "h", "h"), "aaaa")
+    b = _spec(("input.0", "layer1.out", "layer1.relu"), "bbbb")
+    key = spec_key(a)
+    assert key == spec_key(b) and len(key) == 24 and int(key, 16) >= 0
+    assert a.data()["tensors"][0]["name"] == "x"  # the spec itself keeps its names
+    assert spec_key(_spec(("x", "h", "h"), "aaaa", rows=2)) != key
+    assert spec_key(_spec(("x", "h", "h"), "aaaa", op="tanh")) != key
+    two = replace(a, ops=(replace(a.ops[0], inputs=("x", "x")),))
+    assert spec_key(two) != key
+
+
+def test_an_environment_key_names_the_gpu_and_the_cudnn_that_ran_it() -> None:
+    env = Environment(device_name="NVIDIA H200", compute_capability="9.0", sm_count=132,
+                      cudnn_backend=91900, cudnn_frontend="1.32.0")
+    assert env_key(env) == "NVIDIA H200|9.0|132|91900|1.32.0"
