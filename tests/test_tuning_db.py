@@ -214,6 +214,7 @@ def test_a_redis_address_that_is_usable(spec: str) -> None:
     ("redis://:6379/0", "no host; write redis://HOST:PORT/DB"),
     ("redis://db:6379/2147483648", "the database must be a number, as in redis://HOST:PORT/0"),
     ("redis://db:6379/-1", "the database must be a number, as in redis://HOST:PORT/0"),
+    ("redis://db:6379/X", "the database must be a number, as in redis://HOST:PORT/0"),
     ("redis://db:6379/0#x", "write redis://HOST:PORT/DB, without options"),
     ("redis://db:6379/0?db=1", "write redis://HOST:PORT/DB, without options"),
 ])

@@ -568,3 +568,18 @@ def test_a_database_another_writer_holds_costs_the_read_after_the_timeout(
                                    "tuning without it"]
     assert db.get("env", "k1") == entry(1)
     assert not [p for p in tmp_path.iterdir() if ".unreadable-" in p.name]
+
+
+def test_a_file_kept_aside_takes_its_log_and_index_with_it(tmp_path: Path, stamp: str) -> None:
+    """Another process still has the damaged file open: its `-wal` and `-shm` go with it."""
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _page_damaged(path)
+    other = sqlite3.connect(path)
+    try:
+        other.execute("SELECT COUNT(*) FROM meta").fetchone()  # makes the log and its index
+        assert SQLiteStore(path).get("env", "k49") is None
+    finally:
+        other.close()
+    aside = f"tuning.db.unreadable-{stamp}"
+    assert {aside, f"{aside}-wal", f"{aside}-shm"} <= {p.name for p in tmp_path.iterdir()}
