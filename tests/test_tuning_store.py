@@ -546,3 +546,61 @@ def test_a_redis_lease_lasts_its_time_in_milliseconds_and_at_least_one() -> None
     for ttl_s in (30.0, 0.0025, 0.0001):
         assert db.lease(ENV, "k", "me", ttl_s)
     assert asked == [30000, 2, 1]
+
+
+def test_an_entry_read_back_holds_each_field_within_its_bounds() -> None:
+    """host up to 256 characters, `at` and the dslc version up to 64, a driver in 0..2**62,
+    `source` optional, the serialized bytes base64; past a bound the entry is damaged, named
+    by its field."""
+    import base64
+    import json
+
+    from dslc.runtime.records import BundleError
+
+    good = measured(replace(record(1), serialized=b"\x00\xff"), host="h", at="t", driver=7)
+    data = good.to_data()
+    assert Entry.from_data(data, "e") == good
+    assert Entry.decode(json.dumps(data), "e") == good
+    assert Entry.decode(json.dumps(data).encode(), "e") == good  # bytes, as Redis gives them
+    for name, at_bound, past in (("host", "h" * 256, "h" * 257), ("at", "t" * 64, "t" * 65),
+                                 ("dslc_version", "v" * 64, "v" * 65),
+                                 ("driver", 2**62, 2**62 + 1), ("driver", 0, -1),
+                                 ("source", "from a file", 7)):
+        kept = Entry.from_data({**data, name: at_bound}, "e")
+        assert getattr(kept, name) == at_bound
+        with pytest.raises(BundleError, match=rf"^e\.{name}: "):
+            Entry.from_data({**data, name: past}, "e")
+    without = {k: v for k, v in data.items() if k not in ("serialized", "driver")}
+    bare = Entry.from_data(without, "e")
+    assert bare.plan.serialized is None and bare.driver is None and bare.source is None
+    assert Entry.from_data({**data, "serialized": base64.b64encode(b"x" * 300).decode()},
+                           "e").plan.serialized == b"x" * 300
+    for missing in ("plan", "host", "at", "dslc_version"):
+        with pytest.raises(BundleError, match=r"^e"):
+            Entry.from_data({k: v for k, v in data.items() if k != missing}, "e")
+    with pytest.raises(BundleError, match=r"^e: "):
+        Entry.from_data({**data, "extra": 1}, "e")
+    with pytest.raises(BundleError, match=r"^e: not JSON \("):
+        Entry.decode(b"\xff\xfe", "e")
+
+
+def test_an_entry_measured_here_says_where_when_and_by_which_dslc() -> None:
+    import datetime
+    import socket
+
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    e = measured(record(1))
+    after = datetime.datetime.now(datetime.UTC)
+    assert e.host == socket.gethostname() and e.dslc_version == VERSION and e.source is None
+    at = datetime.datetime.fromisoformat(e.at)
+    assert e.at.endswith("+00:00") and before <= at <= after and at.microsecond == 0
+    given = measured(record(1), host="gpu-1", at="2026-11-01T10:00:00+00:00", source="bundle")
+    assert (given.host, given.at, given.source) == ("gpu-1", "2026-11-01T10:00:00+00:00",
+                                                    "bundle")
+    with_bytes = replace(record(1), serialized=b"\x01")
+    assert measured(with_bytes, driver=5).driver == 5
+    assert measured(with_bytes, driver=5).plan.serialized == b"\x01"
+    assert measured(with_bytes).plan.serialized is None and measured(with_bytes).driver is None
+    assert measured(record(1), driver=5).driver is None  # no bytes: no driver to keep
+    fresh = SQLiteStore(Path("unused.db"))
+    assert (fresh.hits, fresh.stores) == (0, 0)
