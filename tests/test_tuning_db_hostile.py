@@ -583,3 +583,58 @@ def test_a_file_kept_aside_takes_its_log_and_index_with_it(tmp_path: Path, stamp
         other.close()
     aside = f"tuning.db.unreadable-{stamp}"
     assert {aside, f"{aside}-wal", f"{aside}-shm"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_what_importing_the_json_database_beside_says(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    path, beside = tmp_path / "tuning.db", tmp_path / "tuning.json"
+    beside.write_text("{ torn")
+    db = SQLiteStore(path, beside=beside)
+    assert db.size() == 0 and db.timeout_s == 120.0 and db.name == str(path)
+    [said] = warnings_of(caplog)
+    assert said.startswith(f"tuning database `{beside}` not imported (not JSON: ")
+    db.close()
+    caplog.clear()
+    bad = {**entry(1).plan.to_data(), "engine_id": "x"}
+    beside.write_text(json.dumps({"version": 1, "entries": {"env": {
+        "k0": entry(0).plan.to_data(), "k1": bad}}}))
+    with caplog.at_level(logging.INFO, logger="dslc.tuningdb"):
+        assert SQLiteStore(path, beside=beside).size() == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == f"tuning database {path}: imported 1 of 1 entries of {beside} (the " \
+                          "file stays)"
+    assert messages[1].startswith(f"tuning database `{beside}`: not imported, no valid plan "
+                                  "(entries.k1.engine_id: ")
+    assert len(messages) == 2
+
+
+def test_a_write_that_finds_the_file_damaged_is_made_in_the_new_database(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _page_damaged(path)
+    db = SQLiteStore(path)
+    assert db.put("env", "k49", entry(99)) == entry(99) and db.stores == 1
+    assert SQLiteStore(path).get("env", "k49") == entry(99)
+    assert len(warnings_of(caplog)) == 1  # the file kept aside, said; the write made
+
+
+def test_a_file_found_damaged_that_this_process_cannot_write_costs_the_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from dslc.runtime.tuningdb import sqlite as module
+
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _page_damaged(path)
+    before = path.read_bytes()
+    monkeypatch.setattr(module, "os", SimpleNamespace(
+        **{k: getattr(os, k) for k in ("path", "getpid", "rename", "W_OK")},
+        access=lambda p, mode: False))
+    db = SQLiteStore(path)
+    assert db.get("env", "k49") is None
+    assert path.read_bytes() == before
+    assert warnings_of(caplog) == [f"cannot read tuning database `{path}` (database disk image "
+                                   "is malformed); tuning without it"]
