@@ -332,8 +332,8 @@ def _tiered(tmp_path: Path) -> tuple[TuningStore, Fleet, SQLiteStore]:
     return Tiered(fleet, local), fleet, local
 
 
-def test_tiered_reads_the_fleet_first_and_keeps_what_it_read_here(tmp_path: Path,
-                                                                   clock: list[float]) -> None:
+def test_tiered_reads_the_fleet_first_and_keeps_what_it_read_here(
+        tmp_path: Path, clock: list[float], caplog: pytest.LogCaptureFixture) -> None:
     db, fleet, local = _tiered(tmp_path)
     assert db.name == "redis://fleet:6379/0"
     fast, slow = entry(1, ms=1.0, host="fleet"), entry(2, ms=2.0, host="here")
@@ -345,7 +345,9 @@ def test_tiered_reads_the_fleet_first_and_keeps_what_it_read_here(tmp_path: Path
     assert db.get(ENV, "k2") == fast and local.get(ENV, "k2") == fast and db.hits == 2
     assert db.get(ENV, "none") is None and db.hits == 2
     stored = local.stores
-    assert db.get(ENV, "k") == fast and local.stores == stored  # the same: not written again
+    with caplog.at_level(logging.INFO, logger="dslc.tuningdb"):
+        assert db.get(ENV, "k") == fast and local.stores == stored  # the same: not put again
+    assert "kept the record" not in caplog.text
 
 
 def test_tiered_publishes_what_was_measured_while_the_fleet_was_down(tmp_path: Path,
@@ -367,7 +369,8 @@ def test_tiered_puts_go_to_both_and_the_fleets_merge_decides(tmp_path: Path,
     faster = entry(3, ms=0.5, host="here")
     assert db.put(ENV, "k", faster) == faster and db.stores == 1
     assert fleet.inner.get(ENV, "k") == faster and local.get(ENV, "k") == faster
-    assert db.size() == 1 and fleet.calls > 0
+    assert db.put(ENV, "k2", slow) == slow and db.stores == 2
+    assert db.size() == 2 and fleet.calls > 0
 
 
 def test_a_fleet_that_is_down_costs_reuse_never_a_start(
@@ -384,6 +387,7 @@ def test_a_fleet_that_is_down_costs_reuse_never_a_start(
     with caplog.at_level(logging.WARNING, logger="dslc.tuningdb"):
         assert db.get(ENV, "k") == mine and db.hits == 1
         assert db.get(ENV, "a") is None and db.hits == 1
+        assert db.get(ENV, "k") == mine and db.hits == 2
         assert fleet.calls == 1  # tried once; not again while it is down
         new = entry(4, host="here")
         assert db.put(ENV, "new", new) == new and db.stores == 1
@@ -392,6 +396,8 @@ def test_a_fleet_that_is_down_costs_reuse_never_a_start(
         assert not local.lease(ENV, "k", "another", 30.0)  # taken on this machine's database
         db.release(ENV, "k", "me")
         assert local.lease(ENV, "k", "another", 30.0)  # and given back there
+        assert not db.lease(ENV, "k", "me", 30.0)  # another process of this host holds it
+        db.release(ENV, "never leased", "me")  # nothing to give back: nothing happens
         assert db.size() == 2  # this machine's two
         assert fleet.calls == 1
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
