@@ -444,8 +444,12 @@ def test_a_damaged_database_this_process_cannot_write_reads_as_empty(
 
     from dslc.runtime.tuningdb import sqlite as module
 
+    def _emptied(path: Path) -> None:
+        path.write_bytes(b"")
+
     cases = (("prefixed.db", _prefixed, "file is not a database"),
-             ("other.db", _another_database, "not a tuning database (no schema recorded)"))
+             ("other.db", _another_database, "not a tuning database (no schema recorded)"),
+             ("empty.db", _emptied, "not a tuning database (no schema recorded)"))
     for name, damage, _ in cases:
         fifty(tmp_path / name)
         damage(tmp_path / name)
@@ -638,3 +642,70 @@ def test_a_file_found_damaged_that_this_process_cannot_write_costs_the_read(
     assert path.read_bytes() == before
     assert warnings_of(caplog) == [f"cannot read tuning database `{path}` (database disk image "
                                    "is malformed); tuning without it"]
+
+
+def _read_only_here(monkeypatch: pytest.MonkeyPatch, refuse: Callable[[str], bool]) -> None:
+    """This process may write nothing, and SQLite opens no URI that `refuse` names (as where the
+    WAL index of a database cannot be made beside it, mode=ro alone fails)."""
+    from types import SimpleNamespace
+    from urllib.parse import parse_qs, urlsplit
+
+    from dslc.runtime.tuningdb import sqlite as module
+
+    real = sqlite3.connect
+
+    def connect(database: str, **kw: Any) -> sqlite3.Connection:
+        if refuse(str(parse_qs(urlsplit(database).query))):
+            raise sqlite3.OperationalError("unable to open database file")
+        return real(database, **kw)
+
+    monkeypatch.setattr(module, "os", SimpleNamespace(
+        **{k: getattr(os, k) for k in ("path", "getpid", "rename", "W_OK")},
+        access=lambda p, mode: False))
+    monkeypatch.setattr(module, "sqlite3", SimpleNamespace(
+        **{k: getattr(sqlite3, k) for k in ("Error", "DatabaseError", "Connection")},
+        connect=connect))
+
+
+def test_a_read_only_database_whose_index_cannot_be_made_is_read_as_it_stands(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _read_only_here(monkeypatch, lambda query: query != "{'mode': ['ro'], 'immutable': ['1']}")
+    db = SQLiteStore(path)
+    assert db.get("env", "k7") == entry(7) and db.size() == 50
+    got: list[Entry | None] = []
+    reader = threading.Thread(target=lambda: got.append(db.get("env", "k8")))  # one store,
+    reader.start()  # read from another thread too
+    reader.join(30)
+    assert got == [entry(8)] and not warnings_of(caplog)
+
+
+def test_a_read_only_database_that_cannot_be_opened_at_all_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _read_only_here(monkeypatch, lambda query: True)
+    assert SQLiteStore(path).get("env", "k7") is None
+    assert warnings_of(caplog) == [f"tuning database `{path}` is unreadable (unable to open "
+                                   "database file) and cannot be kept aside (read-only); tuning "
+                                   "without it"]
+
+
+def test_a_read_only_path_that_is_no_regular_file_then_no_database_is_said_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tuning.db"
+    path.mkdir()
+    _read_only_here(monkeypatch, lambda query: False)
+    db = SQLiteStore(path)
+    assert db.get("env", "k") is None
+    path.rmdir()
+    path.write_text("{ torn")
+    assert db.get("env", "k") is None  # unreadable for another reason now: not said again
+    assert warnings_of(caplog) == [f"tuning database `{path}` is not a regular file; tuning "
+                                   "without it"]
