@@ -336,6 +336,9 @@ def test_a_group_key_is_its_cuDNN_form_without_names() -> None:
     assert spec_key(_spec(("x", "h", "h"), "aaaa", op="tanh")) != key
     two = replace(a, ops=(replace(a.ops[0], inputs=("x", "x")),))
     assert spec_key(two) != key
+    both = replace(a, ops=(replace(a.ops[0], attrs={"mode": "relu", "alpha": 0.5}),))
+    reordered = replace(a, ops=(replace(a.ops[0], attrs={"alpha": 0.5, "mode": "relu"}),))
+    assert spec_key(both) == spec_key(reordered) != key  # attrs in another order: one group
 
 
 def test_an_environment_key_names_the_gpu_and_the_cudnn_that_ran_it() -> None:
