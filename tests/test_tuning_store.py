@@ -584,6 +584,8 @@ def test_an_entry_read_back_holds_each_field_within_its_bounds() -> None:
     big = b"x" * (MAX_TEXT * 3 // 4 + 3)  # its base64 is longer than any other text field's bound
     assert Entry.from_data({**data, "serialized": base64.b64encode(big).decode()},
                            "e").plan.serialized == big
+    with pytest.raises(BundleError, match=r"^e\.serialized: not base64"):
+        Entry.from_data({**data, "serialized": "AAEC!"}, "e")  # "AAEC" alone would decode
     for missing in ("plan", "host", "at", "dslc_version"):
         with pytest.raises(BundleError, match=r"^e"):
             Entry.from_data({k: v for k, v in data.items() if k != missing}, "e")
