@@ -137,3 +137,79 @@ def test_the_plan_lists_the_views_nothing_runs_and_no_other_value(tmp_path: Path
     assert plan.views and all(nodes[v].op == "view" for v in plan.views)
     assert set(plan.views) == {n.name for n in lowered.nodes if n.op == "view"} - \
         set(plan.load_time)
+
+
+def test_an_op_after_a_load_time_operand_is_judged_by_the_operands_after_it(
+        tmp_path: Path) -> None:
+    """`f - x` keeps its operands in order (a sub is not reordered as an add is): the load-time
+    `f` comes first and tells nothing, the model input after it does."""
+    reasons = _reasons("""model m {
+  input x: [4, 8]
+  param w: [4, 8]
+  let f = w * 2.0
+  output o = f - x
+}
+""", tmp_path)
+    assert reasons == {"o": "it reads the model input %x; no op runs before it"}
+
+
+def test_an_op_its_support_check_refuses_says_why_and_later_anchors_still_fuse(
+        tmp_path: Path) -> None:
+    """A rank-5 matmul (more batch axes than cuDNN takes) and an i64 cast: no pattern takes
+    them, and the plan gives the check's reason, not "no fusion pattern starts with this op";
+    the matmul after the refused one still fuses with its relu. (An output is stored in a
+    float dtype: lowering casts the i64 value back for it.)"""
+    model = check_source("""model m {
+  input x: [2, 2, 2, 4, 8]
+  input y: [2, 2, 2, 8, 4]
+  input u: [4, 8]
+  input v: [8, 4]
+  output big = matmul(x, y)
+  let n = matmul(u, v)
+  output r = relu(n)
+  let i = cast(u, i64)
+  output o = i
+}
+""", tmp_path).model
+    _, plan = lower_and_fuse(model)
+    by_node = {g.nodes: (g.pattern, g.reason) for g in plan.groups}
+    assert by_node[("big",)] == ("single", "cuDNN matmul takes at most 3 batch axes; %big has "
+                                           "rank 5")
+    assert by_node[("n", "r")] == ("matmul_epilogue", "")
+    assert by_node[("i",)] == ("single", "cuDNN graphs do not take i64 tensors (%i)")
+    # the output, cast back to f32, runs alone for the same reason
+    assert by_node[("o",)] == ("pointwise", "cuDNN graphs do not take i64 tensors (%i)")
+
+
+def test_a_group_is_named_after_the_param_its_load_time_weight_comes_from(
+        tmp_path: Path) -> None:
+    model = check_source("""model m {
+  input x: [4, 8]
+  param w: [8, 8]
+  output e = matmul(x, w * 2.0)
+  output r = relu(x)
+}
+""", tmp_path).model
+    _, plan = lower_and_fuse(model)
+    assert {g.nodes: g.name for g in plan.groups} == {("e",): "w", ("r",): "r"}
+
+
+def test_a_value_written_into_a_concat_is_planned_there_and_its_signature_says_so(
+        tmp_path: Path) -> None:
+    """relu(x), read only by the concat, is written into columns 0..8 of its [4, 16] buffer;
+    relu(y) and relu(z), stored on their own, are the same computation as it and share a
+    signature that its group, written through the concat's strides, does not."""
+    model = check_source("""model m {
+  input x: [4, 8]
+  input y: [4, 8]
+  input z: [4, 8]
+  let a = relu(x)
+  output c = concat([a, y], axis=1)
+  output b = relu(y)
+  output d = relu(z)
+}
+""", tmp_path).model
+    _, plan = lower_and_fuse(model)
+    assert plan.placement == {"a": ("c", (("slice", (0, 0), (4, 8)),))}
+    signature = {g.nodes[0]: g.signature for g in plan.groups}
+    assert signature["b"] == signature["d"] != signature["a"]

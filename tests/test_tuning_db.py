@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dslc.backend.spec import group_spec
+from dslc.backend.spec import GroupSpec, OpSpec, TensorSpec, group_spec
 from dslc.runtime import tuningdb
 from dslc.runtime.records import Environment, PlanRecord
 from dslc.runtime.tuningdb import SpecError, env_key, measured, open_store, spec_key
@@ -180,3 +180,168 @@ def test_a_json_database_at_the_path_is_kept_aside_and_imported(
     assert aside.read_bytes() == before
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and f"kept it as `{aside}`; imported its 12 entries" in said[0]
+
+
+def test_the_default_database_is_in_the_users_cache_folder(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # $XDG_CACHE_HOME where it is set (the XDG spec, which platformdirs follows on Linux).
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(tuningdb.ENV_VAR, raising=False)
+    assert tuningdb.default_path() == tmp_path / "dslc" / "tuning.db"
+    for spec in (None, ""):  # nothing named, or the variable set empty: the default file
+        if spec is not None:
+            monkeypatch.setenv(tuningdb.ENV_VAR, spec)
+        store = open_store(None)
+        assert isinstance(store, SQLiteStore) and store.path == tmp_path / "dslc" / "tuning.db"
+        assert store.beside == tmp_path / "dslc" / "tuning.json"
+    monkeypatch.setenv(tuningdb.ENV_VAR, "none")
+    assert open_store(None) is None
+    assert isinstance(open_store(tmp_path / "x.db"), SQLiteStore)  # a Path as well as a string
+
+
+@pytest.mark.parametrize("spec", ["redis://db:6379/0", "rediss://db:6380/15", "redis://db:6379",
+                                  "redis://db/3", "redis://db:65535/2147483647"])
+def test_a_redis_address_that_is_usable(spec: str) -> None:
+    assert tuningdb.redis_url(spec, "--tuning-db") == spec
+    store = open_store(spec)
+    assert isinstance(store, Tiered) and isinstance(store.shared, RedisStore)
+    assert store.shared.url == spec
+
+
+@pytest.mark.parametrize("spec, sentence", [
+    ("redis://db:65536/0", "the port must be a number in 1..65535"),
+    ("redis://db:0/0", "the port must be a number in 1..65535"),
+    ("redis://:6379/0", "no host; write redis://HOST:PORT/DB"),
+    ("redis://db:6379/2147483648", "the database must be a number, as in redis://HOST:PORT/0"),
+    ("redis://db:6379/-1", "the database must be a number, as in redis://HOST:PORT/0"),
+    ("redis://db:6379/X", "the database must be a number, as in redis://HOST:PORT/0"),
+    ("redis://db:6379/0#x", "write redis://HOST:PORT/DB, without options"),
+    ("redis://db:6379/0?db=1", "write redis://HOST:PORT/DB, without options"),
+])
+def test_what_a_redis_address_that_is_not_usable_says(spec: str, sentence: str) -> None:
+    with pytest.raises(SpecError) as err:
+        tuningdb.redis_url(spec, "DSLC_TUNING_DB")
+    assert str(err.value) == f"DSLC_TUNING_DB `{spec}`: {sentence}"
+
+
+def test_what_a_value_that_names_no_database_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SpecError) as err:
+        open_store("postgres://db/tuning")
+    assert str(err.value) == "--tuning-db `postgres://db/tuning`: not a database dslc knows; " \
+                             "name a file (SQLite), redis://HOST:PORT/DB or `none`"
+    with pytest.raises(SpecError) as err:
+        open_store("")
+    assert str(err.value) == "--tuning-db is empty; name a file (SQLite), redis://HOST:PORT/DB " \
+                             "or `none`"
+    monkeypatch.setenv(tuningdb.ENV_VAR, "redis://db:x/0")  # the variable is named as the origin
+    with pytest.raises(SpecError) as err:
+        open_store(None)
+    assert str(err.value) == "DSLC_TUNING_DB `redis://db:x/0`: the port must be a number in " \
+                             "1..65535"
+
+
+def test_which_values_name_a_file() -> None:
+    assert tuningdb.is_file("runs/tuning.db") == Path("runs/tuning.db")
+    assert tuningdb.is_file(Path("/x/t.db")) == Path("/x/t.db")
+    for spec in (None, "none", "redis://db:6379/0", "postgres://db/t"):
+        assert tuningdb.is_file(spec) is None
+
+
+@pytest.mark.parametrize("data, reason, tag", [
+    ({"version": 1}, "not a tuning database (no map of entries)", "unreadable"),
+    ({"version": 1, "entries": []}, "not a tuning database (no map of entries)", "unreadable"),
+    ([1, 2], "not a tuning database (no map of entries)", "unreadable"),
+    ({"version": 2, "entries": {}}, "JSON database version 2", "v2"),
+    ({"version": "1", "entries": {}}, "JSON database version '1'", "unreadable"),
+    ({"version": False, "entries": {}}, "JSON database version False", "unreadable"),
+    ({"version": 1, "entries": {"e" * 70: []}},
+     f"the entries of environment {'e' * 60!r} are not a map of records", "unreadable"),
+])
+def test_what_a_json_file_that_is_no_tuning_database_is(tmp_path: Path, data: object,
+                                                        reason: str, tag: str) -> None:
+    from dslc.runtime.tuningdb import legacy
+
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(legacy.NotLegacy) as err:
+        legacy.read(path)
+    assert (str(err.value), err.value.tag) == (reason, tag)
+
+
+def test_json_records_come_in_with_the_files_time_and_each_invalid_one_is_named(
+        tmp_path: Path) -> None:
+    import datetime
+    import os
+    import socket
+
+    from dslc.runtime.tuningdb import legacy
+
+    path = tmp_path / "tuning.json"
+    long_key = "b" * 40 + "-more"
+    raw = {"env": {long_key: {**record(1), "engine_id": "x"}, "k2": record(2),
+                   "k3": {**record(3), "ms": "slow"}, "k4": record(4)}}
+    path.write_text(json.dumps({"version": 1, "entries": raw}))
+    written = datetime.datetime(2026, 11, 1, 10, 0, 0, tzinfo=datetime.UTC).timestamp()
+    os.utime(path, (written, written))
+    entries, skipped = legacy.entries(legacy.read(path)[0], path)
+    assert [(env, key) for env, key, _ in entries] == [("env", "k2"), ("env", "k4")]
+    for *_, e in entries:
+        assert (e.host, e.at, e.dslc_version, e.source) == (
+            socket.gethostname(), "2026-11-01T10:00:00+00:00", "unknown", f"imported from {path}")
+    assert len(skipped) == 2
+    assert skipped[0].startswith(f"entries.{'b' * 40}.engine_id: ")
+    assert skipped[1].startswith("entries.k3.ms: ")
+
+
+def test_json_records_of_a_file_gone_meanwhile_come_in_at_the_time_now(tmp_path: Path) -> None:
+    import datetime
+
+    from dslc.runtime.tuningdb import legacy
+
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    [(_, _, e)], _ = legacy.entries({"env": {"k": record(1)}}, tmp_path / "gone.json")
+    after = datetime.datetime.now(datetime.UTC)
+    at = datetime.datetime.fromisoformat(e.at)
+    assert e.at.endswith("+00:00") and before <= at <= after and at.microsecond == 0
+
+
+def test_an_imported_json_record_does_not_replace_a_faster_entry(tmp_path: Path) -> None:
+    db = SQLiteStore(tmp_path / "tuning.db")
+    fast = measured(replace(PlanRecord.from_data(record(0), "r", tuning=True), ms=0.1))
+    db.put("env", "k0", fast)
+    db.close()
+    json_database(tmp_path / "tuning.json", 2)  # k0 at 0.5 ms, k1
+    again = SQLiteStore(tmp_path / "tuning.db", beside=tmp_path / "tuning.json")
+    assert again.get("env", "k0") == fast and again.size() == 2
+
+
+def _spec(names: tuple[str, str, str], signature: str, rows: int = 4,
+          op: str = "relu") -> GroupSpec:
+    x, y, node = names
+    return GroupSpec(signature,
+                     (TensorSpec(x, 1, (rows, 8), (8, 1), "f16", "input"),
+                      TensorSpec(y, 2, (rows, 8), (8, 1), "f16", "output")),
+                     (OpSpec(node, op, (x,), {"mode": op}, "f32"),), "f16", "f32", "f32")
+
+
+def test_a_group_key_is_its_cuDNN_form_without_names() -> None:
+    """Two groups that differ only in value names and signature share a key (24 hex digits);
+    a size, an op or an operand count tells them apart."""
+    a = _spec(("x", "h", "h"), "aaaa")
+    b = _spec(("input.0", "layer1.out", "layer1.relu"), "bbbb")
+    key = spec_key(a)
+    assert key == spec_key(b) and len(key) == 24 and int(key, 16) >= 0
+    assert a.data()["tensors"][0]["name"] == "x"  # the spec itself keeps its names
+    assert spec_key(_spec(("x", "h", "h"), "aaaa", rows=2)) != key
+    assert spec_key(_spec(("x", "h", "h"), "aaaa", op="tanh")) != key
+    two = replace(a, ops=(replace(a.ops[0], inputs=("x", "x")),))
+    assert spec_key(two) != key
+    both = replace(a, ops=(replace(a.ops[0], attrs={"mode": "relu", "alpha": 0.5}),))
+    reordered = replace(a, ops=(replace(a.ops[0], attrs={"alpha": 0.5, "mode": "relu"}),))
+    assert spec_key(both) == spec_key(reordered) != key  # attrs in another order: one group
+
+
+def test_an_environment_key_names_the_gpu_and_the_cudnn_that_ran_it() -> None:
+    env = Environment(device_name="NVIDIA H200", compute_capability="9.0", sm_count=132,
+                      cudnn_backend=91900, cudnn_frontend="1.32.0")
+    assert env_key(env) == "NVIDIA H200|9.0|132|91900|1.32.0"

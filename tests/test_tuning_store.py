@@ -264,7 +264,354 @@ def test_a_read_only_replica_costs_the_writes_not_the_reads(
         assert replica.put(ENV, "new", entry(2)) == entry(2) and replica.stores == 0
         assert replica.lease(ENV, "k", "me", 30.0)  # nobody to share the work with through it
         said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(said) == 1 and "cannot write tuning database" in said[0]
+        assert len(said) == 1 and said[0].startswith(f"cannot write tuning database `{redis_url}` (")
+        assert said[0].endswith("You can't write against a read only replica.); results stay local")
     finally:
         writer.client.replicaof("NO", "ONE")
     assert writer.get(ENV, "new") is None
+
+
+# The fleet's database over this machine's (`tiered.Tiered`), with a fleet store that can be
+# taken down at will and a clock the test moves.
+
+class Fleet(TuningStore):
+    """A fleet's store as `Tiered` sees one: a SQLite file behind it, and `down` makes every
+    call raise `Unavailable`, as a server out of reach does; `calls` counts the calls."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.inner = SQLiteStore(path)
+        self.name = "redis://fleet:6379/0"
+        self.down = False
+        self.calls = 0
+        self.closed = False
+
+    def _reach(self) -> SQLiteStore:
+        from dslc.runtime.tuningdb import Unavailable
+
+        self.calls += 1
+        if self.down:
+            raise Unavailable("tuning database `redis://fleet:6379/0` cannot be reached (down)")
+        return self.inner
+
+    def get(self, env: str, key: str) -> Entry | None:
+        return self._reach().get(env, key)
+
+    def put(self, env: str, key: str, entry: Entry) -> Entry:
+        return self._reach().put(env, key, entry)
+
+    def lease(self, env: str, key: str, holder: str, ttl_s: float) -> bool:
+        return self._reach().lease(env, key, holder, ttl_s)
+
+    def release(self, env: str, key: str, holder: str) -> None:
+        self._reach().release(env, key, holder)
+
+    def size(self) -> int:
+        return self._reach().size()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The clock `Tiered` reads (seconds; the test moves it)."""
+    from types import SimpleNamespace
+
+    from dslc.runtime.tuningdb import tiered
+
+    now = [1000.0]
+    monkeypatch.setattr(tiered, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def _tiered(tmp_path: Path) -> tuple[TuningStore, Fleet, SQLiteStore]:
+    from dslc.runtime.tuningdb.tiered import Tiered
+
+    fleet, local = Fleet(tmp_path / "fleet.db"), SQLiteStore(tmp_path / "local.db")
+    return Tiered(fleet, local), fleet, local
+
+
+def test_tiered_reads_the_fleet_first_and_keeps_what_it_read_here(
+        tmp_path: Path, clock: list[float], caplog: pytest.LogCaptureFixture) -> None:
+    db, fleet, local = _tiered(tmp_path)
+    assert db.name == "redis://fleet:6379/0"
+    fast, slow = entry(1, ms=1.0, host="fleet"), entry(2, ms=2.0, host="here")
+    fleet.inner.put(ENV, "k", fast)
+    assert db.get(ENV, "k") == fast and db.hits == 1
+    assert local.get(ENV, "k") == fast  # kept here, for when the fleet is down
+    fleet.inner.put(ENV, "k2", fast)
+    local.put(ENV, "k2", slow)  # here an older, slower one: the fleet's replaces it
+    assert db.get(ENV, "k2") == fast and local.get(ENV, "k2") == fast and db.hits == 2
+    assert db.get(ENV, "none") is None and db.hits == 2
+    stored = local.stores
+    with caplog.at_level(logging.INFO, logger="dslc.tuningdb"):
+        assert db.get(ENV, "k") == fast and local.stores == stored  # the same: not put again
+    assert "kept the record" not in caplog.text
+
+
+def test_tiered_publishes_what_was_measured_while_the_fleet_was_down(tmp_path: Path,
+                                                                     clock: list[float]) -> None:
+    db, fleet, local = _tiered(tmp_path)
+    mine = entry(3, host="here")
+    local.put(ENV, "k", mine)
+    assert db.get(ENV, "k") == mine and db.hits == 1
+    assert fleet.inner.get(ENV, "k") == mine
+
+
+def test_tiered_puts_go_to_both_and_the_fleets_merge_decides(tmp_path: Path,
+                                                             clock: list[float]) -> None:
+    db, fleet, local = _tiered(tmp_path)
+    fast, slow = entry(1, ms=1.0, host="fleet"), entry(2, ms=2.0, host="here")
+    fleet.inner.put(ENV, "k", fast)
+    assert db.put(ENV, "k", slow) == fast and db.stores == 0  # lost to the fleet's
+    assert local.get(ENV, "k") == slow  # this machine had none: it keeps its own
+    faster = entry(3, ms=0.5, host="here")
+    assert db.put(ENV, "k", faster) == faster and db.stores == 1
+    assert fleet.inner.get(ENV, "k") == faster and local.get(ENV, "k") == faster
+    assert db.put(ENV, "k2", slow) == slow and db.stores == 2
+    assert db.size() == 2 and fleet.calls > 0
+
+
+def test_a_fleet_that_is_down_costs_reuse_never_a_start(
+        tmp_path: Path, clock: list[float], caplog: pytest.LogCaptureFixture) -> None:
+    """Reads, writes, leases and the size go to this machine's database alone, said once; the
+    fleet is not tried again until 30 s later."""
+    db, fleet, local = _tiered(tmp_path)
+    mine = entry(1, host="here")
+    local.put(ENV, "k", mine)
+    fleet.inner.put(ENV, "a", entry(2))
+    fleet.inner.put(ENV, "b", entry(3))
+    fleet.inner.put(ENV, "c", entry(5))
+    fleet.down = True
+    with caplog.at_level(logging.WARNING, logger="dslc.tuningdb"):
+        assert db.get(ENV, "k") == mine and db.hits == 1
+        assert db.get(ENV, "a") is None and db.hits == 1
+        assert db.get(ENV, "k") == mine and db.hits == 2
+        assert fleet.calls == 1  # tried once; not again while it is down
+        new = entry(4, host="here")
+        assert db.put(ENV, "new", new) == new and db.stores == 1
+        assert local.get(ENV, "new") == new
+        assert db.lease(ENV, "k", "me", 30.0)
+        assert not local.lease(ENV, "k", "another", 30.0)  # taken on this machine's database
+        db.release(ENV, "k", "me")
+        assert local.lease(ENV, "k", "another", 30.0)  # and given back there
+        assert not db.lease(ENV, "k", "me", 30.0)  # another process of this host holds it
+        db.release(ENV, "never leased", "me")  # nothing to give back: nothing happens
+        assert db.size() == 2  # this machine's two
+        assert fleet.calls == 1
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == ["tuning database `redis://fleet:6379/0` cannot be reached (down); using "
+                    f"this machine's tuning database `{local.name}` and the heuristics' plans "
+                    "meanwhile"]
+    fleet.down = False
+    clock[0] += 29.5
+    assert db.size() == 2 and fleet.calls == 1  # not yet
+    clock[0] += 0.5
+    assert db.size() == 3 and fleet.calls == 2  # 30 s later: the fleet's three
+    assert fleet.inner.get(ENV, "k") is None  # published when next read, not before
+    assert db.get(ENV, "k") == mine and fleet.inner.get(ENV, "k") == mine
+
+
+def test_tiered_leases_are_the_fleets_while_it_is_up(tmp_path: Path, clock: list[float]) -> None:
+    db, fleet, local = _tiered(tmp_path)
+    assert db.lease(ENV, "k", "me", 30.0)
+    assert not fleet.inner.lease(ENV, "k", "another host", 30.0)  # one host measures a key
+    assert local.lease(ENV, "k", "another process", 30.0)  # not taken here
+    local.release(ENV, "k", "another process")
+    db.release(ENV, "k", "me")
+    assert fleet.inner.lease(ENV, "k", "another host", 30.0)  # given back on the fleet
+    assert not db.lease(ENV, "k", "me", 30.0)  # another host holds it
+    assert local.lease(ENV, "k", "another process", 30.0)  # and this machine's is not taken
+    fleet.inner.release(ENV, "k", "another host")
+    assert db.lease(ENV, "k2", "me", 30.0)
+    fleet.down = True
+    db.release(ENV, "k2", "me")  # the fleet went down meanwhile: its lease expires by itself
+    assert db.size() == 0 and fleet.calls == 5  # down since the release: not tried for size
+    db.close()
+    assert fleet.closed and local._conn is None
+
+
+# What each store says and counts, to the letter.
+
+def test_what_a_put_that_lost_says(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    db = backend.open()
+    key = "0123456789abcdef0123456789abcdef"  # said by its first 24 characters
+    fast, slow = entry(1, ms=1.0, host="fast"), entry(2, ms=2.0, host="slow")
+    db.put(ENV, key, fast)
+    with caplog.at_level(logging.INFO, logger="dslc.tuningdb"):
+        assert db.put(ENV, key, slow) == fast
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tuning database {db.name}: kept the record of fast (1.0 ms) for "
+        "0123456789abcdef01234567 over the one from slow (2.0 ms)"]
+
+
+def test_each_hit_and_each_store_is_counted(backend: Backend) -> None:
+    db = backend.open()
+    db.put(ENV, "a", entry(1))
+    db.put(ENV, "b", entry(2))
+    db.put(ENV, "b", entry(3, ms=9.0))  # lost: not a store
+    assert db.get(ENV, "a") == entry(1) and db.get(ENV, "b") == entry(2)
+    assert db.get(ENV, "c") is None
+    assert (db.hits, db.stores) == (2, 2)
+
+
+def test_a_damaged_entry_is_named_by_the_first_40_characters_of_its_key(
+        backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    key = "k" * 40 + "-the rest of a long key"
+    db = backend.open()
+    db.put(ENV, key, entry(1))
+    backend.corrupt(ENV, key, "{ torn")
+    assert backend.open().get(ENV, key) is None
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and f"(entries.{'k' * 40}: not JSON " in said[0]
+
+
+def test_a_record_is_validated_only_with_an_engine_a_positive_time_and_an_error() -> None:
+    from dslc.runtime.tuningdb import validated
+
+    plan = record(1)
+    assert validated(plan) and validated(replace(plan, ms=1e-9))
+    for wrong in ({"ms": 0.0}, {"ms": -1.0}, {"ms": float("nan")}, {"ms": None},
+                  {"error": None}, {"error": float("inf")}, {"engine_id": None}):
+        assert not validated(replace(plan, **wrong)), wrong
+
+
+def test_an_entry_is_stored_with_its_keys_in_order_at_every_level() -> None:
+    """The stored text is canonical: equal entries are equal bytes in any store."""
+    import json
+
+    orders: list[list[str]] = []
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        orders.append([k for k, _ in items])
+        return dict(items)
+
+    text = measured(replace(record(3), serialized=b"\x01"), host="h", at="t", source="s",
+                    driver=5).encode()
+    json.loads(text, object_pairs_hook=pairs)
+    assert len(orders) > 3 and all(keys == sorted(keys) for keys in orders)
+
+
+def test_a_redis_entry_is_one_key_named_by_schema_environment_and_group(redis_url: str) -> None:
+    """`dslc:tuning:<schema>:<first 16 hex digits of the environment's SHA-256>:<group key>`
+    (and `dslc:lease:...` for its lease); the size counts only the entries of this schema."""
+    import hashlib
+
+    from dslc.runtime.tuningdb.store import SCHEMA
+
+    db = RedisStore(redis_url)
+    db.put(ENV, "k", entry(1))
+    db.lease(ENV, "k", "me", 30.0)
+    digest = hashlib.sha256(ENV.encode()).hexdigest()[:16]
+    client = db.client
+    assert sorted(client.keys("*")) == [f"dslc:lease:{SCHEMA}:{digest}:k".encode(),
+                                        f"dslc:tuning:{SCHEMA}:{digest}:k".encode()]
+    client.set(f"dslc:tuning:{SCHEMA - 1}:{digest}:k", "an older dslc's")
+    client.set("another:application", "x")
+    for i in range(3):
+        db.lease(ENV, f"lease{i}", "me", 30.0)
+    assert db.size() == 1
+
+
+def test_a_redis_store_is_used_again_after_close_and_handed_on_without_its_connection(
+        redis_url: str) -> None:
+    import pickle
+
+    db = RedisStore(redis_url)
+    db.put(ENV, "k", entry(1))
+    copy = pickle.loads(pickle.dumps(db))
+    assert copy._client is None and copy.url == redis_url and copy.get(ENV, "k") == entry(1)
+    db.close()
+    assert db.get(ENV, "k") == entry(1)  # connects again
+
+
+def test_a_host_without_the_redis_client_reads_the_fleet_as_down(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from dslc.runtime.tuningdb import Unavailable
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` raises ImportError
+    with pytest.raises(Unavailable) as err:
+        RedisStore("redis://db:6379/0").get(ENV, "k")
+    assert str(err.value) == "the fleet's tuning database needs the Redis client, which is not " \
+                             "installed here (`pip install 'dslc[fleet]'`)"
+
+
+def test_a_redis_lease_lasts_its_time_in_milliseconds_and_at_least_one() -> None:
+    asked: list[int] = []
+
+    class Client:
+        def set(self, name: str, holder: str, px: int, nx: bool) -> bool:
+            asked.append(px)
+            return True
+
+    db = RedisStore("redis://db:6379/0")
+    db._client = Client()
+    for ttl_s in (30.0, 0.0025, 0.0001):
+        assert db.lease(ENV, "k", "me", ttl_s)
+    assert asked == [30000, 2, 1]
+
+
+def test_an_entry_read_back_holds_each_field_within_its_bounds() -> None:
+    """host up to 256 characters, `at` and the dslc version up to 64, a driver in 0..2**62,
+    `source` optional, the serialized bytes base64; past a bound the entry is damaged, named
+    by its field."""
+    import base64
+    import json
+
+    from dslc.runtime.records import BundleError
+
+    good = measured(replace(record(1), serialized=b"\x00\xff"), host="h", at="t", driver=7)
+    data = good.to_data()
+    assert Entry.from_data(data, "e") == good
+    assert Entry.decode(json.dumps(data), "e") == good
+    assert Entry.decode(json.dumps(data).encode(), "e") == good  # bytes, as Redis gives them
+    for name, at_bound, past in (("host", "h" * 256, "h" * 257), ("at", "t" * 64, "t" * 65),
+                                 ("dslc_version", "v" * 64, "v" * 65),
+                                 ("driver", 2**62, 2**62 + 1), ("driver", 0, -1),
+                                 ("source", "from a file", 7)):
+        kept = Entry.from_data({**data, name: at_bound}, "e")
+        assert getattr(kept, name) == at_bound
+        with pytest.raises(BundleError, match=rf"^e\.{name}: "):
+            Entry.from_data({**data, name: past}, "e")
+    without = {k: v for k, v in data.items() if k not in ("serialized", "driver")}
+    bare = Entry.from_data(without, "e")
+    assert bare.plan.serialized is None and bare.driver is None and bare.source is None
+    from dslc.runtime.fields import MAX_TEXT
+
+    big = b"x" * (MAX_TEXT * 3 // 4 + 3)  # its base64 is longer than any other text field's bound
+    assert Entry.from_data({**data, "serialized": base64.b64encode(big).decode()},
+                           "e").plan.serialized == big
+    with pytest.raises(BundleError, match=r"^e\.serialized: not base64"):
+        Entry.from_data({**data, "serialized": "AAEC!"}, "e")  # "AAEC" alone would decode
+    for missing in ("plan", "host", "at", "dslc_version"):
+        with pytest.raises(BundleError, match=r"^e"):
+            Entry.from_data({k: v for k, v in data.items() if k != missing}, "e")
+    with pytest.raises(BundleError, match=r"^e: "):
+        Entry.from_data({**data, "extra": 1}, "e")
+    with pytest.raises(BundleError, match=r"^e: not JSON \("):
+        Entry.decode(b"\xff\xfe", "e")
+
+
+def test_an_entry_measured_here_says_where_when_and_by_which_dslc() -> None:
+    import datetime
+    import socket
+
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    e = measured(record(1))
+    after = datetime.datetime.now(datetime.UTC)
+    assert e.host == socket.gethostname() and e.dslc_version == VERSION and e.source is None
+    at = datetime.datetime.fromisoformat(e.at)
+    assert e.at.endswith("+00:00") and before <= at <= after and at.microsecond == 0
+    given = measured(record(1), host="gpu-1", at="2026-11-01T10:00:00+00:00", source="bundle")
+    assert (given.host, given.at, given.source) == ("gpu-1", "2026-11-01T10:00:00+00:00",
+                                                    "bundle")
+    with_bytes = replace(record(1), serialized=b"\x01")
+    assert measured(with_bytes, driver=5).driver == 5
+    assert measured(with_bytes, driver=5).plan.serialized == b"\x01"
+    assert measured(with_bytes).plan.serialized is None and measured(with_bytes).driver is None
+    assert measured(record(1), driver=5).driver is None  # no bytes: no driver to keep
+    fresh = SQLiteStore(Path("unused.db"))
+    assert (fresh.hits, fresh.stores) == (0, 0)

@@ -60,10 +60,10 @@ class _Partition:
                 if not members:
                     continue
                 self.add(pattern, members, "")
-        for node in self.graph.nodes:
+        for node in self.graph.nodes:  # what no pattern took: the check's reason, if one refused it
             if self.runs(node) and node.name not in self.grouped:
-                self.add(None, [node.name], FALLBACK_REASONS.get(node.op, "no fusion pattern "
-                                                                 "starts with this op"))
+                self.add(None, [node.name], self.refused.get(node.name) or FALLBACK_REASONS.get(
+                    node.op, "no fusion pattern starts with this op"))
 
     def add(self, pattern: FusionPattern | None, members: list[str], reason: str) -> None:
         for m in members:
