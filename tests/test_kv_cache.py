@@ -238,3 +238,19 @@ def test_a_written_cache_read_by_a_concat_is_copied_into_it(tmp_path: Path) -> N
     out = arena.run(program, {}, x, {})
     want = np.concatenate([np.maximum(x["other"], 0), _by_hand(x)], axis=2)
     np.testing.assert_array_equal(out["y"], want)
+
+
+def test_a_bundle_whose_written_input_has_a_second_reader_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """E0211 holds in a bundle too. The checker refuses such a model, so the hostile bundle is
+    made with its rule switched off: making its records names the written input (the manifest
+    is held to the graph when made and when read)."""
+    monkeypatch.setattr("dslc.check.elaborate.check_in_place", lambda *a, **k: None)
+    text = STEP.format(io="f32", layout="").replace(
+        "output y = k * 2.0", "output y = k * 2.0\n  output z = k_cache * 3.0")
+    model = check_source(text, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    compiled = compile_model(model, lowered, plan, load_target("h200"))
+    with pytest.raises(BundleError, match=r"manifest\.written\[0\]: input `k_cache` is written "
+                                          r"in place and read by something else too"):
+        emit_bundle.records(compiled)

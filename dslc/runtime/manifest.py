@@ -188,6 +188,16 @@ class Manifest:
         if self.written != written_inputs(graph.graph):
             # A runner that copied a written input into a static buffer would write the copy.
             f.wrong(f"{path}.written", "the inputs written in place differ from the graph's")
+        users = graph.graph.users()
+        exported = {value for _, value in graph.graph.outputs}
+        for i, w in enumerate(self.written):
+            # E0211 holds in a bundle too: a second reader of a cache would see it before or
+            # after the write depending on the order of the steps.
+            node = inputs.get(w.input)
+            readers = users[node.name] if node is not None else []
+            if node is None or node.name in exported or len(readers) != 1:
+                f.wrong(f"{path}.written[{i}]", f"input `{w.input[:40]}` is written in place "
+                        "and read by something else too")
         syms = {s.name: s for s in graph.syms}
         for i, dd in enumerate(self.dims):
             s = syms.get(dd.name)
