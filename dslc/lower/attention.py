@@ -32,9 +32,7 @@ def padding_mask_lengths(rw: Rewriter, node: Node) -> str | None:
     batch, sq = q.shape[0], q.shape[2]
     key = f"q_len.{format_dim(batch)}x{format_dim(sq)}"
     if key not in rw.memo:
-        name = f"{node.name}.q_len"
-        rw.memo[key] = rw.new("full", (), {"shape": (batch,), "value": sq, "dtype": "i32"},
-                              TensorType("i32", (batch,)), node, name)
+        rw.memo[key] = _full(rw, node, batch, sq, f"{node.name}.q_len")
     k = rw.node(node.inputs[operands.index("k")]).type
     inputs = list(node.inputs)
     at = operands.index("kv_len")
@@ -47,8 +45,13 @@ def _within(rw: Rewriter, node: Node, lengths: str, batch: Dim, keys: Dim) -> st
     """`min(lengths, full([B], Skv, i32))`, made once per lengths and key count."""
     key = f"kv_len.{lengths}.{format_dim(keys)}"
     if key not in rw.memo:
-        limit = rw.new("full", (), {"shape": (batch,), "value": keys, "dtype": "i32"},
-                       TensorType("i32", (batch,)), node, f"{node.name}.kv_max")
+        limit = _full(rw, node, batch, keys, f"{node.name}.kv_max")
         rw.memo[key] = rw.new("min", (lengths, limit), {}, TensorType("i32", (batch,)), node,
                               f"{node.name}.kv_len")
     return rw.memo[key]
+
+
+def _full(rw: Rewriter, node: Node, batch: Dim, value: Dim, name: str) -> str:
+    """`full([B], value, i32)`: one length per batch row."""
+    return rw.new("full", (), {"shape": (batch,), "value": value, "dtype": "i32"},
+                  TensorType("i32", (batch,)), node, name)

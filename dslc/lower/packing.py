@@ -16,9 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from dslc.core.types import TensorType
-from dslc.ir.graph import Attrs, Graph, Node
+from dslc.ir.graph import Graph, Node
 from dslc.ir.naming import StepNames
 from dslc.lower.canonical import load_time
+from dslc.lower.rewrite import derived
 from dslc.ops import OPS
 
 
@@ -125,24 +126,26 @@ def _packed(family: list[Branch]) -> list[Node]:
     total = sum(b.width for b in family)
     name = f"{m.name}.packed"
     shape = (*m.type.shape[:-1], total)
-    out = [_like(m, f"{name}.weight", "concat", tuple(b.matmul.inputs[1] for b in family),
-                 _joined(len(family), 1), TensorType(first.weight.dtype, (first.weight.shape[0], total))),
-           _like(m, name, "matmul", (m.inputs[0], f"{name}.weight"), dict(m.attrs),
-                 TensorType(m.type.dtype, shape, m.type.layout))]
+    out = [derived("concat", tuple(b.matmul.inputs[1] for b in family), _joined(len(family), 1),
+                   TensorType(first.weight.dtype, (first.weight.shape[0], total)), m,
+                   f"{name}.weight"),
+           derived("matmul", (m.inputs[0], f"{name}.weight"), dict(m.attrs),
+                   TensorType(m.type.dtype, shape, m.type.layout), m, name)]
     if first.bias is not None and first.bias_vector is not None:
         bias = replace(first.bias, path=m.path)
         vectors = tuple(b.bias.inputs[1] for b in family if b.bias is not None)
-        out.append(_like(bias, f"{name}.bias", "concat", vectors, _joined(len(family), 0),
-                         TensorType(first.bias_vector.dtype, (total,))))
-        out.append(_like(bias, f"{name}.biased", "bias_add", (name, f"{name}.bias"),
-                         dict(bias.attrs), TensorType(bias.type.dtype, shape, bias.type.layout)))
+        out.append(derived("concat", vectors, _joined(len(family), 0),
+                           TensorType(first.bias_vector.dtype, (total,)), bias, f"{name}.bias"))
+        out.append(derived("bias_add", (name, f"{name}.bias"), dict(bias.attrs),
+                           TensorType(bias.type.dtype, shape, bias.type.layout), bias,
+                           f"{name}.biased"))
     packed = out[-1].name
     offset = 0
     for b in family:
         starts = (0,) * (len(shape) - 1) + (offset,)
         ends = (*shape[:-1], offset + b.width)
-        out.append(_like(b.end, f"{b.end.name}.slice", "slice", (packed,),
-                         {"starts": starts, "ends": ends}, b.end.type))
+        out.append(derived("slice", (packed,), {"starts": starts, "ends": ends}, b.end.type,
+                           b.end, f"{b.end.name}.slice"))
         offset += b.width
     return out
 
@@ -162,12 +165,6 @@ def _joined_path(paths: Iterable[str]) -> str:
 def _joined(count: int, axis: int) -> dict[str, object]:
     """A concat's attributes: its axis and its operands named as the checker names them."""
     return {"axis": axis, "operands": tuple(f"xs.{i}" for i in range(count))}
-
-
-def _like(node: Node, name: str, op: str, inputs: tuple[str, ...], attrs: dict[str, object],
-          type_: TensorType) -> Node:
-    """A new node with the span, instance path and precision of `node`."""
-    return Node(name, op, inputs, Attrs(attrs), type_, node.span, node.path, node.precision)
 
 
 def _renamed(node: Node, replaced: dict[str, str]) -> Node:

@@ -11,6 +11,13 @@ from dslc.core.types import PrecisionSpec, TensorType
 from dslc.ir.graph import Attrs, Graph, Node
 
 
+def derived(op: str, inputs: tuple[str, ...], attrs: dict[str, Any], type_: TensorType,
+            like: Node, name: str, precision: PrecisionSpec | None = None) -> Node:
+    """A new node with the span, instance path and precision (unless given) of `like`."""
+    return Node(name, op, inputs, Attrs(attrs), type_, like.span, like.path,
+                precision or like.precision)
+
+
 class Rewriter:
     def __init__(self, graph: Graph) -> None:
         self.old = graph
@@ -51,9 +58,8 @@ class Rewriter:
 
     def new(self, op: str, inputs: tuple[str, ...], attrs: dict[str, Any], type_: TensorType,
             like: Node, name: str, precision: PrecisionSpec | None = None) -> str:
-        """A node derived from `like` (its span, instance path and precision)."""
-        return self.emit(Node(name, op, inputs, Attrs(attrs), type_, like.span, like.path,
-                              precision or like.precision))
+        """A node derived from `like` (`derived`), emitted."""
+        return self.emit(derived(op, inputs, attrs, type_, like, name, precision))
 
     def finish(self) -> Graph:
         outputs = tuple((n, self.renamed.get(v, v)) for n, v in self.old.outputs)
