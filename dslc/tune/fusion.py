@@ -116,13 +116,14 @@ def measure_splits(bundle: Bundle, plans: Mapping[tuple[str, str], PlanRecord],
     bundle's."""
     program = Schedule(bundle)
     found = splits(program)
+    storages = {b.key: program.memory_plan(dict(b.dims)).storage for b in bundle.buckets}
     out = []
     for i, s in enumerate(found):
         m = Measured(s)
         for bucket in bundle.buckets:
             if progress:
                 progress(f"[{i + 1}/{len(found)}] {bucket.key} {s.step.name} split")
-            storage = program.memory_plan(dict(bucket.dims)).storage
+            storage = storages[bucket.key]
             fused = plans.get((bucket.key, s.step.signature)) or \
                 bucket.graphs[s.step.signature].plan
             m.fused_ms[bucket.key] = fused.ms
@@ -145,12 +146,15 @@ def with_fusion(bundle: Bundle, measured: list[Measured]) -> Bundle:
     every bucket, the fused one dropped where no step uses it, memory plans made again) and
     every measured step saying what was measured."""
     by_step = {m.split.step.name: m for m in measured}
+    # a split is taken where it won and both parts have a plan at every bucket
+    taken = [m for m in measured if m.chosen and len(m.parts) == len(bundle.buckets)]
+    split_steps = {m.split.step.name for m in taken}
     steps: list[StepRecord] = []
     for step in bundle.steps:
         m = by_step.get(step.name)
         if m is None:
             steps.append(step)
-        elif not m.chosen or len(m.parts) != len(bundle.buckets):
+        elif step.name not in split_steps:
             steps.append(replace(step, reason=_joined(step.reason, f"{m.summary()}: kept fused")))
         else:
             why = f"split from the fused group {step.name} by measurement ({m.summary()})"
@@ -162,13 +166,12 @@ def with_fusion(bundle: Bundle, measured: list[Measured]) -> Bundle:
     buckets = []
     for bucket in bundle.buckets:
         graphs = {sig: g for sig, g in bucket.graphs.items() if sig in used}
-        for m in measured:
-            if m.chosen and m.split.step.name in by_step and bucket.key in m.parts:
-                for spec, plan in m.parts[bucket.key]:
-                    at = f"buckets.{bucket.key}.graphs.{spec.signature}"
-                    graphs.setdefault(spec.signature, GraphEntry(
-                        SpecRecord.from_data(spec.data(), f"{at}.spec", nodes),
-                        PlanRecord.from_data(plan.to_data(), f"{at}.plan")))
+        for m in taken:
+            for spec, plan in m.parts[bucket.key]:
+                at = f"buckets.{bucket.key}.graphs.{spec.signature}"
+                graphs.setdefault(spec.signature, GraphEntry(
+                    SpecRecord.from_data(spec.data(), f"{at}.spec", nodes),
+                    PlanRecord.from_data(plan.to_data(), f"{at}.plan")))
         buckets.append(replace(bucket, graphs=graphs))
     out = replace(bundle, steps=tuple(named), buckets=tuple(buckets))
     program = Schedule(out)
