@@ -52,9 +52,9 @@ class Schedule:
         self.outputs = dict(self.graph.outputs)
         # Concat operands their producers write in place (`dslc.ir.placement`).
         self.placement = in_place(self.graph, self.load_time)
-        # Inputs written in place, found once: every plain call's replay asks.
-        self._written = frozenset(self.nodes[self._base(n.name)].attrs["name"]
-                                  for n in self.graph.nodes if n.op in IN_PLACE)
+        # Inputs written in place, as the manifest lists them (held to the graph when the
+        # bundle is read), found once: every plain call's replay asks.
+        self._written = frozenset(w.input for w in self.bundle.manifest.written)
 
     def storage(self, name: str, values: Mapping[str, int]) -> Storage:
         node = self.nodes[name]

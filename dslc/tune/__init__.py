@@ -67,11 +67,8 @@ def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
     """Measure every (bucket, graph) of a bundle on this GPU (or those of `only`, by bucket key
     and signature: one GPU's share, `dslc.tune.gpus`); the bundle is not changed (`tuned_bundle`
     makes the tuned one)."""
-    _, cudnn = require()
-    handle = cudnn.create_handle()
-    live = Environment.from_data(environment.live(properties=True), "live environment")
+    handle, live, program = _on_this_gpu(bundle)
     env = env_key(live)
-    program = Schedule(bundle)
     names = {s.signature: s.name for s in program.steps}
     report = Report()
     plans: dict[tuple[str, str], PlanRecord] = {}
@@ -142,15 +139,20 @@ def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
     return (heur, result.chosen.ms, result.chosen.error, "tuned", len(result.candidates)), plan
 
 
+def _on_this_gpu(bundle: Bundle) -> tuple[Any, Environment, Schedule]:
+    """What measuring a bundle here needs: a cuDNN handle, this machine's environment (with
+    the device's properties, as a tuned bundle records it), the bundle's schedule."""
+    _, cudnn = require()
+    live = Environment.from_data(environment.live(properties=True), "live environment")
+    return cudnn.create_handle(), live, Schedule(bundle)
+
+
 def group_measurer(bundle: Bundle, db: TuningStore | None, budget_s: float = 20.0,
                    search: str = "heuristics") -> Callable[[GroupSpec, Mapping[str, Any], str],
                                                            PlanRecord | None]:
     """A function measuring one group graph on this GPU as `tune` measures each of a bundle's
     (the database first): its tuned plan with its time, or None (`dslc.tune.fusion`)."""
-    _, cudnn = require()
-    handle = cudnn.create_handle()
-    live = Environment.from_data(environment.live(properties=True), "live environment")
-    program = Schedule(bundle)
+    handle, live, program = _on_this_gpu(bundle)
 
     def measure(spec: GroupSpec, storage: Mapping[str, Any], where: str) -> PlanRecord | None:
         _, plan = _tune_one(spec, program, dict(storage), handle, db, (env_key(live), live.driver),
