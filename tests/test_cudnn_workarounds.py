@@ -96,3 +96,60 @@ def test_a_copy_gives_a_size_one_axis_whose_stride_ties_another_the_outermost_on
     [source] = [t for t in spec.tensors if t.role == "input"]
     assert source.dims == (1, 2, 12, 7)
     assert source.strides == (168, 84, 7, 1)  # the size-1 axis outside all: 84 * 2
+
+
+def _kinds(c: Compiled) -> dict[str, str]:
+    return {c.graph.by_name()[s.group.nodes[0]].op: s.kind for s in c.steps}
+
+
+def test_a_copy_that_moves_the_batch_axis_inward_runs_as_a_fallback_kernel(
+        tmp_path: Path) -> None:
+    # 133% off on the H200 as cuDNN's copy (NHWC [2, 3, 4, 4] transposed [1, 0, 2, 3]: the batch
+    # outermost in the result, inside the channels in the operand)
+    c = _compiled("""model m {
+  layout NHWC
+  input x: f32[2, 3, 4, 4]
+  output y = transpose(x, perm=[1, 0, 2, 3])
+}""", tmp_path)
+    [step] = c.steps
+    assert step.kind == "kernel" and "batch axis" in step.reason
+
+
+def test_a_pointwise_op_over_such_a_transpose_runs_as_a_fallback_kernel_too(
+        tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  layout NHWC
+  input x: f32[2, 3, 4, 5]
+  output y = relu(transpose(x, perm=[2, 0, 3, 1]))
+}""", tmp_path)
+    assert _kinds(c) == {"relu": "kernel"}
+
+
+def test_a_conv_over_a_transpose_of_batch_and_channels_copies_its_data_in_a_kernel(
+        tmp_path: Path) -> None:
+    # 150% off on the H200: the conv's channels-last copy of the transposed data was wrong
+    c = _compiled("""model m {
+  input x: f32[2, 3, 4, 4]
+  param w: [1, 2, 1, 1]
+  output y = conv(transpose(x, perm=[1, 0, 2, 3]), w, stride=1, dilation=1, groups=1)
+}""", tmp_path)
+    nodes = c.graph.by_name()
+    conv = next(s for s in c.steps if nodes[s.group.nodes[0]].op == "conv")
+    [copy] = [s for s in c.steps if conv.group.inputs[0] in s.group.outputs]
+    assert conv.kind == "graph" and copy.kind == "kernel"
+
+
+def test_layout_copies_that_keep_the_batch_outermost_stay_on_cudnn(tmp_path: Path) -> None:
+    # a batch of one, NCHW to channels-last: the channels and the rows trade places as the
+    # outermost axis, the batch is not moved (the Stable Diffusion block's group norms)
+    one = _compiled("""model m {
+  input x: f32[1, 3, 4, 5]
+  param w: [2, 3, 1, 1]
+  output y = conv(x, w, stride=1, dilation=1, groups=1)
+}""", tmp_path)
+    many = _compiled("""model m {
+  layout NHWC
+  input x: f32[2, 3, 4, 5]
+  output y = relu(transpose(x, perm=[0, 2, 3, 1]))
+}""", tmp_path)
+    assert set(_kinds(one).values()) == {"graph"} and _kinds(many) == {"relu": "graph"}

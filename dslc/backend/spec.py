@@ -25,6 +25,7 @@ from dslc.ir.interp import concrete
 from dslc.ir.placement import Placement, slice_of
 from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides
+from dslc.ops import OPS
 
 ROWS_OPS = ("layernorm", "rmsnorm")
 NORM_OPS = ("layernorm", "rmsnorm", "instancenorm", "batchnorm")
@@ -336,6 +337,38 @@ def _broadcast_outermost(tensors: list[TensorSpec], ops: tuple[OpSpec, ...]) -> 
             raise SpecError(f"`{op.node}` broadcasts an axis inside another in memory")
 
 
+def _batch_outermost_kept(tensors: list[TensorSpec], ops: tuple[OpSpec, ...]) -> None:
+    """A pointwise op (a copy included) runs on cuDNN only where the first axis (the batch),
+    if longer than 1, is outermost in memory (the largest stride, axes of size 1 aside) in both
+    an operand it reads from memory at its own shape and its result, or in neither; else a
+    fallback kernel runs it. cuDNN's pointwise kernels computed such transposes wrongly on the
+    H200: the copy of `transpose(x, perm=[1, 0, 2, 3])` of an NHWC [2, 3, 4, 5] into
+    channels-last was 161% off, relu of it 100%, a conv over an NCHW transpose read through its
+    channels-last copy 210% (programs 81 and 304 of seed 14). Every permutation probed: from
+    NHWC [1, 0, 2, 3] and [2, 0, 3, 1], into channels-last from NCHW [1, 0, 2, 3] and
+    [3, 0, 1, 2] were wrong, the other 136 right. Each wrong one takes the batch from outermost
+    in the result to inside in the operand; the rule is wider than them (which of such moves
+    cuDNN gets right is not understood), and models keep the batch outermost: the layout copies
+    of a batch of one (NCHW to NHWC at N = 1) stay on cuDNN."""
+    by_name = {t.name: t for t in tensors}
+
+    def batch_outermost(t: TensorSpec) -> bool:
+        return max((i for i, d in enumerate(t.dims) if d > 1), key=lambda i: t.strides[i],
+                   default=-1) == 0
+
+    for op in ops:
+        if OPS[op.op].family != "pointwise" or op.node not in by_name:
+            continue
+        result = by_name[op.node]
+        for name in op.inputs:
+            x = by_name.get(name)
+            if x is not None and x.role == "input" and x.dims == result.dims and \
+                    x.dims[:1] != (1,) and batch_outermost(x) != batch_outermost(result):
+                raise SpecError(f"`{op.node}` moves the batch axis of `{name}` from outermost "
+                                f"in memory or to it (strides {list(x.strides)} to "
+                                f"{list(result.strides)})")
+
+
 def _copied_size_one_axes_outermost(tensors: list[TensorSpec], ops: tuple[OpSpec, ...],
                                     ) -> list[TensorSpec]:
     """The operand of a copy with a size-1 axis whose stride ties another axis's (a transposed
@@ -391,6 +424,7 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
     _window_inside_image(tensors, ops, group.anchor)
     _broadcast_outermost(tensors, ops)
     tensors = _copied_size_one_axes_outermost(tensors, ops)
+    _batch_outermost_kept(tensors, ops)
     # cuDNN's attention with f16 or bf16 intermediates and a window or a bias gave wrong
     # numbers on the H200 (generated programs; f32 intermediates are right): an sdpa graph has
     # no virtual tensors of dslc's, so f32 there changes nothing the reference rounds.
