@@ -1,12 +1,16 @@
 """The model families against PyTorch on this GPU (a GPU script, not a test): for each family
-model at a deployment-like size, `dslc bench --against torch` (dslc's plain call and CUDA-graph
-replay; PyTorch eager, CUDA graph and torch.compile of the same checked model with the same
-weights), its JSON report kept under --out, and one Markdown table of them all printed last.
+model at a deployment-like size (one of its buckets), compiled and tuned at that bucket as a user
+would (`dslc compile --target device --bucket SIZE`), then `dslc bench BUNDLE --against torch`
+(dslc's plain call and CUDA-graph replay; PyTorch eager, CUDA graph and torch.compile of the same
+checked model with the same weights), its JSON report kept under --out, and one Markdown table
+of them all printed last.
 
     python scripts/bench_families.py --out DIR [--only convnext --only bert] [--seconds 120]
+                                     [--untuned]
 
-Each model runs in its own `dslc bench` process, bounded by --seconds (torch.compile takes most
-of it); one that fails or runs out of time is a row saying so, and the others still run.
+Each model's compile and bench run in processes of their own, bounded together by --seconds
+(tuning and torch.compile take most of it); one that fails or runs out of time is a row saying
+so, and the others still run. --untuned benches the heuristics' plans (`dslc bench FILE`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,30 +60,56 @@ def row(name: str, size: str, report: dict[str, Any]) -> str:
             f"{'yes' if outs and all(o['within'] for o in outs) else 'NO'} |")
 
 
+def _dslc(arguments: list[str], seconds: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dslc", *arguments], capture_output=True,
+                          text=True, timeout=max(seconds, 1.0), check=False, cwd=ROOT)
+
+
+def _failed(name: str, size: str, what: str, run: subprocess.CompletedProcess[str]) -> str:
+    last = (run.stderr.strip().splitlines() or ["no message"])[-1][:120]
+    return f"| {name} | {size} | {what} failed (exit {run.returncode}): {last} |" + " |" * 8
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", action="append", choices=sorted(FAMILIES))
     ap.add_argument("--seconds", type=float, default=120.0, help="per model")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--profile-repeats", type=int, default=10)
+    ap.add_argument("--untuned", action="store_true", help="bench the heuristics' plans")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.only or FAMILIES:
         size = FAMILIES[name]
         report = args.out / f"{name}.json"
-        command = [sys.executable, "-m", "dslc", "bench", str(ROOT / "models" / f"{name}.cgraph"),
-                   "--size", size, "--against", "torch", "--repeats", str(args.repeats),
-                   "--profile-repeats", "2", "--format", "json", "-q"]
+        source = ROOT / "models" / f"{name}.cgraph"
+        start = time.monotonic()
         try:
-            run = subprocess.run(command, capture_output=True, text=True, timeout=args.seconds,
-                                 check=False, cwd=ROOT)
+            with tempfile.TemporaryDirectory() as tmp:
+                target = source
+                if not args.untuned:
+                    built = _dslc(["compile", str(source), "--target", "device", "--bucket", size,
+                                   "-o", tmp, "-q"], args.seconds)
+                    if built.returncode != 0:
+                        rows.append(_failed(name, size, "compile", built))
+                        continue
+                    [target] = Path(tmp).glob("*.bundle")
+                    made = _dslc(["weights", "random", str(source), "-o",
+                                  str(target.with_suffix(".safetensors"))], args.seconds)
+                    if made.returncode != 0:
+                        rows.append(_failed(name, size, "weights", made))
+                        continue
+                left = args.seconds - (time.monotonic() - start)
+                run = _dslc(["bench", str(target), "--size", size, "--against", "torch",
+                             "--repeats", str(args.repeats), "--profile-repeats",
+                             str(args.profile_repeats), "--format", "json", "-q"], left)
         except subprocess.TimeoutExpired:
             rows.append(f"| {name} | {size} | past {args.seconds:.0f} s |" + " |" * 8)
             continue
         if run.returncode != 0:
-            last = (run.stderr.strip().splitlines() or ["no message"])[-1][:120]
-            rows.append(f"| {name} | {size} | failed (exit {run.returncode}): {last} |" + " |" * 8)
+            rows.append(_failed(name, size, "bench", run))
             continue
         report.write_text(run.stdout)
         rows.append(row(name, size, json.loads(run.stdout)))

@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from dslc.backend.device import decode, encode
-
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
 
 # Loads and stores through f32: bf16 (uint16 bits) converted by hand, every other type by a cast.
@@ -248,13 +246,28 @@ def _reduction(op: str) -> KernelFn:
 
 
 def _math(cupy: Any, x: Any) -> Any:
-    """A kernel operand as the math reads it: bf16 bits as f32, anything else as it is."""
-    return decode(cupy, x, "bf16") if x.dtype == cupy.uint16 else x
+    """A kernel operand as the math reads it: bf16 bits as f32 (one kernel), anything else as
+    it is."""
+    if x.dtype != cupy.uint16:
+        return x
+    return _conversion("uint16 b", "float32 f", "f = to_f(b)", "bf16_to_f32")(x)
 
 
 def _store(cupy: Any, y: Any, value: Any) -> None:
-    """`value` rounded into `y` (bf16 bits: rounded to nearest even)."""
-    y[...] = encode(cupy, value, "bf16") if y.dtype == cupy.uint16 else value.astype(y.dtype)
+    """`value` rounded into `y` in one kernel (bf16 bits: rounded to nearest even), whatever
+    `y`'s strides."""
+    if y.dtype == cupy.uint16:
+        _conversion("float32 f", "uint16 b", "b = from_f<unsigned short>(f)", "f32_to_bf16")(
+            value.astype(cupy.float32, copy=False), y)
+    else:
+        y[...] = value
+
+
+@cache
+def _conversion(inputs: str, output: str, body: str, name: str) -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel(inputs, output, body, f"dslc_{name}", preamble=_PREAMBLE)
 
 
 def arange(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
@@ -302,25 +315,60 @@ def full(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     y.fill(int(a["value"]))
 
 
-KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
-                                "concat": concat, "arange": arange, "full": full,
-                                "cache_write": cache_write,
-                                **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",
-                                                                 "reduce_max", "reduce_min")}}
-DTYPES = ("f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool")  # bf16 as its uint16 bits
-
-
 def reference_kernel(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
-    """The op's numpy reference, run on CuPy arrays: operands in f32, result rounded into y."""
+    """The op's numpy reference, run on CuPy arrays: operands in f32, result rounded into y.
+    An op that only moves values (a copy, an expand, a layout op) runs on them as they are
+    stored, bf16 bits included: converting a table or an image to f32 and back cost more than
+    the op."""
     import cupy
 
     from dslc.ops import OPS
 
     reference = OPS[op].reference
     assert reference is not None, op
+    if _moves_values(op, xs, y):
+        y[...] = reference(xs, a)
+        return
     math = [_math(cupy, x) for x in xs]
     math = [x.astype(cupy.float32) if x.dtype.kind == "f" else x for x in math]
     _store(cupy, y, cupy.asarray(reference(math, a)))
+
+
+MOVES = ("contiguous", "expand", "reshape", "transpose", "slice")
+
+
+def _moves_values(op: str, xs: list[Any], y: Any) -> bool:
+    """Whether `op` makes each value of its result a copy of one of its operand's, stored alike
+    (the same dtype, so bf16 bits are copied as they are)."""
+    return op in MOVES and all(x.dtype == y.dtype for x in xs)
+
+
+# NaN where an index is outside the table, as each float dtype stores it (bf16: its bits).
+_NAN_BITS = {"float16": 0x7E00, "uint16": 0x7FC0}
+
+
+def gather(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    """Rows of the table picked in its stored dtype (an embedding table converted to f32 at
+    every call cost 0.13 ms of BERT's 0.33 on the H200), NaN for an index outside it."""
+    import cupy
+
+    x, idx = xs
+    axis, n = int(a["axis"]), x.shape[int(a["axis"])]
+    rows = cupy.take(x, cupy.clip(idx, 0, n - 1), axis=axis)
+    outside = ((idx < 0) | (idx >= n)).reshape((1,) * axis + idx.shape
+                                               + (1,) * (x.ndim - axis - 1))
+    bits = _NAN_BITS.get(x.dtype.name)
+    nan = cupy.asarray(cupy.nan, x.dtype) if bits is None else \
+        cupy.asarray(bits, cupy.uint16).view(x.dtype)
+    y[...] = cupy.where(outside, nan, rows)
+
+
+KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
+                                "concat": concat, "arange": arange, "full": full,
+                                "cache_write": cache_write, "gather": gather,
+                                **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",
+                                                                 "reduce_max", "reduce_min")}}
+DTYPES = ("f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool")  # bf16 as its uint16 bits
 
 
 def run_kernel(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:

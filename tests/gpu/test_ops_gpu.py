@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.gpu.common import (
@@ -501,6 +502,37 @@ model m {
   input x: f32[4, 10, 12]
   output y = relu(transpose(x[1:3, 2:9, :], [0, 2, 1]))
 }""",
+    # seed 14, program 304 shrunk: cuDNN's copy was 133% off (the batch moved inside in memory)
+    "copy_of_a_transpose_moving_the_batch_axis_f32": """model m {
+  precision io=f32, intermediate=f32, compute=f32
+  layout NHWC
+  input x1: [2, 3, 4, 4]
+  output o1 = transpose(x1, perm=[1, 0, 2, 3])
+}""",
+    # seed 14, program 81 shrunk: 150% off through the conv's channels-last copy of its data
+    "conv_over_a_transpose_of_batch_and_channels_f32": """model m {
+  precision io=f32, intermediate=f32, compute=f32
+  input x1: [2, 3, 4, 4]
+  param p3: [1, 2, 1, 1]
+  output o1 = conv(transpose(x1, perm=[1, 0, 2, 3]), p3, stride=1, dilation=1, groups=1)
+}""",
+    # bf16 gathers and copies run on the stored bits (backend/kernels: `gather`, `MOVES`)
+    "token_embeddings_and_a_copy_moving_the_batch_bf16": NN + """model m {
+  precision io=bf16
+  input ids: i64[4, 7]
+  input x: [2, 3, 4, 5]
+  let t = embedding(ids, num=64, dim=32) as "tok"
+  output y = t * 2.0
+  output z = contiguous(transpose(t, perm=[1, 0, 2]))
+  output w = transpose(x, perm=[1, 0, 2, 3])
+}""",
+    # the probe of every permutation: relu of this one was 90% off
+    "relu_of_a_transpose_moving_the_batch_axis_f16": """model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 3, 4, 5]
+  output y = relu(transpose(x, perm=[2, 0, 3, 1]))
+}""",
 }
 
 
@@ -524,3 +556,25 @@ def test_op_on_gpu_matches_reference(name: str, tmp_path: Path) -> None:
         err = rel_error(ours[out], value)
         tol = TOLERANCE[output_dtype(bundle, out)]
         assert err <= tol, f"{name}: output {out} relative error {err:.3e} > {tol}"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_a_gather_gives_nan_rows_for_indices_outside_the_table(dtype: str,
+                                                                tmp_path: Path) -> None:
+    """The fallback gather reads the table in its stored dtype: the rows it picks are the
+    table's bits, and an index outside the table is a row of NaN in each dtype (bf16 too)."""
+    from dslc.runtime import Model
+
+    bundle = compile_source(f"""model m {{
+  precision io={dtype}
+  input ids: i64[2, 3]
+  param table: [5, 4]
+  output y = gather(table, ids, axis=0)
+}}""", tmp_path)
+    model = Model(bundle, bundle.with_suffix(".safetensors"))
+    ids = np.array([[0, 4, -1], [5, 2, 1]], np.int64)
+    got = to_host(model.run(to_device({"ids": ids}, bundle)))["y"].astype(np.float32)
+    inside = (ids >= 0) & (ids < 5)
+    want = reference(bundle, {"ids": np.where(inside, ids, 0)})["y"].astype(np.float32)
+    assert np.isnan(got[~inside]).all()
+    assert np.array_equal(got[inside], want[inside])  # bit for bit: no rounding on the way
