@@ -33,7 +33,7 @@ FAMILIES = {
     "vit_front": "N=8",
     "bert": "B=8,S=128",
     "sd_down_block": "B=2,H=32,W=32",
-    "yolo_sppf": "N=8,H=20,W=20",
+    "yolo_sppf": "N=16,H=20,W=20",
     "llama_layer": "B=1,S=1024",
 }
 HEAD = ("| model | size | dslc ms | dslc graph ms | torch eager ms | torch graph ms | "

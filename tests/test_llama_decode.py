@@ -31,7 +31,7 @@ from tests.helpers import rel_error, rng
 
 SMALL = {"D": 64, "HEADS": 4, "KV_HEADS": 2, "FFN": 96}
 B, MAX, HEADS, KV, HD, THETA, EPS = 2, 64, 4, 2, 16, 500000.0, 1e-5
-CACHES = [f"{kv}_cache_{layer}" for layer in (0, 1) for kv in ("k", "v")]
+CACHES = [f"model.layers.{layer}.{kv}_cache" for layer in (0, 1) for kv in ("k", "v")]
 
 
 def small_model_text() -> str:
@@ -182,7 +182,8 @@ def test_decode_loop_equals_pytorchs(setup: tuple[Graph, CheckedModel, dict]) ->
     assert ours.position == theirs.position == 9
     for layer in (0, 1):
         keys, values = theirs.past[layer]
-        for name, want in ((f"k_cache_{layer}", keys), (f"v_cache_{layer}", values)):
+        for name, want in ((f"model.layers.{layer}.k_cache", keys),
+                           (f"model.layers.{layer}.v_cache", values)):
             cache = ours.caches[name]
             assert rel_error(cache[:, :, :9], want.numpy()) <= 1e-5, name
             assert not cache[:, :, 9:].any(), name

@@ -318,11 +318,14 @@ class Elaborator:
         return TensorType(t.dtype or scope.precision.io, shape, layout)
 
     def input(self, stmt: ast.Input, scope: Scope) -> None:
+        """A model's input; in a def, one input per instance, named by its path as a param is
+        (`model.layers.3.k_cache`): `repeat` then gives each layer a cache of its own."""
         t = self.declared_type(stmt.type, scope, self.model_layout)
         if t is None:
             self.bind(stmt.name, ERROR, scope, "input")
             return
-        name = stmt.name.name
+        name = f"{scope.frame.instance}.{stmt.name.name}" if scope.frame.instance else \
+            stmt.name.name
         value = self.ctx.add_node("input", (), {"name": name}, t, stmt.span, scope.frame,
                                   scope.precision, name)
         self.inputs.append(IOSpec(name, t, value.node, stmt.span))

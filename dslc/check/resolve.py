@@ -532,7 +532,7 @@ def _shortest_cycle(first: tuple[str, str], members: set[tuple[str, str]],
 
 def _has_params(ref: DefRef, calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
                 memo: dict[tuple[str, str], bool]) -> bool:
-    """Whether a def declares params, directly or through the defs it calls. A depth-first walk
+    """Whether a def declares params (or inputs), directly or through the defs it calls. A depth-first walk
     with its own stack (a long chain of defs must not exhaust Python's); a call cycle (E0701)
     counts as no params."""
     if ref.key in memo:
@@ -562,4 +562,5 @@ def _has_params(ref: DefRef, calls: dict[tuple[str, str], list[tuple[DefRef, Spa
 
 
 def _declares_params(ref: DefRef) -> bool:
-    return any(isinstance(s, ast.ParamStmt) for s in ref.node.body)
+    """A `param` or an `input` in the body: each instance has its own, named by its path."""
+    return any(isinstance(s, ast.ParamStmt | ast.Input) for s in ref.node.body)

@@ -19,7 +19,6 @@ _MODEL_ONLY = {
     ast.Buckets: ("`buckets`", "declare the buckets in the model"),
     ast.LayoutStmt: ("`layout`", "set the layout in the model, or tag a def parameter's type, "
                      "e.g. `x: [N, C, H, W] @NHWC`"),
-    ast.Input: ("`input`", "a def receives tensors as parameters: `def f(x: [N, D]) { ... }`"),
     ast.Output: ("`output`", "a def gives its result with `return`"),
 }
 

@@ -154,7 +154,7 @@ def test_a_captured_decode_step_replays_at_every_position(tmp_path: Path) -> Non
     bundle = _llama(tmp_path)
     model = _model(bundle)
     caches = {n: torch.zeros(2, 2, 64, 16, dtype=torch.bfloat16, device="cuda")
-              for n in ("k_cache_0", "v_cache_0", "k_cache_1", "v_cache_1")}
+              for n in (f"model.layers.{i}.{kv}_cache" for i in (0, 1) for kv in "kv")}
     position = torch.zeros(1, dtype=torch.int32, device="cuda")
     x = torch.zeros(2, 1, 64, dtype=torch.bfloat16, device="cuda")
     feed = {"hidden_states": x, "position": position, **caches}
@@ -168,5 +168,5 @@ def test_a_captured_decode_step_replays_at_every_position(tmp_path: Path) -> Non
         out = to_host(fast({**feed, "hidden_states": torch.from_numpy(tokens).cuda().bfloat16()}))
         assert rel_error(out["out"], ref.step(tokens)) <= TOLERANCE["bf16"], step
     with pytest.raises(RunnerError, match="written in place") as err:
-        fast({**feed, "k_cache_0": caches["k_cache_0"].clone()})
+        fast({**feed, "model.layers.0.k_cache": caches["model.layers.0.k_cache"].clone()})
     assert err.value.code == "R0201"
