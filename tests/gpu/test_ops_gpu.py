@@ -578,3 +578,50 @@ def test_a_gather_gives_nan_rows_for_indices_outside_the_table(dtype: str,
     want = reference(bundle, {"ids": np.where(inside, ids, 0)})["y"].astype(np.float32)
     assert np.isnan(got[~inside]).all()
     assert np.array_equal(got[inside], want[inside])  # bit for bit: no rounding on the way
+
+
+def _operands(op: str, arity: int, g: np.random.Generator) -> list[np.ndarray]:
+    """f32 operands: the second broadcast over the rows; positive where the op needs it."""
+    shapes = [(6, 40), (1, 40), (6, 1)][:arity]
+    xs = [g.standard_normal(s).astype(np.float32) * 2 for s in shapes]
+    if op in ("log", "sqrt", "rsqrt", "pow"):
+        xs[0] = np.abs(xs[0]) + np.float32(0.1)
+    if op == "select":
+        xs[0] = (xs[0] > 0).astype(np.float32)
+    return xs
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_every_pointwise_fallback_kernel_equals_the_ops_reference(dtype: str) -> None:
+    """Each op of `kernels.POINTWISE` (one CUDA expression) run as the fallback kernel on
+    operands stored in `dtype` (bf16 as its bits), the second broadcast: equal to the op's numpy
+    reference (ops/pointwise.py) on the same stored values, rounded to `dtype`."""
+    import cupy
+    import ml_dtypes
+
+    from dslc.backend import kernels
+    from dslc.ops import OPS
+
+    store = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]
+    g = np.random.default_rng(31)
+    for op, expr in kernels.POINTWISE.items():
+        opdef = OPS[op]
+        assert opdef.reference is not None, op
+        arity = len(opdef.tensor_params)
+        attrs = {p.name: p.default for p in opdef.params if not p.is_tensor}
+        attrs = {**attrs, "dtype": dtype} if op == "cast" else attrs
+        xs = [x.astype(store) for x in _operands(op, arity, g)]
+        want = np.asarray(opdef.reference([x.astype(np.float32) for x in xs], attrs))
+        out_bool = op.startswith("cmp_")
+        device_xs = [cupy.asarray(x.view(np.uint16) if dtype == "bf16" else x) for x in xs]
+        y = cupy.zeros(want.shape, bool if out_bool else
+                       (np.uint16 if dtype == "bf16" else store))
+        assert kernels.pointwise(op, device_xs, y, attrs), op
+        got = cupy.asnumpy(y)
+        got = got.view(ml_dtypes.bfloat16) if dtype == "bf16" and not out_bool else got
+        if out_bool:
+            assert np.array_equal(got, want), op
+            continue
+        rounded = want.astype(store).astype(np.float32)
+        err = rel_error(got.astype(np.float32), rounded)
+        assert err <= {"f32": 1e-5, "f16": 1e-3, "bf16": 8e-3}[dtype], (op, expr, err)
