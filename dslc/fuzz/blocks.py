@@ -1,6 +1,7 @@
 """Families that go through defs: calls of the standard library (`linear`, `conv2d`,
 `batchnorm2d`, `layer_norm`, `softmax`: instances, parameter paths, shape patterns) and generated
-defs of residual blocks, called once or stacked with `repeat` (`as "layers.{i}"`)."""
+defs of residual blocks, called once or stacked with `repeat` (`as "layers.{i}"`), one of them
+declaring an input of its own per instance (a decoder layer's cache)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,12 @@ def _io(g: Gen, e: Expr) -> bool:
 
 
 def _call(g: Gen, text: str, x: Expr, typ: TensorType, scale: float, op: str,
-          defs: tuple[str, ...] = ()) -> Expr:
+          defs: tuple[str, ...] = (), reads: frozenset[str] = frozenset()) -> Expr:
     name = g.fresh("v")
     g.stats.ops[op] += 1
     g.stats.pairs[(x.op or "input", op)] += 1
     value = Expr(name, typ, frozenset({name}), False, scale, op)
-    return g.declare(Stmt((name,), f"  let {name} = {text}", x.reads, defs), value)
+    return g.declare(Stmt((name,), f"  let {name} = {text}", x.reads | reads, defs), value)
 
 
 def std_call(g: Gen) -> bool:
@@ -95,6 +96,15 @@ CONV_BLOCK = """def {name}(x: [N, C, H, W]) -> [N, C, H, W] {{
 }}"""
 
 
+# A layer with a cache of its own: `input` in a def, one model input per instance, written in
+# place at a position the model receives.
+CACHE_BLOCK = """def {name}(x: [B, H, S, D], at: i32[1]) -> [B, H, S, D] {{
+{precision}  input cache: [B, H, {rows}, D]
+  let k = cache_write(cache, x, at=at)
+  return x + reduce_mean(k, axes=[2], keepdims=true)
+}}"""
+
+
 def block(g: Gen) -> bool:
     """A generated residual block (a def), called once or stacked with `repeat`."""
     x = g.pick(lambda e: _io(g, e) and e.type.rank >= 2 and static(e.type.shape[-1])
@@ -104,8 +114,17 @@ def block(g: Gen) -> bool:
     g.prog.uses_std = True
     name = g.fresh("block")
     act = g.ch.pick(ACTIVATIONS)
+    reads: frozenset[str] = frozenset()  # what the call reads besides x
     precision = "  precision intermediate=f32\n" if g.ch.coin(0.3) else ""
-    if x.type.rank == 4 and g.ch.coin(0.6):
+    if x.type.rank == 4 and static(x.type.shape[2]) and g.ch.coin(0.2):
+        rows = size(x.type.shape[2]) + g.ch.between(0, 4)
+        g.prog.defs[name] = CACHE_BLOCK.format(name=name, precision=precision, rows=rows)
+        at = g.new_input((1,), dtype="i32")
+        g.pool.remove(at)
+        g.prog.index_bounds[at.text] = rows + 2  # some writes reach past the end (dropped)
+        g.stats.features["an input declared in a def"] += 1
+        args, reads = f", {at.text}", at.reads
+    elif x.type.rank == 4 and g.ch.coin(0.6):
         g.prog.defs[name] = CONV_BLOCK.format(name=name, precision=precision, act=act)
         args = ""
     else:
@@ -118,7 +137,7 @@ def block(g: Gen) -> bool:
     times = g.ch.between(1, 3)
     g.stats.features["repeat" if times > 1 else "def"] += 1
     _call(g, _stacked(name, f"{x.text}{args}", times), x, TensorType(x.type.dtype, x.type.shape),
-          2.0 ** times, "block", (name,))
+          2.0 ** times, "block", (name,), reads)
     return True
 
 
