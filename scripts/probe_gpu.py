@@ -1,9 +1,10 @@
 """Where the time goes, on the GPU: the pooling kernels against PyTorch, the phases of a cold
-start (imports, context, plan restore sequential against threaded), and the kernels of one
-encoder layer in dslc and in PyTorch (CUPTI, through torch.profiler). Diagnostics for the
+start (imports, context, plan restore sequential against threaded), the kernels of one
+encoder layer in dslc and in PyTorch (CUPTI, through torch.profiler), and which forms of a
+standalone pointwise graph with a broadcast operand get a cuDNN engine. Diagnostics for the
 benchmarks in docs/benchmarks.md, not a benchmark itself.
 
-    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer]
+    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer,broadcast]
 """
 
 from __future__ import annotations
@@ -193,6 +194,62 @@ def layer(out: Path) -> dict[str, Any]:
     return res
 
 
+# Standalone pointwise ops whose operand broadcasts, as the family models have them (the rotary
+# table over the heads, position embeddings over the batch, squeeze-excite's scale over the
+# pixels, a mask over the queries): on the H200 their graphs got "No valid engine configs".
+BROADCASTS = {
+    "rotary": "model m {\n  precision io=bf16\n  input x: [1, 32, 1, 64]\n"
+              "  input cos: [1, 64]\n  output y = x * cos\n}\n",
+    "position": "model m {\n  precision io=bf16\n  input x: [8, 197, 768]\n"
+                "  input pos: [1, 197, 768]\n  output y = x + pos\n}\n",
+    "excite": "model m {\n  precision io=f16\n  layout NHWC\n  input x: [32, 672, 14, 14]\n"
+              "  input s: [32, 672, 1, 1]\n  output y = x * s\n}\n",
+    "mask": "model m {\n  input m: [8, 1, 1, 128]\n  output y = (1.0 - m) * -10000.0\n}\n",
+}
+
+
+def broadcast(out: Path) -> dict[str, Any]:
+    """Each case's cuDNN graph as dslc makes it, and with each broadcast operand given the
+    result's dims and stride 0 on the broadcast axes: whether cuDNN offers an engine."""
+    import dataclasses
+    import tempfile
+
+    import cudnn
+
+    from dslc.backend import graphs
+    from dslc.backend.spec import group_spec
+    from dslc.backend.target import live_device_available, load_target
+    from dslc.diag.diagnostic import Sink
+    from dslc.pipeline import Options, front_end, lower_and_fuse
+
+    # no GPU: the graphs still build deviceless (the H200 profile), with no engine to offer
+    target = load_target("device" if live_device_available() else "h200")
+    handle = cudnn.create_handle() if target.live else None
+    properties = None if target.live else target.properties()
+    rows: dict[str, Any] = {}
+    for name, text in BROADCASTS.items():
+        path = Path(tempfile.mkdtemp()) / f"{name}.cgraph"
+        path.write_text(text)
+        model = front_end(path, Options(), Sink()).model
+        assert model is not None, name
+        _, plan = lower_and_fuse(model)
+        [group] = [g for g in plan.groups if g.nodes]  # one op: one graph
+        spec = group_spec(plan.graph, group, {}, model.env, plan.placement)
+        result = next(t for t in spec.tensors if t.role == "output")
+        full = tuple(dataclasses.replace(
+            t, dims=result.dims, strides=tuple(0 if d == 1 and n > 1 else s for d, n, s in
+                                               zip(t.dims, result.dims, t.strides, strict=True)))
+            if t.role == "input" and t.dims != result.dims else t for t in spec.tensors)
+        for form, variant in (("as made", spec),
+                              ("stride 0", dataclasses.replace(spec, tensors=full))):
+            built = graphs.build(variant, handle, properties)
+            rows[f"{name} {form}"] = {"candidates": built.candidates,
+                                      "engine": built.engine_id, "note": built.note}
+            print(f"{name:9s} {form:9s} candidates {built.candidates}, engine "
+                  f"{built.engine_id}: {built.note[:120]}", flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-out"))
@@ -200,7 +257,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
-    for name, fn in (("pool", pool), ("cold", cold), ("layer", layer)):
+    for name, fn in (("pool", pool), ("cold", cold), ("layer", layer), ("broadcast", broadcast)):
         if name in args.skip.split(","):
             continue
         print(f"== {name}", flush=True)
