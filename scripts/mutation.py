@@ -3,7 +3,7 @@
 
     scripts/mutation.py [GROUP ...] [--fresh] [--jobs N] [--survivors] [--report]
 
-GROUP is one of ir, ops, lower, fuse, runtime, weights, tune (all of them, in that order, when
+GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, tune (all of them, in that order, when
 none is named). The modules are `[tool.mutmut] only_mutate` in pyproject.toml; GROUPS below maps
 each group to its modules and to the test files that exercise them, and mutmut runs, for each
 mutant, only those of the group's tests that call the mutated function (fastest first, stopping
@@ -63,8 +63,12 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 ["tests/test_runtime_inputs.py", "tests/test_dim_binding.py",
                  "tests/test_bundle_fields.py", "tests/test_plan_cache.py", "tests/test_startup.py",
                  "tests/test_bundle_hostile.py", "tests/test_bundle.py"]),
+    "bundle": (["dslc/runtime/records.py", "dslc/runtime/bundle.py", "dslc/runtime/manifest.py"],
+               ["tests/test_bundle.py", "tests/test_bundle_fields.py", "tests/test_bundle_hostile.py",
+                "tests/test_kv_cache.py", "tests/test_plan_cache.py", "tests/test_startup.py"]),
     "weights": (["dslc/weights.py"],
-                ["tests/test_weights.py", "tests/test_weight_checks.py"]),
+                ["tests/test_weights.py", "tests/test_weight_checks.py",
+                 "tests/test_weights_details.py"]),
     "tune": (["dslc/runtime/tuningdb/*.py"],
              ["tests/test_tuning_db.py", "tests/test_tuning_db_hostile.py",
               "tests/test_tuning_store.py"]),
