@@ -34,9 +34,7 @@ class WeightError(Exception):
 def load(path: Path) -> dict[str, np.ndarray]:
     try:
         return dict(load_file(str(path)))
-    except (OSError, ValueError) as err:
-        raise WeightError(f"cannot read weights `{path}`: {err}") from err
-    except Exception as err:  # safetensors raises its own error type for malformed files
+    except Exception as err:  # OSError, or safetensors' own error type for a malformed file
         raise WeightError(f"cannot read weights `{path}`: {err}") from err
 
 

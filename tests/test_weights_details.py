@@ -155,3 +155,115 @@ def test_every_weight_with_nan_or_inf_is_reported_not_just_the_first() -> None:
     assert d.label == "declared here"
     assert d.help == ("the outputs that depend on it may be NaN or infinite too; if the values "
                       "are meant (a -inf mask), silence this with `--allow W0202`",)
+
+
+def test_a_file_that_is_not_there_names_itself(tmp_path: Path) -> None:
+    path = tmp_path / "missing.safetensors"
+    with pytest.raises(weights.WeightError) as err:
+        weights.load(path)
+    assert str(err.value).startswith(f"cannot read weights `{path}`: ")
+
+
+def test_validate_reports_nonfinite_weights_unless_told_not_to() -> None:
+    params = (_param("w", (2,)),)
+    nan = {"w": np.array([np.nan, 1.0], np.float32)}
+    sink = Sink()
+    weights.validate(nan, params, sink, "`w`")
+    assert [d.code for d in sink.diagnostics] == ["W0202"]
+    quiet = Sink()
+    weights.validate(nan, params, quiet, "`w`", finite=False)
+    assert not quiet.diagnostics
+
+
+@pytest.mark.parametrize("stored", ["f32", "f16", "f8e4m3", "f8e5m2"])
+def test_every_float_dtype_converts_to_the_declared_one(stored: str) -> None:
+    """f32 (PyTorch's) and f16 are numpy floats; bf16 and the fp8 types (ml_dtypes) are not,
+    and are known by name."""
+    sink = Sink()
+    a = np.array([1.5, -2.0], dtype=weights.NUMPY_DTYPES[stored])
+    out = weights.validate({"s": a}, (_param("s", (2,), dtype="bf16"),), sink, "`w`",
+                           convert=True)
+    assert not sink.diagnostics and out["s"].dtype == weights.NUMPY_DTYPES["bf16"]
+    np.testing.assert_array_equal(out["s"].astype(np.float32), [1.5, -2.0])
+
+
+def test_a_dtype_mismatch_says_how_to_convert() -> None:
+    sink = Sink()
+    weights.validate({"s": np.zeros(2, np.int32)}, (_param("s", (2,)),), sink, "`w`")
+    [d] = sink.diagnostics
+    assert d.help == ("convert the file with `dslc weights from-torch` (it casts floats to the "
+                      "declared dtypes)",)
+
+
+@pytest.mark.parametrize(("count", "shown"), [
+    (2, "`w` holds 2 weights the model does not declare: `e0`, `e1`"),
+    (3, "`w` holds 3 weights the model does not declare: `e0`, `e1`, `e2`"),
+    (4, "`w` holds 4 weights the model does not declare: `e0`, `e1`, `e2` and 1 more"),
+])
+def test_extra_weights_are_counted_and_the_first_three_named(count: int, shown: str) -> None:
+    sink = Sink()
+    extra = {f"e{i}": np.zeros(1, np.float32) for i in range(count)}
+    weights.validate({"w": np.zeros(1, np.float32), **extra}, (_param("w", (1,)),), sink, "`w`")
+    assert [d.message for d in sink.diagnostics] == [shown]
+
+
+def test_extra_weights_of_a_model_without_params_are_reported_without_a_span() -> None:
+    sink = Sink()
+    weights.validate({"e": np.zeros(1, np.float32)}, (), sink, "`w`")
+    [d] = sink.diagnostics
+    assert d.code == "W0203" and d.span.line == 0
+
+
+def test_the_help_for_extra_names_compares_their_last_component() -> None:
+    wanted = {"fc2.weight": _param("fc2.weight", (1,))}
+    assert weights._extra_help(["blk.fc.weight"], wanted) == \
+        "parameter names are instance paths, e.g. `fc2.weight`"
+    assert weights._extra_help(["blk.fc.gamma"], wanted) == \
+        "`dslc weights from-torch --prefix P` reads the weights under a prefix"
+
+
+def test_a_missing_weight_does_not_stop_the_nonfinite_report() -> None:
+    sink = Sink()
+    weights.report_nonfinite({"b": np.array([np.inf], np.float32)},
+                             (_param("a", (1,)), _param("b", (1,), line=3)), sink, "`w`")
+    assert [(d.code, d.span.line) for d in sink.diagnostics] == [("W0202", 3)]
+
+
+def test_random_weights_are_the_seeds_and_seed_0_by_default() -> None:
+    params = (_param("fc.weight", (4, 3)),)
+    a, b = weights.random_weights(params, seed=5), weights.random_weights(params, seed=5)
+    np.testing.assert_array_equal(a["fc.weight"], b["fc.weight"])
+    np.testing.assert_array_equal(weights.random_weights(params)["fc.weight"],
+                                  weights.random_weights(params, seed=0)["fc.weight"])
+
+
+def test_a_norm_scale_deep_in_a_path_is_drawn_as_a_norm_scale() -> None:
+    w = weights.random_weights((_param("layers.0.norm.weight", (5000,)),), seed=3)
+    scale = w["layers.0.norm.weight"]
+    assert scale.min() >= 0.8 and scale.max() <= 1.2
+
+
+def test_a_checkpoint_is_loaded_onto_the_cpu_and_as_weights_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint saved from GPU tensors must load on a machine without one
+    (`map_location="cpu"`), and no pickled code runs (`weights_only=True`): the arguments
+    torch.load gets (this machine has no GPU to save such a checkpoint with)."""
+    path = tmp_path / "c.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    seen = {}
+    load = torch.load
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.update(kwargs)
+        return load(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "load", spy)
+    weights.from_torch(path)
+    assert seen == {"map_location": "cpu", "weights_only": True}
+
+
+def test_convert_casts_floats_only_an_integer_weight_stays_a_mismatch() -> None:
+    sink = Sink()
+    out = weights.validate({"s": np.arange(2, dtype=np.int32)}, (_param("s", (2,)),), sink,
+                           "`w`", convert=True)
+    assert "s" not in out and [d.code for d in sink.diagnostics] == ["R0202"]
