@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dslc.runtime import bundle
-from dslc.runtime.records import Candidate
+from dslc.runtime.records import BundleError, Candidate, PlanRecord
 from tests.test_bundle_hostile import payload, refused, write
 
 
@@ -74,6 +74,18 @@ def test_a_bucket_key_that_does_not_name_its_dims_is_refused(tmp_path: Path) -> 
     data = payload("mlp")
     data["buckets"][0]["key"] = "N=999"
     refused(write(tmp_path, data), "buckets[0].key: `N=999` does not name its dims")
+    data["buckets"][0]["key"] = "N=" + "9" * 60  # shown up to 40 characters
+    refused(write(tmp_path, data), f"buckets[0].key: `N={'9' * 38}` does not name its dims")
+
+
+def test_unknown_fields_of_a_bucket_and_of_its_graphs_are_refused(tmp_path: Path) -> None:
+    data = payload("mlp")
+    data["buckets"][0]["extra"] = 1
+    refused(write(tmp_path, data), "buckets[0]: unknown field `extra`")
+    data = payload("mlp")
+    sig, entry = next(iter(data["buckets"][0]["graphs"].items()))
+    entry["extra"] = 1
+    refused(write(tmp_path, data), f"buckets[0].graphs.{sig[:40]}: unknown field `extra`")
 
 
 def test_a_bucket_graph_under_a_signature_no_step_has_is_refused(tmp_path: Path) -> None:
@@ -83,6 +95,8 @@ def test_a_bucket_graph_under_a_signature_no_step_has_is_refused(tmp_path: Path)
     graphs["nosuchsignature"] = graphs.pop(sig)
     refused(write(tmp_path, data), "buckets[0].graphs.nosuchsignature: not the signature of a "
             "graph step")
+    graphs["s" * 60] = graphs.pop("nosuchsignature")  # named up to 40 characters
+    refused(write(tmp_path, data), f"buckets[0].graphs.{'s' * 40}: not the signature")
 
 
 def test_a_bucket_graph_whose_spec_names_another_signature_is_refused(tmp_path: Path) -> None:
@@ -90,7 +104,8 @@ def test_a_bucket_graph_whose_spec_names_another_signature_is_refused(tmp_path: 
     graphs = data["buckets"][0]["graphs"]
     first, second = list(graphs)[:2]
     graphs[first]["spec"], graphs[second]["spec"] = graphs[second]["spec"], graphs[first]["spec"]
-    refused(write(tmp_path, data), f"buckets[0].graphs.{first[:40]}.spec")
+    refused(write(tmp_path, data),
+            f"buckets[0].graphs.{first[:40]}.spec.signature: differs from the graph's key")
 
 
 def test_a_memory_plan_naming_no_node_or_a_negative_arena_is_refused(tmp_path: Path) -> None:
@@ -101,5 +116,41 @@ def test_a_memory_plan_naming_no_node_or_a_negative_arena_is_refused(tmp_path: P
     data["buckets"][0]["memory"]["arena_bytes"] = -1
     refused(write(tmp_path, data), "buckets[0].memory.arena_bytes")
     data = payload("mlp")
+    data["buckets"][0]["memory"]["arena_bytes"] = 2**50  # past any GPU: would reach cupy.empty
+    refused(write(tmp_path, data), "buckets[0].memory.arena_bytes: expected an int in")
+    data = payload("mlp")
     data["buckets"][0]["memory"]["spare"] = 0
     refused(write(tmp_path, data), "buckets[0].memory: unknown field `spare`")
+
+
+def test_a_plan_reads_back_every_field_tuning_wrote(tmp_path: Path) -> None:
+    data = payload("mlp")
+    sig, entry = _tuned(data)
+    entry["plan"].update(ms=0.0125, error=2e-3, tune_s=1.5, reused=True, made_at_startup="N=16")
+    plan = bundle.load(write(tmp_path, data)).buckets[0].graphs[sig].plan
+    assert (plan.ms, plan.error, plan.tune_s, plan.reused, plan.made_at_startup) == \
+        (0.0125, 2e-3, 1.5, True, "N=16")
+
+
+def test_a_plan_with_an_unknown_field_or_an_engine_past_cudnns_ids_is_refused(
+        tmp_path: Path) -> None:
+    data = payload("mlp")
+    sig, entry = _tuned(data)
+    entry["plan"]["speed"] = 1
+    refused(write(tmp_path, data), f"buckets[0].graphs.{sig}.plan: unknown field `speed`")
+    data = payload("mlp")
+    sig, entry = _tuned(data)
+    entry["plan"]["engine_id"] = 2**32
+    refused(write(tmp_path, data), f"buckets[0].graphs.{sig}.plan.engine_id: expected an int "
+            "in 0..2147483647")
+
+
+def test_a_tuning_database_entry_needs_only_the_engine_and_its_knobs() -> None:
+    entry = {"engine_id": 3, "knobs": {"TILE": 2}}
+    plan = PlanRecord.from_data(entry, "entry", tuning=True)
+    assert (plan.engine_id, dict(plan.knobs), plan.workspace, plan.serialized) == \
+        (3, {"TILE": 2}, 0, None)
+    with pytest.raises(BundleError, match="entry: missing field `workspace`"):
+        PlanRecord.from_data(entry, "entry")
+    with pytest.raises(BundleError, match="entry: missing field `knobs`"):
+        PlanRecord.from_data({"engine_id": 3}, "entry", tuning=True)
