@@ -58,30 +58,29 @@ def test_a_candidate_without_a_time_reads_as_unmeasured(tmp_path: Path) -> None:
     assert plan.heuristic == Candidate(41, {"TILE": 3}, None)
 
 
-def test_a_bucket_whose_dims_do_not_fit_the_model_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda b: b["dims"].update(Q=4), "buckets[0].dims.Q: 4 is not a value of a dim"),
+    (lambda b: b["dims"].pop("N"), "buckets[0].dims: not a value for every dim of the model"),
+    (lambda b: b["dims"].update(N=0), "buckets[0].dims.N"),
+    (lambda b: b.update(key="N=999"), "buckets[0].key: `N=999` does not name its dims"),
+    # a key is shown up to 40 characters
+    (lambda b: b.update(key="N=" + "9" * 60), f"buckets[0].key: `N={'9' * 38}` does not name its dims"),
+    (lambda b: b.update(extra=1), "buckets[0]: unknown field `extra`"),
+    (lambda b: b["memory"]["offsets"].update(nosuchnode=0), "buckets[0].memory.offsets"),
+    (lambda b: b["memory"].update(arena_bytes=-1), "buckets[0].memory.arena_bytes"),
+    # past any GPU: would reach cupy.empty
+    (lambda b: b["memory"].update(arena_bytes=2**50),
+     "buckets[0].memory.arena_bytes: expected an int in"),
+    (lambda b: b["memory"].update(spare=0), "buckets[0].memory: unknown field `spare`"),
+])
+def test_a_bucket_that_does_not_fit_the_model_is_refused_naming_its_field(
+        edit: Any, message: str, tmp_path: Path) -> None:
     data = payload("mlp")
-    data["buckets"][0]["dims"]["Q"] = 4
-    refused(write(tmp_path, data), "buckets[0].dims.Q: 4 is not a value of a dim")
-    data = payload("mlp")
-    del data["buckets"][0]["dims"]["N"]
-    refused(write(tmp_path, data), "buckets[0].dims: not a value for every dim of the model")
-    data = payload("mlp")
-    data["buckets"][0]["dims"]["N"] = 0
-    refused(write(tmp_path, data), "buckets[0].dims.N")
+    edit(data["buckets"][0])
+    refused(write(tmp_path, data), message)
 
 
-def test_a_bucket_key_that_does_not_name_its_dims_is_refused(tmp_path: Path) -> None:
-    data = payload("mlp")
-    data["buckets"][0]["key"] = "N=999"
-    refused(write(tmp_path, data), "buckets[0].key: `N=999` does not name its dims")
-    data["buckets"][0]["key"] = "N=" + "9" * 60  # shown up to 40 characters
-    refused(write(tmp_path, data), f"buckets[0].key: `N={'9' * 38}` does not name its dims")
-
-
-def test_unknown_fields_of_a_bucket_and_of_its_graphs_are_refused(tmp_path: Path) -> None:
-    data = payload("mlp")
-    data["buckets"][0]["extra"] = 1
-    refused(write(tmp_path, data), "buckets[0]: unknown field `extra`")
+def test_an_unknown_field_of_a_bucket_graph_is_refused(tmp_path: Path) -> None:
     data = payload("mlp")
     sig, entry = next(iter(data["buckets"][0]["graphs"].items()))
     entry["extra"] = 1
@@ -106,21 +105,6 @@ def test_a_bucket_graph_whose_spec_names_another_signature_is_refused(tmp_path: 
     graphs[first]["spec"], graphs[second]["spec"] = graphs[second]["spec"], graphs[first]["spec"]
     refused(write(tmp_path, data),
             f"buckets[0].graphs.{first[:40]}.spec.signature: differs from the graph's key")
-
-
-def test_a_memory_plan_naming_no_node_or_a_negative_arena_is_refused(tmp_path: Path) -> None:
-    data = payload("mlp")
-    data["buckets"][0]["memory"]["offsets"]["nosuchnode"] = 0
-    refused(write(tmp_path, data), "buckets[0].memory.offsets")
-    data = payload("mlp")
-    data["buckets"][0]["memory"]["arena_bytes"] = -1
-    refused(write(tmp_path, data), "buckets[0].memory.arena_bytes")
-    data = payload("mlp")
-    data["buckets"][0]["memory"]["arena_bytes"] = 2**50  # past any GPU: would reach cupy.empty
-    refused(write(tmp_path, data), "buckets[0].memory.arena_bytes: expected an int in")
-    data = payload("mlp")
-    data["buckets"][0]["memory"]["spare"] = 0
-    refused(write(tmp_path, data), "buckets[0].memory: unknown field `spare`")
 
 
 def test_a_plan_reads_back_every_field_tuning_wrote(tmp_path: Path) -> None:

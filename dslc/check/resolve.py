@@ -532,13 +532,13 @@ def _shortest_cycle(first: tuple[str, str], members: set[tuple[str, str]],
 
 def _has_params(ref: DefRef, calls: dict[tuple[str, str], list[tuple[DefRef, Span]]],
                 memo: dict[tuple[str, str], bool]) -> bool:
-    """Whether a def declares params (or inputs), directly or through the defs it calls. A depth-first walk
-    with its own stack (a long chain of defs must not exhaust Python's); a call cycle (E0701)
-    counts as no params."""
+    """Whether a def declares params or inputs (each instance's own), directly or through the
+    defs it calls. A depth-first walk with its own stack (a long chain of defs must not exhaust
+    Python's); a call cycle (E0701) counts as none."""
     if ref.key in memo:
         return memo[ref.key]
     active = {ref.key}
-    stack: list[list[Any]] = [[ref, iter(calls.get(ref.key, [])), _declares_params(ref)]]
+    stack: list[list[Any]] = [[ref, iter(calls.get(ref.key, [])), _declares_per_instance(ref)]]
     while stack:
         frame = stack[-1]
         node, callees, found = frame
@@ -551,7 +551,7 @@ def _has_params(ref: DefRef, calls: dict[tuple[str, str], list[tuple[DefRef, Spa
                 elif callee.key not in active:
                     active.add(callee.key)
                     stack.append([callee, iter(calls.get(callee.key, [])),
-                                  _declares_params(callee)])
+                                  _declares_per_instance(callee)])
                 continue
         stack.pop()
         active.discard(node.key)
@@ -561,6 +561,6 @@ def _has_params(ref: DefRef, calls: dict[tuple[str, str], list[tuple[DefRef, Spa
     return memo[ref.key]
 
 
-def _declares_params(ref: DefRef) -> bool:
+def _declares_per_instance(ref: DefRef) -> bool:
     """A `param` or an `input` in the body: each instance has its own, named by its path."""
     return any(isinstance(s, ast.ParamStmt | ast.Input) for s in ref.node.body)
