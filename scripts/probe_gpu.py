@@ -1,10 +1,11 @@
 """Where the time goes, on the GPU: the pooling kernels against PyTorch, the phases of a cold
 start (imports, context, plan restore sequential against threaded), the kernels of one
 encoder layer in dslc and in PyTorch (CUPTI, through torch.profiler), and which forms of a
-standalone pointwise graph with a broadcast operand get a cuDNN engine. Diagnostics for the
+standalone pointwise graph with a broadcast operand get a cuDNN engine (and a matrix of
+operand shapes, memory orders and dtypes, checked against numpy). Diagnostics for the
 benchmarks in docs/benchmarks.md, not a benchmark itself.
 
-    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer,broadcast]
+    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer,broadcast,matrix]
 """
 
 from __future__ import annotations
@@ -240,13 +241,87 @@ def broadcast(out: Path) -> dict[str, Any]:
             t, dims=result.dims, strides=tuple(0 if d == 1 and n > 1 else s for d, n, s in
                                                zip(t.dims, result.dims, t.strides, strict=True)))
             if t.role == "input" and t.dims != result.dims else t for t in spec.tensors)
+        # and with the operand as if it were full (its own packed strides at the result's dims):
+        # whether the broadcast itself is what cuDNN has no engine for
+        packed = tuple(dataclasses.replace(t, dims=result.dims, strides=result.strides)
+                       if t.role == "input" and t.dims != result.dims else t for t in spec.tensors)
         for form, variant in (("as made", spec),
-                              ("stride 0", dataclasses.replace(spec, tensors=full))):
+                              ("stride 0", dataclasses.replace(spec, tensors=full)),
+                              ("no bcast", dataclasses.replace(spec, tensors=packed))):
             built = graphs.build(variant, handle, properties)
             rows[f"{name} {form}"] = {"candidates": built.candidates,
                                       "engine": built.engine_id, "note": built.note}
             print(f"{name:9s} {form:9s} candidates {built.candidates}, engine "
                   f"{built.engine_id}: {built.note[:120]}", flush=True)
+    return rows
+
+
+# Standalone `x * b` over x [8, 64, 16, 16]: which operand shapes (b broadcasting over the
+# axes marked 1), memory orders and dtypes get a cuDNN engine, and whether it computes right.
+_SHAPES = {"full": (8, 64, 16, 16), "c": (1, 64, 1, 1), "nc": (8, 64, 1, 1), "hw": (1, 1, 16, 16),
+           "nhw": (8, 1, 16, 16), "chw": (1, 64, 16, 16), "n": (8, 1, 1, 1), "w": (1, 1, 1, 16),
+           "one": (1, 1, 1, 1)}
+
+
+def matrix(out: Path) -> dict[str, Any]:
+    import cudnn
+    import cupy
+    import numpy as np
+
+    from dslc.backend import graphs
+    from dslc.backend.channels_last import packed_strides
+    from dslc.backend.spec import GroupSpec, OpSpec, TensorSpec
+
+    def _packed(dims: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+        return packed_strides(list(dims), list(order))
+
+    handle = cudnn.create_handle()
+    orders = {"nchw": (0, 1, 2, 3), "nhwc": (0, 2, 3, 1)}
+    rows: dict[str, Any] = {}
+    rng = np.random.default_rng(0)
+    for dtype, npt in (("f16", np.float16), ("f32", np.float32)):
+        for layout, order in orders.items():
+            y_dims = _SHAPES["full"]
+            for shape_name, b_dims in _SHAPES.items():
+                forms = {"packed": _packed(b_dims, order)}
+                if shape_name != "full":
+                    forms["stride0"] = tuple(0 if d == 1 else s for d, s in
+                                             zip(b_dims, _packed(b_dims, order), strict=True))
+                for form, b_strides in forms.items():
+                    for first in (("x", "b"), ("b", "x")) if dtype == "f16" else (("x", "b"),):
+                        bd = y_dims if form == "stride0" else b_dims
+                        ys = _packed(y_dims, order)
+                        tensors = (TensorSpec("x", 1, y_dims, ys, dtype, "input"),
+                                   TensorSpec("b", 2, bd, b_strides, dtype, "input"),
+                                   TensorSpec("y", 3, y_dims, ys, dtype, "output"))
+                        spec = GroupSpec("probe", tensors, (OpSpec("y", "mul", first, {}, "f32"),),
+                                         dtype, "f32", "f32")
+                        key = f"{dtype} {layout} b={shape_name} {form} {first[0]}*{first[1]}"
+                        try:
+                            built = graphs.build(spec, handle)
+                        except graphs.GraphError as err:
+                            rows[key] = {"error": str(err)[:100]}
+                            print(f"{key:34s} rejected: {str(err)[:90]}", flush=True)
+                            continue
+                        row: dict[str, Any] = {"candidates": built.candidates,
+                                               "engine": built.engine_id}
+                        if built.has_plan:
+                            x = rng.standard_normal(y_dims).astype(npt)
+                            b = rng.standard_normal(b_dims).astype(npt)
+                            # memory as the strides say: x in its order, b packed or its own
+                            xm = cupy.asarray(np.ascontiguousarray(x.transpose(order)))
+                            bm = cupy.asarray(np.ascontiguousarray(b.transpose(order)))
+                            ym = cupy.zeros(xm.shape, dtype=npt)
+                            ws = cupy.empty(max(built.workspace, 1), dtype=cupy.uint8)
+                            built.graph.execute({1: xm.data.ptr, 2: bm.data.ptr, 3: ym.data.ptr},
+                                                ws.data.ptr, handle=handle)
+                            cupy.cuda.Device().synchronize()
+                            got = cupy.asnumpy(ym).transpose(np.argsort(order))
+                            want = (x.astype(np.float32) * b.astype(np.float32))
+                            row["error"] = float(np.abs(got - want).max() / np.abs(want).max())
+                        rows[key] = row
+                        print(f"{key:34s} candidates {built.candidates:2d} engine "
+                              f"{built.engine_id} error {row.get('error', '-')}", flush=True)
     return rows
 
 
@@ -257,7 +332,8 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
-    for name, fn in (("pool", pool), ("cold", cold), ("layer", layer), ("broadcast", broadcast)):
+    for name, fn in (("pool", pool), ("cold", cold), ("layer", layer), ("broadcast", broadcast),
+                     ("matrix", matrix)):
         if name in args.skip.split(","):
             continue
         print(f"== {name}", flush=True)
