@@ -14,6 +14,7 @@ from typing import Any
 import cudnn
 import numpy as np
 
+from dslc.backend.channels_last import channels_last_form
 from dslc.backend.spec import GroupSpec
 from dslc.ops import OPS
 
@@ -82,7 +83,9 @@ def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None,
                kernel_cache: Any = None) -> Any:
     """The cuDNN graph of `spec`, validated and lowered to an operation graph (GraphError).
     With a `kernel_cache` (`new_kernel_cache()`), the graph is built with dynamic shapes, so a
-    graph of the same form at another size reuses the kernels compiled for the first."""
+    graph of the same form at another size reuses the kernels compiled for the first. A
+    pointwise group is named in channels-last form first (`channels_last_form`)."""
+    spec = channels_last_form(spec)
     extra = {"kernel_cache": kernel_cache, "is_dynamic_shape_enabled": True} if kernel_cache \
         else {}
     g = cudnn.pygraph(io_data_type=DATA_TYPES[spec.io],

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+from dslc.backend.channels_last import form_holds_at_every_size
 from dslc.backend.graphs import Built, GraphError, build
 from dslc.backend.kernels import DTYPES as KERNEL_DTYPES
 from dslc.backend.spec import GroupSpec, SpecError, group_spec
@@ -201,6 +203,8 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
             if key in out.builds:
                 continue
             spec = group_spec(out.graph, group, bucket, out.model.env, out.placement)
+            if not form_holds_at_every_size(spec, partial(_spec_everywhere, out, group, bucket)):
+                raise SpecError("its channels-last form at this bucket is none at other sizes")
             out.specs[key] = spec
             built = build(spec, handle, properties)
             out.builds[key] = built
@@ -213,6 +217,16 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
             out.builds.pop(key, None)
         return _split(out, group, handle, properties, str(err))
     return [Step("graph", group, why)]
+
+
+def _spec_everywhere(out: Compiled, group: Group, bucket: dict[str, int]) -> GroupSpec | None:
+    """The group's spec with every dim of the bucket 2 longer (none of 1), or None where the
+    model's dims cannot take those values."""
+    try:
+        return group_spec(out.graph, group, {k: v + 2 for k, v in bucket.items()},
+                          out.model.env, out.placement)
+    except Exception:  # a dim relation the grown values break: no spec to check against
+        return None
 
 
 def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str) -> list[Step]:

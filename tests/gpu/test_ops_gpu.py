@@ -665,3 +665,48 @@ def test_every_transpose_of_an_image_equals_numpys(layout: str, form: str, tmp_p
         if err > TOLERANCE["f32"]:
             wrong.append(f"{name}: {err:.2e}")
     assert not wrong, wrong
+
+
+# x * b over x [8, 16, 6, 10] and b broadcast over the axes marked 1: whether cuDNN runs it
+# (`backend.channels_last`), by layout; every case against numpy. Per-channel, per-pixel and
+# one-element operands run on cuDNN in the memory order of the result, and so do the forms a
+# renaming of the axes turns into those (a row-major [1, 1, H, W] is per-channel once H and W
+# are merged and named axis 1); [N, C, 1, 1] over NHWC, broadcast between two kept axes, has
+# no such form.
+BROADCAST_FORMS = {
+    "full": ((8, 16, 6, 10), "graph", "graph"), "c": ((1, 16, 1, 1), "kernel", "graph"),
+    "nc": ((8, 16, 1, 1), "graph", "kernel"), "hw": ((1, 1, 6, 10), "graph", "kernel"),
+    "nhw": ((8, 1, 6, 10), "kernel", "graph"), "chw": ((1, 16, 6, 10), "graph", "graph"),
+    "n": ((8, 1, 1, 1), "graph", "graph"), "w": ((1, 1, 1, 10), "graph", "kernel"),
+    "one": ((1, 1, 1, 1), "graph", "graph"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32", "bf16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_broadcast_operands_of_a_pointwise_op_run_on_cudnn_where_a_form_exists(
+        dtype: str, layout: str, tmp_path: Path) -> None:
+    from dslc.runtime import Model
+    from dslc.runtime.bundle import read
+    from dslc.runtime.schedule import Schedule
+
+    wrong, kinds = [], {}
+    for name, (shape, *_) in BROADCAST_FORMS.items():
+        io = "" if dtype == "f32" else f"  precision io={dtype}\n"
+        bundle = compile_source(f"model m {{\n{io}  layout {layout}\n  input x: [8, 16, 6, 10]\n"
+                                f"  input b: {list(shape)}\n  output y = x * b\n}}\n",
+                                tmp_path / name)
+        program = Schedule(read(bundle))
+        [step] = [s for s in program.steps if "y" in s.nodes]
+        kinds[name] = step.kind
+        inputs = random_inputs(bundle, seed=5)
+        model = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=None)
+        got = to_host(model.run(to_device(inputs, bundle)))["y"]
+        want = inputs["x"].astype(np.float32) * inputs["b"].astype(np.float32)
+        err = rel_error(got.astype(np.float32), want)
+        if err > TOLERANCE[dtype]:
+            wrong.append(f"{name}: {err:.2e}")
+    assert not wrong, wrong
+    expected = {n: (nchw if layout == "NCHW" else nhwc) for n, (_, nchw, nhwc) in
+                BROADCAST_FORMS.items()}
+    assert kinds == expected
