@@ -70,6 +70,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "weights": (["dslc/weights.py"],
                 ["tests/test_weights.py", "tests/test_weight_checks.py",
                  "tests/test_weights_details.py"]),
+    "channels_last": (["dslc/backend/channels_last.py"], ["tests/test_channels_last_form.py"]),
     "tune": (["dslc/runtime/tuningdb/*.py"],
              ["tests/test_tuning_db.py", "tests/test_tuning_db_hostile.py",
               "tests/test_tuning_store.py"]),

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from dslc.backend.channels_last import channels_last_form, form_holds_at_every_size
 from dslc.backend.spec import GroupSpec, OpSpec, TensorSpec
@@ -94,6 +97,60 @@ def test_an_outer_product_keeps_its_form() -> None:
     # failed to launch it renamed)
     spec = _spec((1, 1, 1024, 64), {"pos": (1, 1, 1024, 1), "freq": (1, 1, 1, 64)})
     assert channels_last_form(spec) is spec
+
+
+@pytest.mark.parametrize("operand", [(3, 2, 3, 3), (1, 2, 1, 1), (3, 1, 3, 3), (1, 1, 1, 1)])
+def test_a_channels_last_group_cudnn_takes_is_left_as_it_is(operand: tuple[int, ...]) -> None:
+    # full, per-channel, per-pixel and one-element operands over NHWC [3, 2, 3, 3]: measured
+    # right on the H200 as they are
+    spec = _spec((3, 2, 3, 3), {"x": (3, 2, 3, 3), "b": operand}, order=(0, 2, 3, 1))
+    assert channels_last_form(spec) is spec
+
+
+def test_a_channels_last_group_with_a_size_one_height_is_left_as_it_is() -> None:
+    spec = _spec((2, 4, 1, 3), {"x": (2, 4, 1, 3), "b": (1, 4, 1, 1)}, order=(0, 2, 3, 1))
+    assert channels_last_form(spec) is spec
+
+
+def test_one_channel_channels_last_is_renamed_to_channels() -> None:
+    # a row-major mask [8, 1, 1, 128] is packed channels-last with one channel: declined
+    new = channels_last_form(_spec((8, 1, 1, 128), {"m": (8, 1, 1, 128)}, op="relu"))
+    assert new.tensor("m").dims == (8, 128, 1, 1)
+
+
+def test_a_single_long_axis_becomes_axis_1() -> None:
+    new = channels_last_form(_spec((1, 1, 1, 64), {"x": (1, 1, 1, 64)}, op="relu"))
+    assert new.tensor("x").dims == (1, 64, 1, 1)
+
+
+def test_size_one_axes_of_any_stride_do_not_stop_the_renaming() -> None:
+    spec = _spec((8, 1, 197, 768), {"x": (8, 1, 197, 768), "pos": (1, 1, 197, 768)}, op="add")
+    odd = tuple(replace(t, strides=(0, 0, 768, 1)) if t.name == "pos" else t
+                for t in spec.tensors)
+    new = channels_last_form(replace(spec, tensors=odd))
+    assert new.tensor("pos").dims == (1, 197 * 768, 1, 1)
+
+
+def test_scalars_pass_through_and_every_tensor_is_kept() -> None:
+    # (1.0 - m) * -10000.0: scalars first, as group_spec makes them
+    tensors = (TensorSpec("one", 1, (1, 1, 1, 1), (1, 1, 1, 1), "f32", "scalar", 1.0),
+               TensorSpec("m", 2, (8, 1, 1, 128), (128, 128, 128, 1), "f32", "input"),
+               TensorSpec("big", 3, (1, 1, 1, 1), (1, 1, 1, 1), "f32", "scalar", -1e4),
+               TensorSpec("d", 4, (8, 1, 1, 128), (128, 128, 128, 1), "f32", "virtual"),
+               TensorSpec("y", 5, (8, 1, 1, 128), (128, 128, 128, 1), "f32", "output"))
+    ops = (OpSpec("d", "sub", ("one", "m"), {}, "f32"), OpSpec("y", "mul", ("d", "big"), {}, "f32"))
+    new = channels_last_form(GroupSpec("s", tensors, ops, "f32", "f32", "f32"))
+    assert [t.name for t in new.tensors] == ["one", "m", "big", "d", "y"]
+    assert new.tensor("one") == tensors[0] and new.tensor("big") == tensors[2]
+    assert {new.tensor(n).dims for n in ("m", "d", "y")} == {(8, 128, 1, 1)}
+
+
+def test_groups_of_another_rank_keep_the_form() -> None:
+    x = TensorSpec("x", 1, (8, 128, 768), (98304, 768, 1), "f16", "input")
+    y = TensorSpec("y", 2, (8, 128, 768), (98304, 768, 1), "f16", "output")
+    spec = GroupSpec("s", (x, y), (OpSpec("y", "relu", ("x",), {}, "f32"),), "f16", "f32", "f32")
+    assert channels_last_form(spec) is spec
+    assert form_holds_at_every_size(spec, lambda: None)
 
 
 def test_a_scale_over_the_pixels_of_each_image_keeps_its_form() -> None:

@@ -67,7 +67,7 @@ def _taken_as_it_is(spec: GroupSpec, result: TensorSpec, tensors: list[TensorSpe
     full = _held(result)
     # a row-major [8, 1, 1, 128] is packed channels-last with one channel: cuDNN declined it
     return 1 in full and all(_dense_in(t, [0, *range(2, RANK), 1]) for t in tensors) and all(
-        _held(t) in (full, {1} & full, full - {1}, set()) for t in tensors if t.role == "input")
+        _held(t) in (full, {1}, full - {1}, set()) for t in tensors if t.role == "input")
 
 
 def _applies(spec: GroupSpec) -> bool:
