@@ -248,7 +248,7 @@ def broadcast(out: Path) -> dict[str, Any]:
         for form, variant in (("as made", spec),
                               ("stride 0", dataclasses.replace(spec, tensors=full)),
                               ("no bcast", dataclasses.replace(spec, tensors=packed))):
-            built = graphs.build(variant, handle, properties)
+            built = graphs.build(variant, handle, properties, as_given=True)
             rows[f"{name} {form}"] = {"candidates": built.candidates,
                                       "engine": built.engine_id, "note": built.note}
             print(f"{name:9s} {form:9s} candidates {built.candidates}, engine "
@@ -264,16 +264,14 @@ _SHAPES = {"full": (8, 64, 16, 16), "c": (1, 64, 1, 1), "nc": (8, 64, 1, 1), "hw
 
 
 def matrix(out: Path) -> dict[str, Any]:
+    """Each form built as given (`as_given`: not renamed by `backend.channels_last`)."""
     import cudnn
     import cupy
     import numpy as np
 
     from dslc.backend import graphs
-    from dslc.backend.channels_last import packed_strides
+    from dslc.backend.channels_last import packed_strides as _packed
     from dslc.backend.spec import GroupSpec, OpSpec, TensorSpec
-
-    def _packed(dims: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
-        return packed_strides(list(dims), list(order))
 
     handle = cudnn.create_handle()
     orders = {"nchw": (0, 1, 2, 3), "nhwc": (0, 2, 3, 1)}
@@ -298,7 +296,7 @@ def matrix(out: Path) -> dict[str, Any]:
                                          dtype, "f32", "f32")
                         key = f"{dtype} {layout} b={shape_name} {form} {first[0]}*{first[1]}"
                         try:
-                            built = graphs.build(spec, handle)
+                            built = graphs.build(spec, handle, as_given=True)
                         except graphs.GraphError as err:
                             rows[key] = {"error": str(err)[:100]}
                             print(f"{key:34s} rejected: {str(err)[:90]}", flush=True)

@@ -238,3 +238,20 @@ def test_a_decoder_step_whose_form_hangs_on_s_equal_1_compiles_to_a_fallback_ker
 
     assert kinds("[B, 1, 4, 8]") == "kernel"
     assert kinds("[1, 1, 1, 8]") == "graph"
+
+
+def test_the_graph_gets_the_renamed_dims_and_a_probe_can_keep_the_spec_as_given() -> None:
+    import json
+
+    from dslc.backend.graphs import make_graph
+    from dslc.backend.target import load_target
+
+    spec = _spec((1, 8, 197, 768), {"x": (1, 8, 197, 768), "pos": (1, 1, 197, 768)}, op="add")
+    properties = load_target("h200").properties()
+
+    def dims_of(as_given: bool) -> dict[str, list[int]]:
+        graph = json.loads(str(make_graph(spec, None, properties, as_given=as_given)))
+        return {t["name"]: t["dim"] for t in graph["tensors"]}
+
+    assert dims_of(False)["pos"] == [1, 197 * 768, 1, 1]
+    assert dims_of(True)["pos"] == [1, 1, 197, 768]

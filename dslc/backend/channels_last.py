@@ -18,7 +18,7 @@ such form exists the group keeps its form (cuDNN declines it, a fallback kernel 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from dslc.backend.spec import GroupSpec, TensorSpec
@@ -46,7 +46,7 @@ def _dense_in(t: TensorSpec, order: list[int]) -> bool:
     return True
 
 
-def packed_strides(dims: list[int], memory: list[int]) -> tuple[int, ...]:
+def packed_strides(dims: Sequence[int], memory: Sequence[int]) -> tuple[int, ...]:
     """Packed strides of `dims`, its axes laid out outermost first as `memory` lists them."""
     strides = [0] * len(dims)
     step = 1
@@ -60,7 +60,7 @@ def _held(t: TensorSpec) -> set[int]:
     return {i for i, d in enumerate(t.dims) if d > 1}
 
 
-def _taken_as_it_is(spec: GroupSpec, result: TensorSpec, tensors: list[TensorSpec]) -> bool:
+def _taken_as_it_is(result: TensorSpec, tensors: list[TensorSpec]) -> bool:
     """Already channels-last with more than one channel, each operand full, per-channel,
     per-pixel or one element: left as it is (the forms measured right on the H200 are not
     renamed)."""
@@ -93,7 +93,7 @@ def _form(spec: GroupSpec) -> GroupSpec | None:
             or any(not _dense_in(t, big) for t in tensors):
         return None
 
-    if _taken_as_it_is(spec, result, tensors):
+    if _taken_as_it_is(result, tensors):
         return spec
     if not any(t.role == "input" and t.dims == result.dims for t in tensors):
         return None  # an outer product: every form measured had a full-size operand

@@ -80,12 +80,14 @@ def scalar(g: Any, value: float) -> Any:
 
 
 def make_graph(spec: GroupSpec, handle: Any = None, properties: Any = None,
-               kernel_cache: Any = None) -> Any:
+               kernel_cache: Any = None, as_given: bool = False) -> Any:
     """The cuDNN graph of `spec`, validated and lowered to an operation graph (GraphError).
     With a `kernel_cache` (`new_kernel_cache()`), the graph is built with dynamic shapes, so a
     graph of the same form at another size reuses the kernels compiled for the first. A
-    pointwise group is named in channels-last form first (`channels_last_form`)."""
-    spec = channels_last_form(spec)
+    pointwise group is named in channels-last form first (`channels_last_form`), unless
+    `as_given` (a probe of the forms cuDNN takes)."""
+    if not as_given:
+        spec = channels_last_form(spec)
     extra = {"kernel_cache": kernel_cache, "is_dynamic_shape_enabled": True} if kernel_cache \
         else {}
     g = cudnn.pygraph(io_data_type=DATA_TYPES[spec.io],
@@ -133,11 +135,13 @@ def _first_line(err: BaseException) -> str:
 
 
 def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
-          engine: tuple[int, dict[str, int]] | None = None, kernel_cache: Any = None) -> Built:
+          engine: tuple[int, dict[str, int]] | None = None, kernel_cache: Any = None,
+          as_given: bool = False) -> Built:
     """Graph and plan: `engine` replays a recorded (engine_id, knobs); otherwise the
-    heuristics' list, the first candidate that builds. GraphError if cuDNN rejects the graph."""
+    heuristics' list, the first candidate that builds. GraphError if cuDNN rejects the graph.
+    `as_given`: the spec's own form, not renamed (`make_graph`)."""
     start = time.perf_counter()
-    g = make_graph(spec, handle, properties, kernel_cache)
+    g = make_graph(spec, handle, properties, kernel_cache, as_given)
     out = Built(g, spec)
     try:
         if engine is not None:
