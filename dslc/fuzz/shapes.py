@@ -206,8 +206,9 @@ def cache_write(g: Gen) -> bool:
     adds two inputs."""
     if not g.ch.coin(0.3):
         return False
+    # the cache is a model input, so each of its dims must be one the source can spell
     new = g.pick(lambda e: is_float(e) and e.type.rank == 4 and static(e.type.shape[2])
-                 and printable(e.type.shape[0]) and printable(e.type.shape[1]))
+                 and all(printable(d) for d in e.type.shape))
     if new is None:
         return False
     b, h, s, d = new.type.shape
