@@ -24,11 +24,18 @@ def bench_json(*args: str) -> dict[str, Any]:
     return dict(json.loads(r.stdout))
 
 
-@pytest.mark.parametrize(("model", "size", "steps"), [("resnet50", "N=32", 56),
-                                                      ("bert", "B=8,S=128", 18)])
-def test_bench_against_torch_agrees_and_times_every_way(model: str, size: str, steps: int,
+@pytest.mark.parametrize(("model", "size"), [("resnet50", "N=32"), ("bert", "B=8,S=128")])
+def test_bench_against_torch_agrees_and_times_every_way(model: str, size: str,
                                                         tmp_path: Path) -> None:
-    doc = bench_json(f"models/{model}.cgraph", "--size", size, "--against", "torch",
+    """The bundle compiled here (the heuristics' plans), its steps read back by `inspect`: the
+    roofline profiles each of them once (what this GPU's engines split is its own count)."""
+    assert run_cli("compile", f"models/{model}.cgraph", "--target", "device", "-o",
+                   str(tmp_path), "--bucket", size, "-q").code == 0
+    [bundle] = tmp_path.glob("*.bundle")
+    shown = run_cli("inspect", str(bundle), "--format", "json")
+    assert shown.code == 0, shown.stderr
+    steps = [s["name"] for s in json.loads(shown.stdout)["steps"]]
+    doc = bench_json(str(bundle), "--size", size, "--against", "torch",
                      "--plot", str(tmp_path / "bench.png"))
     [row] = doc["sizes"]
     print(json.dumps({k: row[k] for k in ("dims", "dslc", "torch", "outputs")}, indent=1))
@@ -46,7 +53,8 @@ def test_bench_against_torch_agrees_and_times_every_way(model: str, size: str, s
     assert t["eager_ms"] > 0 and (t["graph_ms"] or 0) > 0, t["graph_error"]
     assert t["compile_ms"] is not None and t["compile_ms"] > 0, t["compile_error"]
     roof = row["roofline"]
-    assert len(roof["steps"]) == steps and roof["totals"]["bound_ms"] > 0
+    assert sorted(s["step"] for s in roof["steps"]) == sorted(steps)
+    assert roof["totals"]["bound_ms"] > 0
     lost = [s["lost_ms"] for s in roof["steps"]]
     assert lost == sorted(lost, reverse=True)
     # Tensor cores cannot beat their peak (memory can look faster: repeated runs hit the L2)
