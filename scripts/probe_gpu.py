@@ -2,10 +2,11 @@
 start (imports, context, plan restore sequential against threaded), the kernels of one
 encoder layer in dslc and in PyTorch (CUPTI, through torch.profiler), and which forms of a
 standalone pointwise graph with a broadcast operand get a cuDNN engine (and a matrix of
-operand shapes, memory orders and dtypes, checked against numpy). Diagnostics for the
+operand shapes, memory orders and dtypes, checked against numpy), and the depthwise convs of
+the model families in dslc's kernel, in cuDNN and in PyTorch. Diagnostics for the
 benchmarks in docs/benchmarks.md, not a benchmark itself.
 
-    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer,broadcast,matrix]
+    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer,broadcast,matrix,depthwise]
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ def pool(out: Path) -> dict[str, Any]:
         run = lambda x=x, y=y, attrs=attrs: kernels.maxpool([x], y, attrs)  # noqa: E731
         vec = timed(run, 30)
         got = cupy.asnumpy(y.astype(cupy.float32))
-        original = kernels._vector_width
-        kernels._vector_width = lambda *a: 1  # type: ignore[assignment]
+        original = kernels.vector_width
+        kernels.vector_width = lambda *a: 1  # type: ignore[assignment]
         try:
             scalar = timed(run, 30)
         finally:
-            kernels._vector_width = original
+            kernels.vector_width = original
         tx = torch.as_tensor(x, device="cuda")
         want = torch.nn.functional.max_pool2d(tx, 3, 2, 1)
         tms = timed(lambda tx=tx: torch.nn.functional.max_pool2d(tx, 3, 2, 1), 30)
@@ -322,6 +323,103 @@ def matrix(out: Path) -> dict[str, Any]:
                               f"{built.engine_id} error {row.get('error', '-')}", flush=True)
     return rows
 
+# Depthwise convs of the model families (N, C, H, k, stride), f16 channels-last.
+_DEPTHWISE = [(32, 96, 56, 7, 1), (32, 192, 28, 7, 1), (32, 384, 14, 7, 1), (32, 768, 7, 7, 1),
+              (32, 480, 14, 3, 1), (32, 672, 14, 5, 1), (32, 144, 56, 3, 1), (32, 96, 112, 3, 2),
+              (256, 144, 56, 3, 1), (1, 96, 56, 7, 1)]
+
+
+def depthwise(out: Path) -> dict[str, Any]:
+    """Each depthwise conv three ways: dslc's kernel (backend/depthwise.py), cuDNN's graph as
+    dslc builds it, alone and with its bias in the same graph (each plan of the heuristics'
+    list), and PyTorch's conv2d (groups=C, channels-last); the kernel checked against PyTorch."""
+    import cudnn
+    import cupy
+    import torch
+    from bench_gpu import timed
+
+    from dslc.backend import kernels
+
+    handle = cudnn.create_handle()
+    rows: dict[str, Any] = {}
+    for n, c, h, k, stride in _DEPTHWISE:
+        pad = k // 2
+        ho = (h + 2 * pad - k) // stride + 1
+        x = torch.randn(n, c, h, h, device="cuda").half().contiguous(memory_format=torch.channels_last)
+        f = (torch.randn(c, 1, k, k, device="cuda") / k).half().contiguous(
+            memory_format=torch.channels_last)
+        y = torch.empty(n, c, ho, ho, device="cuda").half().contiguous(
+            memory_format=torch.channels_last)
+        attrs = {"stride": [stride] * 2, "pre_pad": [pad] * 2, "post_pad": [pad] * 2,
+                 "dilation": [1, 1], "groups": c}
+        xs, ys = [cupy.asarray(x), cupy.asarray(f)], cupy.asarray(y)
+        kernel_ms = timed(lambda xs=xs, ys=ys, attrs=attrs: kernels.run_kernel("conv", xs, ys,
+                                                                               attrs), 30)
+        want = torch.nn.functional.conv2d(x, f, stride=stride, padding=pad, groups=c)
+        err = float((y.float() - want.float()).abs().max() / want.float().abs().max())
+        torch_ms = timed(lambda x=x, f=f, stride=stride, pad=pad, c=c: torch.nn.functional.conv2d(
+            x, f, stride=stride, padding=pad, groups=c), 30)
+        b = torch.randn(1, c, 1, 1, device="cuda").half()
+        z = torch.empty_like(y)
+        conv_ms = _cudnn_ms(handle, n, c, h, k, ho, attrs, {1: x.data_ptr(), 2: f.data_ptr(),
+                                                             3: y.data_ptr()}, bias=False)
+        fused_ms = _cudnn_ms(handle, n, c, h, k, ho, attrs, {1: x.data_ptr(), 2: f.data_ptr(),
+                                                              4: b.data_ptr(), 5: z.data_ptr()},
+                             bias=True)
+        key = f"n{n} c{c} {h}x{h} k{k} s{stride}"
+        rows[key] = {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "error": err,
+                     "cudnn_conv": conv_ms, "cudnn_conv_bias": fused_ms,
+                     "GBps_kernel": (x.numel() + y.numel()) * 2 / kernel_ms / 1e6}
+
+        def ms(t: list[float]) -> str:
+            return f"{t[0]:.4f} (best {min(t):.4f} of {len(t)})" if t else "-"
+
+        print(f"{key:24s} kernel {kernel_ms:.4f} ({rows[key]['GBps_kernel']:.0f} GB/s, err "
+              f"{err:.1e}); cuDNN conv {ms(conv_ms)}, conv+bias {ms(fused_ms)}; torch "
+              f"{torch_ms:.4f}", flush=True)
+    return rows
+
+
+def _cudnn_ms(handle: Any, n: int, c: int, h: int, k: int, ho: int, attrs: dict[str, Any],
+              pack: dict[int, int], bias: bool) -> list[float]:
+    """Milliseconds of each of cuDNN's plans (the heuristics' order) for the f16 channels-last
+    depthwise conv as dslc builds it, alone or with a per-channel bias in the same graph."""
+    import cupy
+    from bench_gpu import timed
+
+    from dslc.backend import graphs
+    from dslc.backend.channels_last import packed_strides
+    from dslc.backend.spec import GroupSpec, OpSpec, TensorSpec
+
+    nhwc = (0, 2, 3, 1)
+
+    def t(name: str, uid: int, dims: tuple[int, ...], role: str) -> TensorSpec:
+        return TensorSpec(name, uid, dims, packed_strides(dims, nhwc), "f16", role)
+
+    out = (n, c, ho, ho)
+    tensors = [t("x", 1, (n, c, h, h), "input"), t("w", 2, (c, 1, k, k), "input"),
+               t("y", 3, out, "virtual" if bias else "output")]
+    ops = [OpSpec("y", "conv", ("x", "w"), attrs, "f32")]
+    if bias:
+        tensors += [t("b", 4, (1, c, 1, 1), "input"), t("z", 5, out, "output")]
+        ops.append(OpSpec("z", "add", ("y", "b"), {}, "f32"))
+    spec = GroupSpec("probe", tuple(tensors), tuple(ops), "f16", "f32", "f32")
+    times: list[float] = []
+    try:
+        g = graphs.make_graph(spec, handle, None, None, True)
+        g.create_execution_plans(graphs.HEURISTICS)
+        for i in range(g.get_execution_plan_count()):
+            try:
+                g.build_plan_at_index(i)
+            except Exception:
+                continue
+            ws = cupy.empty(max(1, int(g.get_workspace_size())), dtype=cupy.uint8)
+            times.append(timed(lambda g=g, ws=ws, i=i: g.execute_plan_at_index(
+                pack, ws.data.ptr, i, handle=handle), 20))
+    except Exception as err:
+        print("cuDNN:", str(err)[:160], flush=True)
+    return times
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -331,7 +429,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     for name, fn in (("pool", pool), ("cold", cold), ("layer", layer), ("broadcast", broadcast),
-                     ("matrix", matrix)):
+                     ("matrix", matrix), ("depthwise", depthwise)):
         if name in args.skip.split(","):
             continue
         print(f"== {name}", flush=True)

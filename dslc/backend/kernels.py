@@ -19,24 +19,11 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
+from dslc.backend import depthwise
+from dslc.backend.cuda import PREAMBLE, elementwise, flat, needs_int64, vector_width
+
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
 
-# Loads and stores through f32: bf16 (uint16 bits) converted by hand, every other type by a cast.
-_PREAMBLE = r"""
-__device__ __forceinline__ float to_f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
-template <typename T> __device__ __forceinline__ float to_f(T v) { return (float)v; }
-template <typename T> __device__ __forceinline__ T from_f(float v) { return (T)v; }
-template <> __device__ __forceinline__ unsigned short from_f<unsigned short>(float v) {
-  unsigned int u = __float_as_uint(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (unsigned short)(u >> 16);
-}
-// NaN passes through as numpy's maximum, minimum and clip pass it (fmaxf would drop it).
-__device__ __forceinline__ float nan_max(float a, float b) { return (a != a || a > b) ? a : b; }
-__device__ __forceinline__ float nan_min(float a, float b) { return (a != a || a < b) ? a : b; }
-__device__ __forceinline__ float clip(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
-"""
 
 # Thread i -> output element (n, c, ho, wo), in the output's memory order (see `_c_inner`).
 _INDEX = r"""
@@ -127,33 +114,6 @@ _UPSAMPLE_PARAMS = ("raw T x, I C, I H, I W, I Ho, I Wo, I xn, I xc, I xh, I xw,
                     "I yh, I yw, I fh, I fw, int32 bilinear, int32 c_inner")
 
 
-@cache
-def _elementwise(name: str, params: str, body: str, wide: bool = False) -> Any:
-    """The kernel, with `I` (sizes, strides, indices) as int64 if `wide`, else int32."""
-    import cupy
-
-    index, ctype = ("int64", "long long") if wide else ("int32", "int")
-    params = ", ".join(f"{index} {p[2:]}" if p.startswith("I ") else p
-                       for p in params.split(", "))
-    return cupy.ElementwiseKernel(params, "raw T y", f"typedef {ctype} I;\n{body}",
-                                  f"dslc_{name}_{index}", preamble=_PREAMBLE)
-
-
-def _wide(*spans: int) -> bool:
-    """Whether some offset of the tensors needs 64 bits."""
-    return max(spans) >= 2**31 - 1
-
-
-def _flat(a: Any) -> tuple[Any, list[int]]:
-    """A 1-D view from the array's first element, and its strides in elements."""
-    import cupy
-
-    item = a.dtype.itemsize
-    strides = [s // item for s in a.strides]
-    span = 1 + sum((d - 1) * s for d, s in zip(a.shape, strides, strict=True)) if a.size else 0
-    return cupy.ndarray((span,), a.dtype, memptr=a.data), strides
-
-
 def _spatial_2d(op: str, x: Any) -> None:
     if x.ndim != 4:
         raise NotImplementedError(f"the fallback `{op}` kernel takes 2-D images (rank 4)")
@@ -173,34 +133,22 @@ def avgpool(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     _pool(xs[0], y, a, is_max=False)
 
 
-def _vector_width(x: Any, y: Any, xs: list[int], ys: list[int]) -> int:
-    """Channels per thread for the vector pooling kernel: 16 bytes' worth when both tensors are
-    NHWC with contiguous channels, a channel count that splits into vectors, and every pixel
-    16-byte aligned; else 1 (the scalar kernel)."""
-    vec = 16 // x.dtype.itemsize
-    aligned = all(s % vec == 0 for s in (*xs[0:1], *xs[2:], *ys[0:1], *ys[2:]))
-    if (xs[1] == 1 and ys[1] == 1 and x.shape[1] % vec == 0 and aligned
-            and x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0):
-        return vec
-    return 1
-
-
 def _pool(x: Any, y: Any, a: Mapping[str, Any], is_max: bool) -> None:
     _spatial_2d("pool", x)
-    xf, xs = _flat(x)
-    yf, ys = _flat(y)
+    xf, xs = flat(x)
+    yf, ys = flat(y)
     _n, c, h, w = x.shape
     window = (a["window"][0], a["window"][1], a["stride"][0], a["stride"][1], a["pad"][0],
               a["pad"][1])
-    wide = _wide(xf.size, yf.size, y.size)
+    wide = needs_int64(xf.size, yf.size, y.size)
     flags = (int(is_max), int(bool(a.get("count_pad"))))
-    vec = _vector_width(x, y, xs, ys)
+    vec = vector_width(x, y, xs, ys)
     if vec > 1:
-        kernel = _elementwise("pool_vec", _POOL_VEC_PARAMS, _POOL_VEC, wide)
+        kernel = elementwise("pool_vec", _POOL_VEC_PARAMS, _POOL_VEC, wide)
         kernel(xf, c, h, w, y.shape[2], y.shape[3], xs[0], xs[2], xs[3], ys[0], ys[2], ys[3],
                *window, *flags, yf, size=y.size // vec)
         return
-    kernel = _elementwise("pool", _POOL_PARAMS, _POOL, wide)
+    kernel = elementwise("pool", _POOL_PARAMS, _POOL, wide)
     kernel(xf, c, h, w, y.shape[2], y.shape[3], *xs, *ys, *window, *flags, _c_inner(ys), yf,
            size=y.size)
 
@@ -208,10 +156,11 @@ def _pool(x: Any, y: Any, a: Mapping[str, Any], is_max: bool) -> None:
 def upsample(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     x = xs[0]
     _spatial_2d("upsample", x)
-    xf, xst = _flat(x)
-    yf, yst = _flat(y)
+    xf, xst = flat(x)
+    yf, yst = flat(y)
     _n, c, h, w = x.shape
-    kernel = _elementwise("upsample", _UPSAMPLE_PARAMS, _UPSAMPLE, _wide(xf.size, yf.size, y.size))
+    kernel = elementwise("upsample", _UPSAMPLE_PARAMS, _UPSAMPLE,
+                         needs_int64(xf.size, yf.size, y.size))
     sizes = (c, h, w, y.shape[2], y.shape[3], *xst, *yst,
                   a["factor"][0], a["factor"][1])
     kernel(xf, *sizes, int(a["mode"] == "bilinear"), _c_inner(yst), yf, size=y.size)
@@ -272,7 +221,7 @@ def _store(cupy: Any, y: Any, value: Any) -> None:
 def _conversion(inputs: str, output: str, body: str, name: str) -> Any:
     import cupy
 
-    return cupy.ElementwiseKernel(inputs, output, body, f"dslc_{name}", preamble=_PREAMBLE)
+    return cupy.ElementwiseKernel(inputs, output, body, f"dslc_{name}", preamble=PREAMBLE)
 
 
 def arange(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
@@ -307,11 +256,11 @@ def cache_write(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
         y[...] = cache
     if new.size == 0:
         return
-    nf, nst = _flat(new)
-    yf, yst = _flat(y)
+    nf, nst = flat(new)
+    yf, yst = flat(y)
     _b, h, s, d = new.shape
-    kernel = _elementwise("cache_write", _CACHE_WRITE_PARAMS, _CACHE_WRITE,
-                          _wide(nf.size, yf.size, new.size))
+    kernel = elementwise("cache_write", _CACHE_WRITE_PARAMS, _CACHE_WRITE,
+                          needs_int64(nf.size, yf.size, new.size))
     kernel(nf, at, h, s, d, y.shape[2], *nst, *yst, yf, size=new.size)
 
 
@@ -405,7 +354,7 @@ def _pointwise_kernel(expr: str, arity: int) -> Any:
     loads = " ".join(f"const float {n} = to_f(x{i});" for i, n in enumerate("abc"[:arity]))
     return cupy.ElementwiseKernel(params, "Y y", f"{loads} y = from_f<Y>({expr});",
                                   f"dslc_pointwise_{zlib.crc32(expr.encode())}_{arity}",
-                                  preamble=_PREAMBLE)
+                                  preamble=PREAMBLE)
 
 
 def _overlaps(x: Any, y: Any) -> bool:
@@ -456,7 +405,18 @@ def gather(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     y[...] = cupy.where(outside, nan, rows)
 
 
-KERNELS: dict[str, KernelFn] = {"maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
+def conv(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    """A depthwise conv as one kernel (`backend.depthwise`); any other conv the reference runs
+    (a conv reaches a kernel only where cuDNN has no engine for it, or the compiler chose so)."""
+    x, w = xs
+    if x.ndim == 4 and depthwise.takes(x.shape[1], tuple(w.shape), int(a["groups"]),
+                       {"float32": "f32", "float16": "f16", "uint16": "bf16"}.get(x.dtype.name, "")):
+        depthwise.conv(xs, y, a)
+    else:
+        reference_kernel("conv", xs, y, a)
+
+
+KERNELS: dict[str, KernelFn] = {"conv": conv, "maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
                                 "concat": concat, "arange": arange, "full": full,
                                 "cache_write": cache_write, "gather": gather,
                                 **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",

@@ -197,6 +197,8 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
     if len(group.nodes) == 1 and _reads_unaligned(nodes, nodes[group.nodes[0]]):
         return [_kernel(out, group, "a copy of a view that starts off a 16-byte boundary, which "
                                     "cuDNN's kernels cannot read: a fallback kernel copies it")]
+    if _depthwise_with_epilogue(nodes, group):
+        return _depthwise_then_rest(out, group, handle, properties)
     try:
         for bucket in out.buckets:
             key = (bucket_key(bucket), group.signature)
@@ -217,6 +219,40 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
             out.builds.pop(key, None)
         return _split(out, group, handle, properties, str(err))
     return [Step("graph", group, why)]
+
+
+# A depthwise conv's filter taps from which it compiles alone, its bias and epilogue a pointwise
+# graph of their own. On the H200 (cuDNN 9.19) ConvNeXt's 7x7 with its bias in one graph ran in
+# 1.2 ms, the conv alone in 0.098 (scripts/probe_gpu.py, part depthwise); a 3x3 fused with its
+# bias and hardswish runs as fast as alone.
+DEPTHWISE_ALONE_TAPS = 25
+DEPTHWISE = ("a depthwise conv of 25 filter taps or more compiles alone: with its bias in one "
+             "graph cuDNN's engines ran ConvNeXt's 7x7 12x slower (docs/benchmarks.md)")
+
+
+def _depthwise_with_epilogue(nodes: dict[str, Node], group: Group) -> bool:
+    """The group is a depthwise conv of DEPTHWISE_ALONE_TAPS or more, then its epilogue."""
+    conv = nodes[group.nodes[0]]
+    if conv.op != "conv" or len(group.nodes) < 2:
+        return False
+    x, w = (nodes[i].type for i in conv.inputs)
+    channels = x.shape[1] if x.rank == 4 else None
+    return (isinstance(channels, int) and conv.attrs["groups"] == channels
+            and w.shape[:2] == (channels, 1) and isinstance(w.shape[2], int)
+            and isinstance(w.shape[3], int) and w.shape[2] * w.shape[3] >= DEPTHWISE_ALONE_TAPS)
+
+
+def _depthwise_then_rest(out: Compiled, group: Group, handle: Any, properties: Any) -> list[Step]:
+    """The conv compiled as a group of its own, then the rest of its group (its bias, its
+    epilogue) as another."""
+    users = out.graph.users()
+    parts = ([group.nodes[0]], group.pattern), (list(group.nodes[1:]), "pointwise")
+    steps: list[Step] = []
+    for members, pattern in parts:
+        sub = make_group(out.graph, members, pattern, group.reason, users, out.names,
+                         out.placement)
+        steps.extend(_compile(out, sub, handle, properties, DEPTHWISE))
+    return steps
 
 
 def _spec_everywhere(out: Compiled, group: Group, bucket: dict[str, int]) -> GroupSpec | None:

@@ -1,0 +1,79 @@
+"""Which depthwise convs compile alone in their cuDNN graph (compile/stage.py: with their bias
+in one graph, cuDNN's engines ran a 7x7 12x slower on the H200), and the depthwise fallback
+kernel's promises (dslc/backend/depthwise.py: which convs it takes, how a block splits the
+channels). Its numbers are checked on the GPU against PyTorch
+(tests/gpu/test_depthwise_gpu.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dslc.backend.depthwise import CHUNK_BYTES, chunk, takes
+from dslc.backend.target import load_target
+from dslc.compile.stage import DEPTHWISE, DEPTHWISE_ALONE_TAPS, compile_model
+from dslc.pipeline import lower_and_fuse
+from tests.helpers import check_source
+
+
+def _steps(source: str, tmp_path: Path) -> list[tuple[str, list[str], str]]:
+    model = check_source(source, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    c = compile_model(model, lowered, plan, load_target("h200"))
+    nodes = c.graph.by_name()
+    return [(s.kind, [nodes[n].op for n in s.group.nodes], s.reason) for s in c.steps]
+
+
+def _model(groups: int, k: int, c: int = 64) -> str:
+    return f"""model m {{
+  precision io=f16
+  layout NHWC
+  input x: [2, {c}, 14, 14]
+  param w: [{c}, {c // groups}, {k}, {k}]
+  param b: [{c}]
+  output y = relu(bias_add(conv(x, w, pad={k // 2}, groups={groups}), b))
+}}
+"""
+
+
+@pytest.mark.parametrize("k", [5, 7])
+def test_a_depthwise_conv_of_25_taps_or_more_is_a_graph_of_its_own(k: int,
+                                                                   tmp_path: Path) -> None:
+    steps = _steps(_model(groups=64, k=k), tmp_path)
+    assert [(kind, ops) for kind, ops, _ in steps] == [("graph", ["conv"]),
+                                                        ("graph", ["bias_add", "relu"])]
+    assert k * k >= DEPTHWISE_ALONE_TAPS and steps[0][2] == steps[1][2] == DEPTHWISE
+
+
+@pytest.mark.parametrize(("groups", "k", "why"), [
+    (64, 3, "a depthwise 3x3 runs as fast with its epilogue"),
+    (32, 7, "two input channels a filter: grouped, not depthwise"),
+    (1, 7, "an ordinary conv"),
+])
+def test_other_convs_keep_their_epilogue(groups: int, k: int, why: str, tmp_path: Path) -> None:
+    steps = _steps(_model(groups, k), tmp_path)
+    assert [(kind, ops) for kind, ops, _ in steps] == [("graph", ["conv", "bias_add", "relu"])], why
+
+
+def test_the_kernel_takes_floats_of_one_filter_a_channel() -> None:
+    assert takes(96, (96, 1, 7, 7), 96, "bf16") and takes(3, (3, 1, 3, 3), 3, "f32")
+    assert not takes(96, (96, 1, 7, 7), 96, "i8")
+    assert not takes(96, (192, 1, 7, 7), 96, "f16")  # two filters a channel
+    assert not takes(96, (96, 1, 7, 7), 48, "f16")
+    assert not takes(96, (96, 1, 7), 96, "f16")  # 1-d
+    assert takes(8, (8, 1, 16, 16), 8, "f16") and not takes(8, (8, 1, 16, 17), 8, "f16")
+
+
+@pytest.mark.parametrize("vec", [1, 2, 4, 8])
+def test_block_rows_cover_the_channels_evenly_in_whole_vectors(vec: int) -> None:
+    for channels in range(vec, 1025, vec):
+        for taps in (1, 9, 25, 49, 121, 256):
+            cb = chunk(channels, taps, vec)
+            rows = -(-channels // cb)
+            assert cb % vec == 0 and (rows - 1) * cb < channels <= rows * cb
+            assert cb * taps * 4 <= CHUNK_BYTES or cb == vec
+            # evenly: no row more than a vector short of a full one, but the last
+            most = max(vec, CHUNK_BYTES // (4 * taps) // vec * vec)
+            assert rows == -(-channels // most)
+    assert chunk(96, 49, 8) == 48 and chunk(768, 49, 8) == 80
