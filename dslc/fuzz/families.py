@@ -283,6 +283,8 @@ def conv(g: Gen) -> bool:
         _pads(g, r, n, attrs, asym=True)
         w = g.new_param((groups * g.ch.between(1, max(1, 16 // groups)), c // groups) + (r,) * n)
         out = g.apply("conv", {"x": tame(g, x), "w": w}, attrs)
+        if out is not None and n == 2 and r == 5 and groups == c == w.type.shape[0]:
+            g.stats.features["depthwise 5x5 conv"] += 1  # compiled apart from its bias
     if out is None:
         return False
     if g.ch.coin(0.5):
