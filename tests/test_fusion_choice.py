@@ -42,6 +42,26 @@ def test_a_conv_with_a_pointwise_tail_splits_after_its_bias(tmp_path: Path) -> N
                      "c2+bias_add+add+relu": (["conv", "bias_add"], ["add", "relu"])}
 
 
+def test_a_depthwise_conv_splits_before_its_bias(tmp_path: Path) -> None:
+    """Its 3x3 groups stay fused at compile time; the tuner may measure them apart. A 7x7
+    is compiled apart already (compile/stage.py): nothing left to split."""
+    _, program = deviceless_program("""model m {
+  layout NHWC
+  input x: [2, 16, 8, 8]
+  param w3: [16, 1, 3, 3]
+  param w7: [16, 1, 7, 7]
+  param b: [16]
+  let a = bias_add(conv(x, w3, pad=1, groups=16), b) as "dw3"
+  let c = relu(bias_add(conv(a, w7, pad=3, groups=16), b)) as "dw7"
+  param w4: [16, 4, 3, 3]
+  output y = bias_add(conv(c, w4, pad=1, groups=4), b) as "grouped"
+}
+""", tmp_path)
+    found = {s.step.name: ([program.nodes[n].op for n in s.head.nodes],
+                           [program.nodes[n].op for n in s.tail.nodes]) for s in splits(program)}
+    assert found == {"w3+b": (["conv"], ["bias_add"])}  # the step named by its params
+
+
 @pytest.mark.parametrize(("fused", "head", "tail", "split"), [
     ({"N=2": 1.0, "N=4": 2.0}, {"N=2": 0.5, "N=4": 1.0}, {"N=2": 0.4, "N=4": 0.9}, True),
     # 2.9 against 3.0: faster by 3.3%, past the 3% of noise

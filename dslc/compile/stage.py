@@ -27,6 +27,7 @@ from dslc.ir.naming import StepNames
 from dslc.ir.placement import Placement
 from dslc.ir.views import aligned
 from dslc.ops import OPS
+from dslc.ops.conv import depthwise_taps
 
 
 @dataclass
@@ -236,10 +237,8 @@ def _depthwise_with_epilogue(nodes: dict[str, Node], group: Group) -> bool:
     if conv.op != "conv" or len(group.nodes) < 2:
         return False
     x, w = (nodes[i].type for i in conv.inputs)
-    channels = x.shape[1] if x.rank == 4 else None
-    return (isinstance(channels, int) and conv.attrs["groups"] == channels
-            and w.shape[:2] == (channels, 1) and isinstance(w.shape[2], int)
-            and isinstance(w.shape[3], int) and w.shape[2] * w.shape[3] >= DEPTHWISE_ALONE_TAPS)
+    taps = depthwise_taps(x, w, conv.attrs["groups"])
+    return taps is not None and taps >= DEPTHWISE_ALONE_TAPS
 
 
 def _depthwise_then_rest(out: Compiled, group: Group, handle: Any, properties: Any) -> list[Step]:

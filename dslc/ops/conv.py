@@ -174,6 +174,18 @@ def _quantize(ctx: InferCtx, a: Args, dtype: str) -> bool:
             and common.fp8_multiple(ctx, "conv", "w", w.shape[0], "output channels K", dtype))
 
 
+def depthwise_taps(x: TensorType, w: TensorType, groups: int) -> int | None:
+    """A 2-d conv with one filter per channel (`groups` = channels, w [C, 1, kh, kw], all
+    static): its filter's taps kh * kw; None for any other conv."""
+    if x.rank != 4 or w.rank != 4:
+        return None
+    c, (k, per_group, kh, kw) = x.shape[1], w.shape
+    if not isinstance(kh, int) or not isinstance(kw, int) or not isinstance(c, int) \
+            or groups != c or k != c or per_group != 1:
+        return None
+    return kh * kw
+
+
 # The cuDNN lowerings are left out of mutation testing: their numbers are checked only on a GPU.
 def _lower_conv(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
     return ctx.g.conv_fprop(image=xs[0], weight=xs[1], pre_padding=list(a["pre_pad"]),

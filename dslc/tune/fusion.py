@@ -2,8 +2,9 @@
 convolution's or matmul's epilogue saves a round trip through memory, but the fused graph may
 run on a slower engine (a runtime-compiled one where the library has a tuned kernel for the
 anchor alone), so where a group has that alternative the tuner measures both: the group fused,
-and split after its anchor (and the anchor's bias or scale) into the anchor's graph and a
-pointwise graph for the rest. A split is kept where, summed over the buckets, it is faster than
+and split after its anchor (and the anchor's bias or scale; a depthwise conv's bias goes with
+the rest: with it cuDNN ran a 7x7 12x slower) into the anchor's graph and a pointwise graph for
+the rest. A split is kept where, summed over the buckets, it is faster than
 the fused group by more than the noise a plan must beat (`measure.NOISE`); the steps say what
 was measured either way (`dslc inspect` shows it).
 
@@ -20,9 +21,11 @@ from typing import Any
 
 from dslc.backend.measure import NOISE
 from dslc.backend.spec import GroupSpec, group_spec
+from dslc.ir.graph import Node
 from dslc.ir.groups import Group, make_group, unique_names
 from dslc.ir.naming import StepNames
 from dslc.ops import OPS
+from dslc.ops.conv import depthwise_taps
 from dslc.runtime.records import (
     BucketRecord,
     Bundle,
@@ -72,7 +75,8 @@ class Measured:
 
 def splits(program: Schedule) -> list[Split]:
     """The graph steps of a conv or matmul anchor with a pointwise tail after its bias: each
-    split after the bias. Steps writing into a concat's buffer stay as they are."""
+    split after the bias (a depthwise conv's before it). Steps writing into a concat's buffer
+    stay as they are."""
     users = program.graph.users()
     names = StepNames(program.graph, program.load_time)
     out = []
@@ -80,7 +84,7 @@ def splits(program: Schedule) -> list[Split]:
         nodes = [program.nodes[n] for n in step.nodes]
         if step.kind != "graph" or len(nodes) < 2 or nodes[0].op not in ("conv", "matmul"):
             continue
-        k = 2 if nodes[1].op in HEAD_EPILOGUE else 1
+        k = 1 if _depthwise(program, nodes[0]) else 2 if nodes[1].op in HEAD_EPILOGUE else 1
         tail = nodes[k:]
         if not tail or any(OPS[n.op].fusion != "epilogue" for n in tail) or \
                 any(o in program.placement for o in step.outputs):
@@ -91,6 +95,15 @@ def splits(program: Schedule) -> list[Split]:
                           program.placement)
         out.append(Split(step, head, rest))
     return out
+
+
+def _depthwise(program: Schedule, anchor: Node) -> bool:
+    """A depthwise conv splits before its bias: cuDNN's engines for the conv with its bias may
+    be far slower than for the conv alone (docs/DESIGN.md, depthwise convolutions)."""
+    if anchor.op != "conv":
+        return False
+    x, w = (program.nodes[i].type for i in anchor.inputs)
+    return depthwise_taps(x, w, anchor.attrs["groups"]) is not None
 
 
 def split_is_faster(fused: Mapping[str, float | None], head: Mapping[str, float | None],
