@@ -77,3 +77,20 @@ def test_block_rows_cover_the_channels_evenly_in_whole_vectors(vec: int) -> None
             most = max(vec, CHUNK_BYTES // (4 * taps) // vec * vec)
             assert rows == -(-channels // most)
     assert chunk(96, 49, 8) == 48 and chunk(768, 49, 8) == 80
+
+
+def test_which_kernels_run_the_reference_on_cupy() -> None:
+    """What R0803 names when CuPy refuses a CUDA graph capture: the kernels that run their op's
+    numpy reference (a depthwise conv has a kernel of its own, other convs do not)."""
+    from dslc.backend.kernels import on_the_reference
+    from dslc.core.dims import sym
+
+    depthwise = {"groups": 96}
+    assert not on_the_reference("conv", [(8, 96, 14, 14), (96, 1, 7, 7)], "f16", depthwise)
+    assert on_the_reference("conv", [(8, 96, 14, 14), (96, 96, 3, 3)], "f16", {"groups": 1})
+    assert on_the_reference("conv", [(8, 96, 14, 14), (96, 1, 7, 7)], "i8", depthwise)
+    # a dynamic batch keeps the kernel (only channels and filters are read); dynamic channels not
+    assert not on_the_reference("conv", [(sym("N"), 96, 14, 14), (96, 1, 7, 7)], "f16", depthwise)
+    assert on_the_reference("conv", [(8, sym("C"), 14, 14), (96, 1, 7, 7)], "f16", depthwise)
+    assert not on_the_reference("maxpool", [(8, 96, 14, 14)], "f16", {})
+    assert on_the_reference("softmax", [(8, 96)], "f16", {})

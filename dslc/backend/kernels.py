@@ -407,13 +407,26 @@ def gather(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
 
 def conv(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     """A depthwise conv as one kernel (`backend.depthwise`); any other conv the reference runs
-    (a conv reaches a kernel only where cuDNN has no engine for it, or the compiler chose so)."""
+    (a conv reaches a kernel only where cuDNN has no engine for it)."""
     x, w = xs
-    if x.ndim == 4 and depthwise.takes(x.shape[1], tuple(w.shape), int(a["groups"]),
-                       {"float32": "f32", "float16": "f16", "uint16": "bf16"}.get(x.dtype.name, "")):
-        depthwise.conv(xs, y, a)
-    else:
+    dtype = {"float32": "f32", "float16": "f16", "uint16": "bf16"}.get(x.dtype.name, "")
+    if on_the_reference("conv", [x.shape, w.shape], dtype, a):
         reference_kernel("conv", xs, y, a)
+    else:
+        depthwise.conv(xs, y, a)
+
+
+def on_the_reference(op: str, shapes: list[tuple[Any, ...]], dtype: str,
+                     a: Mapping[str, Any]) -> bool:
+    """Whether the kernel of `op` over operands of these shapes runs the op's numpy reference on
+    CuPy (which may use cuBLAS, refused while a CUDA graph is captured) rather than a kernel of
+    its own."""
+    if op == "conv":
+        x, w = shapes
+        return not (len(x) == 4 and isinstance(x[1], int)
+                    and all(isinstance(d, int) for d in w)
+                    and depthwise.takes(x[1], tuple(w), int(a["groups"]), dtype))
+    return op not in KERNELS
 
 
 KERNELS: dict[str, KernelFn] = {"conv": conv, "maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,

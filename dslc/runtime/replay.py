@@ -23,8 +23,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from dslc.backend import device
-from dslc.backend.kernels import KERNELS
+from dslc.backend.kernels import on_the_reference
 from dslc.core.errors import RunnerError
+from dslc.ir.graph import Node
 from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Schedule
 
@@ -84,8 +85,9 @@ class Captured:
         finally:
             self.graph = self.stream.end_capture()
         if refused is not None:
-            fallbacks = sorted({model.program.nodes[s.nodes[0]].op for s in model.program.steps
-                                if s.kind == "kernel"} - set(KERNELS))
+            nodes = model.program.nodes
+            fallbacks = sorted({nodes[s.nodes[0]].op for s in model.program.steps
+                                if s.kind == "kernel" and _on_the_reference(nodes, s.nodes[0])})
             raise RunnerError("R0803", "this model cannot be captured as a CUDA graph: its "
                               f"fallback kernels ({', '.join(f'`{op}`' for op in fallbacks)}) "
                               f"compute on CuPy, which refuses ({refused}); call the model "
@@ -212,3 +214,9 @@ def stream_of(kind: str, cupy: Any) -> Any:
             return cupy.cuda.Stream.from_external(current)
         return cupy.cuda.ExternalStream(current.cuda_stream)
     return cupy.cuda.get_current_stream()
+
+
+def _on_the_reference(nodes: Mapping[str, Node], name: str) -> bool:
+    node = nodes[name]
+    return on_the_reference(node.op, [nodes[i].type.shape for i in node.inputs],
+                            node.type.dtype, node.attrs)
