@@ -107,3 +107,76 @@ def test_batchnorm_alone_is_a_scale_and_a_shift_like_pytorch(tmp_path: Path, io:
     tolerance = 1e-5 if io == "f32" else precision_tolerance(io, rounding_depth(model.graph))
     err = rel_error(ours, theirs)
     assert err <= tolerance, f"relative error {err:.2e} > {tolerance:.2e}"
+
+
+CONV_BIAS_BN = """import "std/nn.cgraph"
+model m {{
+  precision io={io}
+  input x: [2, 3, 9, 9]
+  let c = conv2d(x, out=5, k=3, pad=1, has_bias=true)
+  let b = batchnorm2d(c)
+  output y = relu(b)
+}}
+"""
+
+
+@pytest.mark.parametrize("io", ["f32", "f16"])
+def test_a_conv_bias_before_the_batchnorm_moves_its_mean(tmp_path: Path, io: str) -> None:
+    """conv + bias + batchnorm folds with t = beta - (mean - bias) * s: PyTorch's conv with its
+    bias, then batch_norm, on the same weights."""
+    model = check_source(CONV_BIAS_BN.format(io=io), tmp_path).model
+    weights = _weights(model, f"conv-bias-{io}")
+    x = rng("batchnorm folding bias x", io).standard_normal((2, 3, 9, 9)).astype(NP[io])
+    ours = _run(model, x, weights)
+    with torch.no_grad():
+        conv = F.conv2d(_t(x, TORCH[io]), _t(weights["c.weight"], TORCH[io]),
+                        _t(weights["c.bias"], TORCH[io]), padding=1)
+        theirs = torch.relu(_torch_bn(conv, weights, "b").to(TORCH[io])).float().numpy()
+    tolerance = 1e-5 if io == "f32" else precision_tolerance(io, rounding_depth(model.graph) + 1)
+    err = rel_error(ours, theirs)
+    assert err <= tolerance, f"relative error {err:.2e} > {tolerance:.2e}"
+
+
+def _folded(io: str, tmp_path: Path) -> list[Any]:
+    """The nodes the fold adds: its per-channel vectors, the folded weight, their casts."""
+    lowered, _ = lower_and_fuse(check_source(CONV_BIAS_BN.format(io=io), tmp_path).model)
+    return [n for n in lowered.nodes if n.op not in ("param", "input")
+            and (n.name.startswith("b.") or ".folded_weight" in n.name)]
+
+
+def test_the_fold_computes_in_f32_in_an_f16_model(tmp_path: Path) -> None:
+    """LANGUAGE.md 5.3: the folded vectors and weight are computed in f32 at load time, then
+    cast once to the activations' dtype (not computed in the model's f16)."""
+    folded = _folded("f16", tmp_path)
+    assert {n.op for n in folded} >= {"scalar", "add", "rsqrt", "mul", "sub", "cast"}
+    assert all((n.precision.io, n.precision.intermediate, n.precision.compute) ==
+               ("f32", "f32", "f32") for n in folded), [(n.name, n.precision) for n in folded]
+    assert sorted(n.type.dtype for n in folded if n.op == "cast") == ["f16", "f16"]
+
+
+def test_an_f32_model_folds_without_casts(tmp_path: Path) -> None:
+    assert not [n.name for n in _folded("f32", tmp_path) if n.op == "cast"]
+
+
+def test_a_conv_that_is_also_an_output_keeps_its_weight(tmp_path: Path) -> None:
+    """Folding changes the conv's result: where the model outputs it too (read once, but
+    exported), the batchnorm stays a scale and a shift after it."""
+    src = """import "std/nn.cgraph"
+model m {
+  input x: [2, 3, 9, 9]
+  let c = conv2d(x, out=5, k=3, pad=1)
+  output raw = c
+  output y = batchnorm2d(c) as "b"
+}
+"""
+    model = check_source(src, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    assert not [n.name for n in lowered.nodes if "folded" in n.name]
+    weights = _weights(model, "exported conv")
+    x = rng("batchnorm exported conv x").standard_normal((2, 3, 9, 9)).astype(np.float32)
+    got = interp.run(lowered, {"x": x}, weights, model.env, virtual=plan.virtual())
+    with torch.no_grad():
+        conv = F.conv2d(_t(x, torch.float32), _t(weights["c.weight"], torch.float32), padding=1)
+        bn = _torch_bn(conv, weights, "b")
+    assert rel_error(got["raw"], conv.numpy()) <= 1e-5
+    assert rel_error(got["y"], bn.numpy()) <= 1e-5

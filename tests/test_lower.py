@@ -177,3 +177,14 @@ def test_verifier_is_clean_after_every_pass(name: str, precision: PrecisionSpec 
     for p in PASSES:
         graph = p(graph)
         _assert_sound(p.__name__, graph, result.model.env)
+
+
+def test_a_layout_copy_is_named_by_the_memory_order_it_makes() -> None:
+    """Copies show in `dslc inspect` by name: `x.row_major`, `x.channels_last` (rank 3 to 5),
+    else the order's axes outermost first."""
+    from dslc.lower.views import _order_name
+
+    assert _order_name((0, 1, 2, 3)) == "row_major" and _order_name((0, 1)) == "row_major"
+    assert [_order_name(o) for o in ((0, 2, 1), (0, 2, 3, 1), (0, 2, 3, 4, 1))] == \
+        ["channels_last"] * 3
+    assert _order_name((1, 0, 2, 3)) == "order_1023" and _order_name((1, 0)) == "order_10"

@@ -130,3 +130,38 @@ def test_a_family_whose_activation_another_family_packed_reads_its_slice(tmp_pat
             "c": (v10 @ w["p26"]).reshape(12, 8)}
     for name, value in want.items():
         assert relative_error(got[name], value) < 1e-6, name
+
+
+def test_three_projections_pack_at_their_offsets_and_compute_what_they_compute(
+        tmp_path: Path) -> None:
+    """Three widths (16, 8, 4) of a depth of 12: each slice starts where the last ended (a
+    family of two cannot tell an offset from a width), the packed weight is depth x total."""
+    text = """import "std/nn.cgraph"
+model m {
+  input x: [2, 6, 12]
+  let q = linear(x, out=16) as "q"
+  let k = linear(x, out=8) as "k"
+  let v = linear(x, out=4) as "v"
+  output y = q
+  output z = k
+  output w = v
+}
+"""
+    assert [shape for _, shape in _matmuls(text, tmp_path)] == [(12, 28)]
+    model, program = deviceless_program(text, tmp_path)
+    x = rng("three packed projections").standard_normal((2, 6, 12)).astype(np.float32)
+    w = random_weights(model.params, 6)
+    got = arena.run(program, {}, {"x": x}, w)
+    for out, name in (("y", "q"), ("z", "k"), ("w", "v")):
+        want = x @ w[f"{name}.weight"].T + w[f"{name}.bias"]
+        assert got[out].shape == want.shape and relative_error(got[out], want) < 1e-6, name
+
+
+def test_a_packed_projection_is_named_by_its_common_block_and_each_branch() -> None:
+    from dslc.lower.packing import _joined_path
+
+    assert _joined_path(["encoder.layer.0.attn.q_proj", "encoder.layer.0.attn.k_proj",
+                         "encoder.layer.0.attn.v_proj"]) == "encoder.layer.0.attn.q_proj|k_proj|v_proj"
+    assert _joined_path(["mlp.gate", "mlp.up"]) == "mlp.gate|up"
+    assert _joined_path(["a.0.q", "a.1.q"]) == "a.0.q|1.q"  # they part in the middle
+    assert _joined_path(["q", "k"]) == "q|k"  # no common block
