@@ -7,6 +7,7 @@ keep their own matmul, and so do ones of different activations or depths."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -165,3 +166,24 @@ def test_a_packed_projection_is_named_by_its_common_block_and_each_branch() -> N
     assert _joined_path(["mlp.gate", "mlp.up"]) == "mlp.gate|up"
     assert _joined_path(["a.0.q", "a.1.q"]) == "a.0.q|1.q"  # they part in the middle
     assert _joined_path(["q", "k"]) == "q|k"  # no common block
+
+
+def test_a_packed_result_keeps_the_memory_order_of_its_branches(tmp_path: Path) -> None:
+    """In an NHWC model a projection's biased rank-4 result takes the model's memory order: so
+    does the packed one whose views stand for the projections."""
+    head = """import "std/nn.cgraph"
+model m {
+  layout NHWC
+  input x: [2, 16, 4, 4]
+  let h = transpose(x, [0, 2, 3, 1])
+  let q = linear(h, out=16) as "q"
+  output y = q
+"""
+
+    def biased(text: str) -> list[Any]:
+        lowered, _ = lower_and_fuse(check_source(text, tmp_path).model)
+        return [n.type.layout for n in lowered.nodes if n.op == "bias_add"]
+
+    [alone] = biased(head + "}\n")
+    [packed] = biased(head + '  let k = linear(h, out=8) as "k"\n  output z = k\n}\n')
+    assert alone is not None and packed == alone

@@ -224,8 +224,8 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
 
 # A depthwise conv's filter taps from which it compiles alone, its bias and epilogue a pointwise
 # graph of their own. On the H200 (cuDNN 9.19) ConvNeXt's 7x7 with its bias in one graph ran in
-# 1.2 ms, the conv alone in 0.098 (scripts/probe_gpu.py, part depthwise); a 3x3 fused with its
-# bias and hardswish runs as fast as alone.
+# 1.2 ms, the conv alone in 0.098 (scripts/probe_gpu.py, part depthwise); from 5x5 up the fused
+# graph was slower at every measured size, at 3x3 it was mixed (`tune --fusion measure` times it).
 DEPTHWISE_ALONE_TAPS = 25
 DEPTHWISE = ("a depthwise conv of 25 filter taps or more compiles alone: with its bias in one "
              "graph cuDNN's engines ran ConvNeXt's 7x7 12x slower (docs/benchmarks.md)")
