@@ -2,12 +2,14 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|ops|models|startup|fp8|bench|tune|probe|fuzz|all] [extra args...]
+# Usage: scripts/gpu_check.sh [tests|ops|models|startup|fp8|bench|families|tune|probe|fuzz|all] [extra args...]
 #   tests: every GPU test; ops/models/startup: one file's worth (startup: tuning, start-up
 #   decisions, CLI); fp8: the fp8 GPT blocks against fp16 (tests/gpu/test_fp8_gpu.py); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
 #   start, tuned benchmarks); probe: scripts/probe_gpu.py (where the time goes); fuzz:
 #   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
-#   processes; extra args go to it); all: tests, then tune.
+#   processes; extra args go to it); families: scripts/bench_families.py (the seven model
+#   families against PyTorch and torch.compile; extra args go to it, e.g. --untuned or --only
+#   convnext); all: tests, then tune.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -41,6 +43,9 @@ esac
 case $what in
   bench)
     python3 scripts/bench_gpu.py --out "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -12 || status=1 ;;
+  families)
+    python3 scripts/bench_families.py --out "$out" "${extra[@]}" > "$out/families.log" 2>&1 || status=1
+    tail -12 "$out/families.log" ;;
   probe)
     python3 scripts/probe_gpu.py --out "$out" 2>&1 | tee "$out/probe.log" | tail -80 || status=1 ;;
   fuzz)
