@@ -166,6 +166,8 @@ def test_a_packed_projection_is_named_by_its_common_block_and_each_branch() -> N
     assert _joined_path(["mlp.gate", "mlp.up"]) == "mlp.gate|up"
     assert _joined_path(["a.0.q", "a.1.q"]) == "a.0.q|1.q"  # they part in the middle
     assert _joined_path(["q", "k"]) == "q|k"  # no common block
+    # a gated MLP's gate and up weights, params of one def: one block, each keeps its last part
+    assert _joined_path(["layers.0.mlp", "layers.0.mlp"]) == "layers.0.mlp|mlp"
 
 
 def test_a_packed_result_keeps_the_memory_order_of_its_branches(tmp_path: Path) -> None:
