@@ -14,7 +14,7 @@ from dslc.ir.verify import verify
 from dslc.lower import PASSES, lower
 from dslc.pipeline import Options, front_end
 from tests.conftest import ROOT
-from tests.helpers import check_source
+from tests.helpers import check_source, rng
 
 
 def _lowered(src: str, tmp_path: Path) -> str:
@@ -188,3 +188,79 @@ def test_a_layout_copy_is_named_by_the_memory_order_it_makes() -> None:
     assert [_order_name(o) for o in ((0, 2, 1), (0, 2, 3, 1), (0, 2, 3, 4, 1))] == \
         ["channels_last"] * 3
     assert _order_name((1, 0, 2, 3)) == "order_1023" and _order_name((1, 0)) == "order_10"
+
+
+def _folded(op: str, a: float | None, b: float | None) -> tuple[str, float | None]:
+    """`op(a, b)` through `fold_scalars`, each operand a scalar of that value or (None) an input
+    x: what the output becomes (its op, and its value if it is a scalar)."""
+    from dslc.core.types import TensorType
+    from dslc.diag.span import Span
+    from dslc.ir.graph import Attrs, Graph, Node
+    from dslc.lower.canonical import fold_scalars
+    from dslc.lower.rewrite import rewrite
+
+    span, f32 = Span("t.cgraph", 1, 1, 1, 2), PrecisionSpec()
+
+    def leaf(name: str, value: float | None) -> Node:
+        if value is None:
+            return Node(name, "input", (), Attrs({"name": name}), TensorType("f32", ()), span,
+                        "", f32)
+        return Node(name, "scalar", (), Attrs({"value": value}), TensorType("f32", ()), span,
+                    "", f32)
+
+    nodes = (leaf("a", a), leaf("b", b),
+             Node("y", op, ("a", "b"), Attrs({}), TensorType("f32", ()), span, "", f32))
+    g = rewrite(Graph(nodes, (("y", "y"),)), fold_scalars)
+    out = g.by_name()[dict(g.outputs)["y"]]
+    return out.op, (float(out.attrs["value"]) if out.op == "scalar" else None)
+
+
+@pytest.mark.parametrize(("op", "a", "b", "want"), [
+    ("add", 6.0, 4.0, 10.0), ("sub", 6.0, 4.0, 2.0), ("mul", 6.0, 4.0, 24.0),
+    ("div", 6.0, 4.0, 1.5)])
+def test_arithmetic_on_two_scalars_is_done_at_compile_time(op: str, a: float, b: float,
+                                                           want: float) -> None:
+    assert _folded(op, a, b) == ("scalar", want)
+
+
+def test_a_division_of_scalars_by_zero_is_nan() -> None:
+    op, value = _folded("div", 1.0, 0.0)
+    assert op == "scalar" and value is not None and value != value
+
+
+@pytest.mark.parametrize(("op", "a", "b", "want"), [
+    ("add", None, 0.0, "input"), ("add", 0.0, None, "input"), ("sub", None, 0.0, "input"),
+    ("sub", 0.0, None, "sub"), ("mul", None, 1.0, "input"), ("mul", 1.0, None, "input"),
+    ("div", None, 1.0, "input"), ("div", 1.0, None, "div"), ("add", None, 1.0, "add"),
+    ("mul", None, 0.0, "mul")])
+def test_identities_vanish_on_the_side_they_are_identities(op: str, a: float | None,
+                                                           b: float | None, want: str) -> None:
+    assert _folded(op, a, b)[0] == want
+
+
+def test_a_view_chain_that_stops_being_a_view_copies_its_view_prefix(tmp_path: Path) -> None:
+    """A slice of an NHWC image is a view; flattening it row-major is not: the slice's view
+    (strides of the NHWC memory, offset to pixel (1, 1)) is copied row-major, and the reshape
+    views the copy. The numbers: numpy's slice and reshape of the logical image."""
+    import numpy as np
+
+    from dslc.ir import interp
+    from dslc.pipeline import lower_and_fuse
+
+    model = check_source("""model m {
+  layout NHWC
+  input x: [2, 4, 6, 6]
+  let s = slice(x, starts=[0, 0, 1, 1], ends=[2, 4, 5, 5])
+  output y = relu(reshape(s, [2, 64]))
+}
+""", tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    part, copy, flat = nodes["y.reshape.part"], nodes["y.reshape.copy"], nodes["y.reshape"]
+    # NHWC [2, 4, 6, 6]: n 6*6*4, c 1, h 6*4, w 4; pixel (1, 1) at 24 + 4
+    assert (part.attrs["strides"], part.attrs["offset"]) == ((144, 1, 24, 4), 28)
+    assert copy.op == "contiguous" and copy.inputs == ("y.reshape.part",)
+    assert flat.inputs == ("y.reshape.copy",) and flat.attrs["strides"] == (64, 1)
+    x = rng("view prefix copied").standard_normal((2, 4, 6, 6)).astype(np.float32)
+    [y] = interp.run(lowered, {"x": x}, {}, model.env, virtual=plan.virtual()).values()
+    assert np.array_equal(y, np.maximum(x[:, :, 1:5, 1:5].reshape(2, 64), 0))
