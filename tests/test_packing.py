@@ -189,3 +189,40 @@ model m {
     [alone] = biased(head + "}\n")
     [packed] = biased(head + '  let k = linear(h, out=8) as "k"\n  output z = k\n}\n')
     assert alone is not None and packed == alone
+
+
+def test_a_reader_held_back_by_two_families_does_not_hold_back_the_next(tmp_path: Path) -> None:
+    """r1 reads a projection of x and one of u, r2 one of x only; both come before x's family
+    is packed, and u's is packed after x's: when x's slices are placed r1 still waits on u's,
+    r2 is placed at once, and every node is kept."""
+    text = """import "std/nn.cgraph"
+model m {
+  input x: [2, 6, 16]
+  input u: [2, 6, 16]
+  let q1 = linear(x, out=8) as "q1"
+  let q2 = linear(u, out=8) as "q2"
+  let r1 = concat([q1, q2], axis=2)
+  let r2 = reduce_sum(q1, axes=[2])
+  let k1 = linear(x, out=8) as "k1"
+  let k2 = linear(u, out=8) as "k2"
+  output a = r1
+  output b = r2
+  output c = reduce_max(k1, axes=[2])
+  output d = reduce_max(k2, axes=[2])
+}
+"""
+    assert sorted(s for _, s in _matmuls(text, tmp_path)) == [(16, 16), (16, 16)]
+    model = check_source(text, tmp_path).model
+    lowered, _ = lower_and_fuse(model)
+    x, u = (rng("held back readers", n).standard_normal((2, 6, 16)).astype(np.float32)
+            for n in "xu")
+    w = random_weights(model.params, 7)
+    got = interp.run(lowered, {"x": x, "u": u}, w, model.env)
+
+    def lin(t: np.ndarray, name: str) -> np.ndarray:
+        return t @ w[f"{name}.weight"].T + w[f"{name}.bias"]
+
+    want = {"a": np.concatenate([lin(x, "q1"), lin(u, "q2")], axis=2),
+            "b": lin(x, "q1").sum(axis=2), "c": lin(x, "k1").max(2), "d": lin(u, "k2").max(2)}
+    for name, value in want.items():
+        assert got[name].shape == value.shape and relative_error(got[name], value) < 1e-6, name
