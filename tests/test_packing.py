@@ -182,12 +182,12 @@ model m {
   output y = q
 """
 
-    def biased(text: str) -> list[Any]:
+    def last(text: str, op: str) -> list[Any]:
         lowered, _ = lower_and_fuse(check_source(text, tmp_path).model)
-        return [n.type.layout for n in lowered.nodes if n.op == "bias_add"]
+        return [n.type.layout for n in lowered.nodes if n.op == op]
 
-    [alone] = biased(head + "}\n")
-    [packed] = biased(head + '  let k = linear(h, out=8) as "k"\n  output z = k\n}\n')
+    [alone] = last(head + "}\n", "bias_add")
+    [packed] = last(head + '  let k = linear(h, out=8) as "k"\n  output z = k\n}\n', "bias_add")
     assert alone is not None and packed == alone
 
 
