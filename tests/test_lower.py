@@ -264,3 +264,35 @@ def test_a_view_chain_that_stops_being_a_view_copies_its_view_prefix(tmp_path: P
     x = rng("view prefix copied").standard_normal((2, 4, 6, 6)).astype(np.float32)
     [y] = interp.run(lowered, {"x": x}, {}, model.env, virtual=plan.virtual()).values()
     assert np.array_equal(y, np.maximum(x[:, :, 1:5, 1:5].reshape(2, 64), 0))
+
+
+def test_a_concat_and_a_pointwise_op_on_a_view_take_the_memory_order_they_read(
+        tmp_path: Path) -> None:
+    """A concat of channels-last conv results is channels-last; a per-channel scale of the
+    channels-first view of a row-major `[N, H, W, C]` matmul result is written in the order the
+    view has in that memory (channels last: ConvNeXt's layer scale, which must fuse with the
+    residual add of a channels-last input)."""
+    from dslc.pipeline import lower_and_fuse
+
+    model = check_source("""model m {
+  input x: [2, 4, 6, 6]
+  param w1: [8, 4, 3, 3]
+  param w2: [8, 4, 3, 3]
+  param p: [8, 8]
+  param s: [8]
+  let a = conv(x, w1, pad=1)
+  let c = concat([a, conv(x, w2, pad=1)], axis=1)
+  let h = matmul(transpose(a, [0, 2, 3, 1]), p)
+  let t = transpose(h, [0, 3, 1, 2]) * reshape(s, [1, 8, 1, 1])
+  output o1 = reduce_sum(c, axes=[2])
+  output o2 = relu(t)
+}
+""", tmp_path).model
+    lowered, _ = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    nhwc = (0, 2, 3, 1)
+    assert nodes["a"].type.layout is not None and nodes["a"].type.layout.order == nhwc
+    assert nodes["c"].type.layout is not None and nodes["c"].type.layout.order == nhwc
+    assert nodes["h"].type.layout is not None and nodes["h"].type.layout.order == (0, 1, 2, 3)
+    assert nodes["t"].op == "scale_mul" and nodes["t"].type.layout is not None
+    assert nodes["t"].type.layout.order == nhwc
