@@ -323,6 +323,7 @@ def matrix(out: Path) -> dict[str, Any]:
                               f"{built.engine_id} error {row.get('error', '-')}", flush=True)
     return rows
 
+
 # Depthwise convs of the model families (N, C, H, k, stride), f16 channels-last.
 _DEPTHWISE = [(32, 96, 56, 7, 1), (32, 192, 28, 7, 1), (32, 384, 14, 7, 1), (32, 768, 7, 7, 1),
               (32, 480, 14, 3, 1), (32, 672, 14, 5, 1), (32, 144, 56, 3, 1), (32, 96, 112, 3, 2),
@@ -370,14 +371,15 @@ def depthwise(out: Path) -> dict[str, Any]:
         rows[key] = {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "error": err,
                      "cudnn_conv": conv_ms, "cudnn_conv_bias": fused_ms,
                      "GBps_kernel": (x.numel() + y.numel()) * 2 / kernel_ms / 1e6}
-
-        def ms(t: list[float]) -> str:
-            return f"{t[0]:.4f} (best {min(t):.4f} of {len(t)})" if t else "-"
-
         print(f"{key:24s} kernel {kernel_ms:.4f} ({rows[key]['GBps_kernel']:.0f} GB/s, err "
-              f"{err:.1e}); cuDNN conv {ms(conv_ms)}, conv+bias {ms(fused_ms)}; torch "
+              f"{err:.1e}); cuDNN conv {_plans(conv_ms)}, conv+bias {_plans(fused_ms)}; torch "
               f"{torch_ms:.4f}", flush=True)
     return rows
+
+
+def _plans(times: list[float]) -> str:
+    """The heuristics' first plan's time, and the fastest of them."""
+    return f"{times[0]:.4f} (best {min(times):.4f} of {len(times)})" if times else "-"
 
 
 def _cudnn_ms(handle: Any, n: int, c: int, h: int, k: int, ho: int, attrs: dict[str, Any],

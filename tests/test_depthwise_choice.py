@@ -56,13 +56,21 @@ def test_other_convs_keep_their_epilogue(groups: int, k: int, why: str, tmp_path
     assert [(kind, ops) for kind, ops, _ in steps] == [("graph", ["conv", "bias_add", "relu"])], why
 
 
+def _kernel_takes(channels: int, w: tuple[int, ...], groups: int, dtype: str) -> bool:
+    """Whether a conv of an [8, channels, 14, 14] image runs the depthwise kernel."""
+    from dslc.backend.kernels import on_the_reference
+
+    return not on_the_reference("conv", [(8, channels, 14, 14), w], dtype, {"groups": groups})
+
+
 def test_the_kernel_takes_floats_of_one_filter_a_channel() -> None:
-    assert takes(96, (96, 1, 7, 7), 96, "bf16") and takes(3, (3, 1, 3, 3), 3, "f32")
-    assert not takes(96, (96, 1, 7, 7), 96, "i8")
-    assert not takes(96, (192, 1, 7, 7), 96, "f16")  # two filters a channel
-    assert not takes(96, (96, 1, 7, 7), 48, "f16")
-    assert not takes(96, (96, 1, 7), 96, "f16")  # 1-d
-    assert takes(8, (8, 1, 16, 16), 8, "f16") and not takes(8, (8, 1, 16, 17), 8, "f16")
+    assert _kernel_takes(96, (96, 1, 7, 7), 96, "bf16") and _kernel_takes(3, (3, 1, 3, 3), 3, "f32")
+    assert not _kernel_takes(96, (96, 1, 7, 7), 96, "i8")
+    assert not _kernel_takes(96, (192, 1, 7, 7), 96, "f16")  # two filters a channel
+    assert not _kernel_takes(96, (96, 1, 7, 7), 48, "f16")
+    assert not _kernel_takes(96, (96, 1, 7), 96, "f16")  # 1-d
+    assert _kernel_takes(8, (8, 1, 16, 16), 8, "f16") and not _kernel_takes(8, (8, 1, 16, 17), 8, "f16")
+    assert takes(256, "f16") and not takes(257, "f16")  # 16 channels of 256 taps fill a row
 
 
 @pytest.mark.parametrize("vec", [1, 2, 4, 8])

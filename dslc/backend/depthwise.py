@@ -111,12 +111,11 @@ extern "C" __global__ void dslc_depthwise(
 """
 
 
-def takes(channels: int, w_shape: tuple[int, ...], groups: int, dtype: str) -> bool:
-    """Whether the kernel computes this conv: 2-d, one filter per channel, a float dtype
-    (dslc's name), and filters small enough that 16 channels' fit a block's shared memory."""
-    return (len(w_shape) == 4 and dtype in ("f32", "f16", "bf16")
-            and groups == channels == w_shape[0] and w_shape[1] == 1
-            and w_shape[2] * w_shape[3] * 16 * 4 <= CHUNK_BYTES)
+def takes(taps: int, dtype: str) -> bool:
+    """Whether the kernel computes a depthwise conv (`ops.conv.depthwise_taps`) of this many
+    filter taps: a float dtype (dslc's name), and filters small enough that 16 channels' fit a
+    block's shared memory."""
+    return dtype in ("f32", "f16", "bf16") and taps * 16 * 4 <= CHUNK_BYTES
 
 
 def chunk(channels: int, taps: int, vec: int) -> int:

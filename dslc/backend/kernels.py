@@ -21,6 +21,8 @@ from typing import Any
 
 from dslc.backend import depthwise
 from dslc.backend.cuda import PREAMBLE, elementwise, flat, needs_int64, vector_width
+from dslc.backend.device import KERNEL_DTYPES
+from dslc.ops.conv import depthwise_taps
 
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
 
@@ -409,23 +411,23 @@ def conv(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     """A depthwise conv as one kernel (`backend.depthwise`); any other conv the reference runs
     (a conv reaches a kernel only where cuDNN has no engine for it)."""
     x, w = xs
-    dtype = {"float32": "f32", "float16": "f16", "uint16": "bf16"}.get(x.dtype.name, "")
-    if on_the_reference("conv", [x.shape, w.shape], dtype, a):
+    if on_the_reference("conv", [x.shape, w.shape], _STORED_AS[x.dtype.name], a):
         reference_kernel("conv", xs, y, a)
     else:
         depthwise.conv(xs, y, a)
 
 
+_STORED_AS = {cupy_name: dtype for dtype, cupy_name in KERNEL_DTYPES.items()}  # uint16: bf16
+
+
 def on_the_reference(op: str, shapes: list[tuple[Any, ...]], dtype: str,
                      a: Mapping[str, Any]) -> bool:
-    """Whether the kernel of `op` over operands of these shapes runs the op's numpy reference on
-    CuPy (which may use cuBLAS, refused while a CUDA graph is captured) rather than a kernel of
-    its own."""
+    """Whether the kernel of `op` over operands of these shapes and this dslc dtype runs the
+    op's numpy reference on CuPy (which may use cuBLAS, refused while a CUDA graph is captured)
+    rather than a kernel of its own."""
     if op == "conv":
-        x, w = shapes
-        return not (len(x) == 4 and isinstance(x[1], int)
-                    and all(isinstance(d, int) for d in w)
-                    and depthwise.takes(x[1], tuple(w), int(a["groups"]), dtype))
+        taps = depthwise_taps(shapes[0], shapes[1], int(a["groups"]))
+        return taps is None or not depthwise.takes(taps, dtype)
     return op not in KERNELS
 
 

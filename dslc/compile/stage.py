@@ -236,7 +236,7 @@ def _depthwise_with_epilogue(nodes: dict[str, Node], group: Group) -> bool:
     conv = nodes[group.nodes[0]]
     if conv.op != "conv" or len(group.nodes) < 2:
         return False
-    x, w = (nodes[i].type for i in conv.inputs)
+    x, w = (nodes[i].type.shape for i in conv.inputs)
     taps = depthwise_taps(x, w, conv.attrs["groups"])
     return taps is not None and taps >= DEPTHWISE_ALONE_TAPS
 

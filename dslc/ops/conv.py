@@ -174,12 +174,13 @@ def _quantize(ctx: InferCtx, a: Args, dtype: str) -> bool:
             and common.fp8_multiple(ctx, "conv", "w", w.shape[0], "output channels K", dtype))
 
 
-def depthwise_taps(x: TensorType, w: TensorType, groups: int) -> int | None:
-    """A 2-d conv with one filter per channel (`groups` = channels, w [C, 1, kh, kw], all
-    static): its filter's taps kh * kw; None for any other conv."""
-    if x.rank != 4 or w.rank != 4:
+def depthwise_taps(x: tuple[Any, ...], w: tuple[Any, ...], groups: int) -> int | None:
+    """A 2-d conv with one filter per channel (`groups` = channels, w [C, 1, kh, kw]; channels
+    and filters static), given its operands' shapes: its filter's taps kh * kw; None for any
+    other conv."""
+    if len(x) != 4 or len(w) != 4:
         return None
-    c, (k, per_group, kh, kw) = x.shape[1], w.shape
+    c, (k, per_group, kh, kw) = x[1], w
     if not isinstance(kh, int) or not isinstance(kw, int) or not isinstance(c, int) \
             or groups != c or k != c or per_group != 1:
         return None

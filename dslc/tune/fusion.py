@@ -102,7 +102,7 @@ def _depthwise(program: Schedule, anchor: Node) -> bool:
     be far slower than for the conv alone (docs/DESIGN.md, depthwise convolutions)."""
     if anchor.op != "conv":
         return False
-    x, w = (program.nodes[i].type for i in anchor.inputs)
+    x, w = (program.nodes[i].type.shape for i in anchor.inputs)
     return depthwise_taps(x, w, anchor.attrs["groups"]) is not None
 
 
