@@ -1,9 +1,9 @@
-"""groupnorm: its type rule, and its lowering (a grouped view, two f32 reductions, pointwise ops)
-run by the reference against PyTorch's GroupNorm (an independent implementation)."""
+"""groupnorm: its type rule, the reference against PyTorch's GroupNorm (an independent
+implementation), its compiled form (one fallback kernel step, any layout), and the kernel's
+reading of spatial strides (its numbers are checked on the GPU: tests/gpu/test_groupnorm_gpu.py)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dslc.backend.groupnorm import spatial_stride
 from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
+from dslc.core.types import Layout
 from dslc.ir import interp
 from dslc.pipeline import lower_and_fuse
 from tests.helpers import check_source, note_seed, rel_error
@@ -23,15 +25,14 @@ def _source(body: str, precision: str = "io=f32") -> str:
 
 
 @pytest.mark.parametrize(("shape", "groups"), [((2, 8, 5, 6), 4), ((3, 6, 7), 3), ((1, 4, 3, 3), 1)])
-def test_lowered_groupnorm_equals_pytorch(shape: tuple[int, ...], groups: int,
-                                          tmp_path: Path) -> None:
+def test_a_lowered_groupnorm_equals_pytorch(shape: tuple[int, ...], groups: int,
+                                            tmp_path: Path) -> None:
     dims = ", ".join(map(str, shape))
     model = check_source(_source(f"  input x: [{dims}]\n  param g: [{shape[1]}]\n"
                                  f"  param b: [{shape[1]}]\n"
                                  f"  output y = groupnorm(x, g, b, groups={groups}, eps=1e-5)"),
                          tmp_path).model
     lowered, _ = lower_and_fuse(model)
-    assert "groupnorm" not in {n.op for n in lowered.nodes}
     r = np.random.default_rng(note_seed("groupnorm", len(shape) * 10 + groups))
     x = (r.standard_normal(shape) * 2 + 1).astype(np.float32)
     g, b = (r.standard_normal(shape[1]).astype(np.float32) for _ in range(2))
@@ -41,16 +42,37 @@ def test_lowered_groupnorm_equals_pytorch(shape: tuple[int, ...], groups: int,
     assert rel_error(got, want) < 1e-5
 
 
-def test_the_statistics_of_an_f16_groupnorm_are_f32_and_it_runs_on_cudnn(tmp_path: Path) -> None:
-    model = check_source(_source("  input x: [2, 8, 5, 6]\n"
-                                 "  output y = group_norm(x, groups=2) as \"gn\"", "io=f16"),
+def test_an_f16_groupnorm_compiles_to_one_kernel_step_in_the_layout_of_its_conv(
+        tmp_path: Path) -> None:
+    """Spelled with reductions it was eight steps and a copy into the grouped view; between
+    two convs (channels-last) the norm reads and writes their layout: no copy between them."""
+    model = check_source(_source("  input x: [2, 8, 6, 6]\n"
+                                 "  let c = conv2d(x, out=8, k=3, pad=1) as \"c\"\n"
+                                 "  let n = group_norm(c, groups=2) as \"gn\"\n"
+                                 "  output y = conv2d(n, out=8, k=3, pad=1) as \"d\"", "io=f16"),
                          tmp_path).model
     lowered, plan = lower_and_fuse(model)
-    dtypes = {n.name: n.type.dtype for n in lowered.nodes}
-    assert all(dtypes[f"y.{s}"] == "f32" for s in ("mean", "centred", "var", "inv_std"))
-    assert dtypes["y"] == "f16"
     compiled = compile_model(model, lowered, plan, load_target("h200"))
-    assert Counter(s.kind for s in compiled.steps) == {"graph": len(compiled.steps)}
+    nodes = lowered.by_name()
+    ops = [(s.kind, [nodes[n].op for n in s.group.nodes]) for s in compiled.steps]
+    copy = ("graph", ["contiguous"])  # the row-major input and output, channels-last inside
+    assert ops == [copy, ("graph", ["conv"]), ("kernel", ["groupnorm"]), ("graph", ["conv"]), copy]
+    norm = next(n for n in lowered.nodes if n.op == "groupnorm")
+    assert norm.type.dtype == "f16"
+    assert norm.type.layout == nodes[norm.inputs[0]].type.layout == Layout((0, 2, 3, 1))  # NHWC
+
+
+@pytest.mark.parametrize(("shape", "strides", "want"), [
+    ((2, 8, 5, 6), (240, 30, 6, 1), (30, 1)),      # NCHW
+    ((2, 8, 5, 6), (240, 1, 48, 8), (30, 8)),      # NHWC: the pixels 8 apart
+    ((2, 8, 5, 1, 6), (240, 30, 6, 6, 1), (30, 1)),  # a size-1 axis has any stride
+    ((2, 8), (8, 1), (1, 1)),                      # no spatial axes
+    ((2, 8, 5, 6), (480, 60, 12, 1), None),        # every other row: no single stride
+    ((2, 8, 5, 6), (240, 30, 1, 5), None)])        # transposed spatial axes
+def test_the_kernel_reads_nested_spatial_axes_as_one(shape: tuple[int, ...],
+                                                     strides: tuple[int, ...],
+                                                     want: tuple[int, int] | None) -> None:
+    assert spatial_stride(shape, strides) == want
 
 
 def test_the_std_def_names_its_params_as_torch_does(tmp_path: Path) -> None:

@@ -25,6 +25,21 @@ __device__ __forceinline__ float nan_min(float a, float b) { return (a != a || a
 __device__ __forceinline__ float clip(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
 """
 
+# Loads and stores through f32 for a RawKernel, per CuPy storage name: (the C type, the body of
+# `float load(S v)`, the body of `S store(float f)`). f16 travels as its uint16 bits, converted
+# by the PTX `cvt` instruction, bf16 by shifts (round to nearest even): no CUDA header is needed.
+LOAD_STORE = {
+    "float32": ("float", "return v;", "return f;"),
+    "float16": ("unsigned short",
+                "float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(v)); return f;",
+                "unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); "
+                "return h;"),
+    "bfloat16": ("unsigned short", "return __uint_as_float(((unsigned int)v) << 16);",
+                 "unsigned int u = __float_as_uint(f);"
+                 " if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);"
+                 " u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16);"),
+}
+
 
 @cache
 def elementwise(name: str, params: str, body: str, wide: bool = False) -> Any:
@@ -63,3 +78,14 @@ def vector_width(x: Any, y: Any, xs: list[int], ys: list[int]) -> int:
             and x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0):
         return vec
     return 1
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@cache
+def multiprocessors() -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])

@@ -18,22 +18,11 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from dslc.backend.cuda import flat, needs_int64, vector_width
+from dslc.backend.cuda import LOAD_STORE, ceil_div, flat, multiprocessors, needs_int64, vector_width
 
 CHUNK_BYTES = 16 * 1024  # f32 filters per block row: a third of the default shared memory
 THREADS = 256
 
-_LOAD_STORE = {
-    "float32": ("float", "return v;", "return f;"),
-    "float16": ("unsigned short",
-                "float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(v)); return f;",
-                "unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); "
-                "return h;"),
-    "bfloat16": ("unsigned short", "return __uint_as_float(((unsigned int)v) << 16);",
-                 "unsigned int u = __float_as_uint(f);"
-                 " if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);"
-                 " u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16);"),
-}
 
 _SOURCE = r"""
 typedef {index} I;
@@ -122,7 +111,7 @@ def chunk(channels: int, taps: int, vec: int) -> int:
     """Channels per block row: as many as CHUNK_BYTES of f32 filters hold, in whole vectors,
     spread evenly over the rows (96 channels of 7x7 filters: two rows of 48)."""
     most = max(vec, (CHUNK_BYTES // (4 * taps)) // vec * vec)
-    return _ceil(_ceil(channels, _ceil(channels, most)), vec) * vec
+    return ceil_div(ceil_div(channels, ceil_div(channels, most)), vec) * vec
 
 
 def conv(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
@@ -145,9 +134,9 @@ def conv(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     wide = needs_int64(xf.size, yf.size, y.size)
     index = np.int64 if wide else np.int32
     cb = chunk(c, kh * kw, vec)
-    rows = _ceil(c, cb)
-    blocks = max(1, min(_ceil(n * ho * wo * cb // vec, THREADS),
-                        _ceil(8 * _multiprocessors(), rows)))
+    rows = ceil_div(c, cb)
+    blocks = max(1, min(ceil_div(n * ho * wo * cb // vec, THREADS),
+                        ceil_div(8 * multiprocessors(), rows)))
     sizes = [index(v) for v in (n, c, h, wd, ho, wo, *xst, *yst, wst[0], wst[2], wst[3])]
     window = [np.int32(v) for v in (kh, kw, *a["stride"], *a["pre_pad"], *a["dilation"])]
     _kernel(storage, vec, wide)((blocks, rows), (THREADS,),
@@ -155,22 +144,13 @@ def conv(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
                                 shared_mem=kh * kw * cb * 4)
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 @cache
 def _kernel(storage: str, vec: int, wide: bool) -> Any:
     import cupy
 
-    kind, load, store = _LOAD_STORE[storage]
+    kind, load, store = LOAD_STORE[storage]
     source = _SOURCE.format(index="long long" if wide else "int", storage=kind, vec=vec,
                             load=load, store=store)
     return cupy.RawKernel(source, "dslc_depthwise")
 
-
-@cache
-def _multiprocessors() -> int:
-    import cupy
-
-    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])

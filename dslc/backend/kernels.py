@@ -22,6 +22,7 @@ from typing import Any
 from dslc.backend import depthwise
 from dslc.backend.cuda import PREAMBLE, elementwise, flat, needs_int64, vector_width
 from dslc.backend.device import KERNEL_DTYPES
+from dslc.backend.groupnorm import groupnorm
 from dslc.ops.conv import depthwise_taps
 
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
@@ -434,6 +435,7 @@ def on_the_reference(op: str, shapes: list[tuple[Any, ...]], dtype: str,
 KERNELS: dict[str, KernelFn] = {"conv": conv, "maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
                                 "concat": concat, "arange": arange, "full": full,
                                 "cache_write": cache_write, "gather": gather,
+                                "groupnorm": groupnorm,
                                 **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",
                                                                  "reduce_max", "reduce_min")}}
 DTYPES = ("f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool")  # bf16 as its uint16 bits

@@ -12,7 +12,6 @@ from dslc.ir.graph import Graph
 from dslc.lower.attention import padding_mask_lengths
 from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
 from dslc.lower.canonical import expand_norm_reductions, fold_scalars, load_time, make_bias_rule, remove_dead
-from dslc.lower.norms import expand_group_norm
 from dslc.lower.packing import pack_sibling_matmuls
 from dslc.lower.quantize import quantize
 from dslc.lower.rewrite import Rule, rewrite
@@ -52,8 +51,6 @@ PASSES: list[Pass] = [
     _each(fold_batchnorm),
     # The other BNs: a per-channel scale and shift, also computed at load time.
     _each(batchnorm_to_affine),
-    # Group norm as reductions and pointwise ops over a grouped view: cuDNN has no group norm.
-    _each(expand_group_norm),
     # L1 and L2 reductions as a sum of |x| or of x * x: cuDNN's reduction has no such modes.
     _each(expand_norm_reductions),
     # Channel-vector adds and multiplies as bias / scale: what conv and matmul epilogues take.

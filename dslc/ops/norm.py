@@ -2,7 +2,7 @@
 
 All need compute=f32. `layernorm`'s normalised axes are the trailing axes covered by `scale`, and
 they must be innermost in memory (cuDNN sees the tensor as [prod(L), prod(D), 1, 1]).
-`groupnorm` has no cuDNN node: lowering spells it with reductions (`lower.norms`).
+`groupnorm` has no cuDNN node: it runs as a kernel of its own (`backend.groupnorm`).
 """
 
 from __future__ import annotations

@@ -85,3 +85,13 @@ def reference(bundle: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarr
 def output_dtype(bundle: Path, name: str) -> str:
     program = Schedule(read(bundle))
     return str(program.nodes[program.outputs[name]].type.dtype)
+
+
+def as_cupy(t: Any, dtype: str) -> Any:
+    """The tensor's memory as CuPy sees it (bf16 as uint16 bits), strides kept."""
+    import cupy
+    import torch
+
+    bits = t.view(torch.int16) if dtype == "bf16" else t
+    a = cupy.asarray(bits)
+    return a.view(cupy.uint16) if dtype == "bf16" else a

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.gpu.common import as_cupy
+
 pytestmark = pytest.mark.gpu
 
 # (N, C, H, W, k, stride, pad, dilation)
@@ -35,16 +37,6 @@ def _arrays(shape: tuple[int, ...], dtype: str, seed: int) -> tuple[Any, Any, An
     return x, f, want
 
 
-def _cupy(t: Any, dtype: str) -> Any:
-    """The tensor's memory as CuPy sees it (bf16 as uint16 bits), strides kept."""
-    import cupy
-    import torch
-
-    bits = t.view(torch.int16) if dtype == "bf16" else t
-    a = cupy.asarray(bits)
-    return a.view(cupy.uint16) if dtype == "bf16" else a
-
-
 def _run(x: Any, f: Any, shape: tuple[int, ...], dtype: str, y_layout: str) -> Any:
     import torch
 
@@ -58,7 +50,7 @@ def _run(x: Any, f: Any, shape: tuple[int, ...], dtype: str, y_layout: str) -> A
         y = y.contiguous(memory_format=torch.channels_last)
     attrs = {"stride": [stride, stride], "pre_pad": [pad, pad], "post_pad": [pad, pad],
              "dilation": [dil, dil], "groups": c}
-    kernels.run_kernel("conv", [_cupy(x, dtype), _cupy(f, dtype)], _cupy(y, dtype), attrs)
+    kernels.run_kernel("conv", [as_cupy(x, dtype), as_cupy(f, dtype)], as_cupy(y, dtype), attrs)
     torch.cuda.synchronize()
     return y.float()
 
