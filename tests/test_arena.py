@@ -44,7 +44,7 @@ def _compiled(text: str, tmp_path: Path) -> tuple[Schedule, dict[str, np.ndarray
 
 def _errors(program: Schedule, inputs: dict[str, np.ndarray],
             weights: dict[str, np.ndarray]) -> dict[str, float]:
-    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
+    virtual = program.virtual()
     want = interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
     got = arena.run(program, {}, inputs, weights)
     return {k: relative_error(got[k], want[k]) for k in want}
@@ -120,7 +120,7 @@ def test_the_example_models_in_their_memory_plans(name: str, dims: dict[str, int
     g = rng("arena", name)
     inputs = {n: g.standard_normal(program.storage(v, dims).shape).astype(np.float32)
               for n, v in program.inputs.items()}
-    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
+    virtual = program.virtual()
     want = interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
     got = arena.run(program, dims, inputs, weights)
     assert max(relative_error(got[k], want[k]) for k in want) < 1e-2  # f16 storage

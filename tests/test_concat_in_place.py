@@ -58,7 +58,7 @@ def test_an_sppf_copies_nothing_and_keeps_one_buffer_for_the_four(tmp_path: Path
     g = rng("concat in place")
     x = g.standard_normal((2, 16, 10, 10)).astype(np.float32)
     weights = random_weights(model.params, 3)
-    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
+    virtual = program.virtual()
     want = interp.run(program.graph, {"x": x}, weights, program.env, virtual=virtual)
     assert relative_error(arena.run(program, {}, {"x": x}, weights)["y"], want["y"]) < 1e-6
     shown = run_cli("inspect", str(path)).stdout

@@ -6,33 +6,33 @@ from __future__ import annotations
 
 import re
 
-from dslc.backend import kernels
+from dslc.backend import fused, kernels
 from dslc.ops import OPS
 
 
 def test_every_one_kernel_pointwise_form_is_a_pointwise_op_with_a_reference() -> None:
-    for op in kernels.POINTWISE:
+    for op in fused.POINTWISE:
         assert OPS[op].family == "pointwise" and OPS[op].reference is not None, op
 
 
 def test_every_attribute_a_form_reads_is_a_param_of_its_op() -> None:
-    for op, expr in kernels.POINTWISE.items():
+    for op, expr in fused.POINTWISE.items():
         for name in re.findall(r"\{(\w+)\}", expr):
             param = OPS[op].param(name)
             assert param is not None and not param.is_tensor, (op, name)
 
 
 def test_a_form_reads_as_many_operands_as_its_op_takes() -> None:
-    for op, expr in kernels.POINTWISE.items():
+    for op, expr in fused.POINTWISE.items():
         used = {v for v in "abc" if re.search(rf"\b{v}\b", expr)}
         arity = len(OPS[op].tensor_params)
         assert used == set("abc"[:arity]), (op, used, arity)
 
 
 def test_attribute_values_are_written_as_exact_float_literals() -> None:
-    assert kernels._literal(0.01) == "0.01f" and kernels._literal(3) == "3.0f"
-    assert float(kernels._literal(1 / 3)[:-1]) == 1 / 3  # repr: the shortest exact digits
-    assert kernels._literal(float("nan")) == "NAN"
+    assert fused._literal(0.01) == "0.01f" and fused._literal(3) == "3.0f"
+    assert float(fused._literal(1 / 3)[:-1]) == 1 / 3  # repr: the shortest exact digits
+    assert fused._literal(float("nan")) == "NAN"
 
 
 def test_only_value_moving_ops_of_one_dtype_skip_the_conversion_to_f32() -> None:

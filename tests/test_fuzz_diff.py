@@ -55,7 +55,8 @@ def test_every_op_and_every_feature_is_generated() -> None:
     missed = sorted(op for op in OPS if not stats.ops[op])
     assert not missed, f"ops the batch never generates: {missed}"
     for feature in ("io=f32", "io=f16", "io=bf16", "layout NHWC", "dynamic dim N", "def",
-                    "repeat", "an input declared in a def", "depthwise 5x5 conv"):
+                    "repeat", "an input declared in a def", "depthwise 5x5 conv", "fp8 matmul",
+                    "fp8 conv"):
         assert stats.features[feature] > 0, feature
 
 

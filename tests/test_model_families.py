@@ -208,7 +208,9 @@ def test_reference_executor_equals_pytorch_at_the_declared_precision(name: str,
 # [N, C, 1, 1] over NHWC, a group norm's per-channel scale and shift over NCHW.
 FALLBACK_KERNELS = {
     "mobilenet_v3": {"mul": 2}, "convnext": {}, "vit_front": {"concat": 1},
-    "sd_down_block": {"groupnorm": 3},  # one kernel each (dslc/backend/groupnorm.py)
+    # group norms: a kernel each (backend/groupnorm.py); GEGLU's gelu(gate) * x over two
+    # slices laid out unlike its result: one pointwise kernel (backend/fused.py)
+    "sd_down_block": {"groupnorm": 3, "gelu": 1},
     # cuDNN's sdpa reads the padding mask at full size, a copy (dslc.lower.views)
     "bert": {"gather": 3, "arange": 1}, "yolo_sppf": {"maxpool": 3, "concat": 1},
     # rotary positions arange(S) at each size; the frequencies' arange (static) at load time

@@ -19,6 +19,9 @@ CUPY_DTYPES = {"f32": "float32", "f16": "float16", "i8": "int8", "u8": "uint8",
                "i32": "int32", "i64": "int64", "bool": "bool"}
 # What the fallback kernels are given: CuPy has no bf16, so a bf16 tensor is its uint16 bits.
 KERNEL_DTYPES = {**CUPY_DTYPES, "bf16": "uint16"}
+# ... and fp8 as its bytes, which only the pointwise kernels take (`backend.fused`: they are
+# told each tensor's dtype, so these bytes are never taken for u8 integers).
+STORED_AS = {**KERNEL_DTYPES, "f8e4m3": "uint8", "f8e5m2": "uint8"}
 
 
 def require() -> tuple[Any, Any]:

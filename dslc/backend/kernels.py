@@ -14,12 +14,11 @@ dslc has no 16-bit integer dtype, so uint16 always means bf16), and the kernels 
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from dslc.backend import depthwise
+from dslc.backend import depthwise, fused
 from dslc.backend.cuda import PREAMBLE, elementwise, flat, needs_int64, vector_width
 from dslc.backend.device import KERNEL_DTYPES
 from dslc.backend.groupnorm import groupnorm
@@ -293,90 +292,24 @@ def reference_kernel(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> No
     _store(cupy, y, cupy.asarray(reference(math, a)))
 
 
-# Pointwise ops as one CUDA expression over f32 operands a, b, c (the op's numpy reference,
-# ops/pointwise.py, written in C; attributes as {name}). The generic route converted each
-# operand to f32, ran the reference as several CuPy kernels and rounded the result: 3 to 7
-# kernels an op, which a decoder step whose rotary and mask ops cuDNN rejects paid 201 times.
-POINTWISE: dict[str, str] = {
-    "relu": "(a < 0.0f ? 0.0f : a)",
-    "leaky_relu": "(a > 0.0f ? a : a * {slope})",
-    "gelu": "0.5f * a * (1.0f + erff(a * 0.70710678118654752f))",
-    "gelu_tanh": "0.5f * a * (1.0f + tanhf(0.79788456080286536f * (a + 0.044715f * a * a * a)))",
-    "silu": "a / (1.0f + expf(-a))",
-    "swish": "a / (1.0f + expf(-a * {beta}))",
-    "sigmoid": "1.0f / (1.0f + expf(-a))",
-    "tanh": "tanhf(a)",
-    "elu": "(a > 0.0f ? a : {alpha} * expm1f(nan_min(a, 0.0f)))",
-    "softplus": "(nan_max(a, 0.0f) + log1pf(expf(-fabsf(a))))",
-    "hardsigmoid": "clip(a * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f)",
-    "hardswish": "a * clip(a * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f)",
-    "exp": "expf(a)", "log": "logf(a)", "sqrt": "sqrtf(a)", "rsqrt": "1.0f / sqrtf(a)",
-    "reciprocal": "1.0f / a", "erf": "erff(a)", "sin": "sinf(a)", "cos": "cosf(a)",
-    "floor": "floorf(a)", "ceil": "ceilf(a)", "abs": "fabsf(a)", "neg": "-a",
-    "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b",
-    "max": "nan_max(a, b)", "min": "nan_min(a, b)", "pow": "powf(a, b)",
-    "cmp_lt": "(a < b)", "cmp_le": "(a <= b)", "cmp_gt": "(a > b)", "cmp_ge": "(a >= b)",
-    "cmp_eq": "(a == b)", "cmp_ne": "(a != b)",
-    "select": "(a != 0.0f ? b : c)",
-    "cast": "a",
-}
-_FLOATS = ("float32", "float16", "uint16", "bool")  # uint16: bf16 bits
+_DSLC = {"float32": "f32", "float16": "f16", "uint16": "bf16", "bool": "bool"}  # uint16: bf16 bits
 
 
 def pointwise(op: str, xs: list[Any], y: Any, a: Mapping[str, Any]) -> bool:
-    """`op` into y as one kernel, if it is in POINTWISE and its operands and result are floats
-    or booleans (integers keep the generic route: exact, not through f32), none of them
-    sharing y's memory in another shape; whether it ran."""
-    expr = POINTWISE.get(op)
-    if expr is None or y.dtype.name not in _FLOATS or (op == "cast" and y.dtype.name == "bool"):
+    """`op` into y as one kernel (`backend.fused`), if it has an expression there and its
+    operands and result are floats or booleans (integers keep the generic route: exact, not
+    through f32); whether it ran."""
+    ydtype = _DSLC.get(y.dtype.name)
+    expr = None if ydtype is None else fused.expression(op, ydtype, a)
+    dtypes = [_DSLC.get(x.dtype.name) if hasattr(x, "dtype") else None for x in xs]
+    if expr is None or ydtype is None or None in dtypes:
         return False
-    if any(getattr(x, "dtype", None) is None or x.dtype.name not in _FLOATS
-           or _overlaps(x, y) for x in xs):
-        return False
-    values = {k: _literal(v) for k, v in a.items() if isinstance(v, float | int)
-              and not isinstance(v, bool)}
-    try:
-        expr = expr.format(**values)
-    except KeyError:
-        return False
-    kernel = _pointwise_kernel(expr, len(xs))
-    kernel(*xs, y)
+    along = (int(a["axis"]), y.ndim) if op in fused.ALONG_AXIS else None
+    operands = tuple(fused.Operand(f"x{i}", str(d), along if i == 1 else None)
+                     for i, d in enumerate(dtypes))
+    member = fused.Member(expr, tuple(o.name for o in operands), ydtype)
+    fused.run(fused.Plan(operands, (member,), (0,), (ydtype,)), xs, [y])
     return True
-
-
-def _literal(v: float) -> str:
-    return f"{float(v)!r}f" if float(v) == float(v) and abs(float(v)) != float("inf") else "NAN"
-
-
-@cache
-def _pointwise_kernel(expr: str, arity: int) -> Any:
-    import cupy
-
-    # CuPy takes a single capital letter for a type it fills in from the argument
-    params = ", ".join(f"{'ABC'[i]} x{i}" for i in range(arity))
-    loads = " ".join(f"const float {n} = to_f(x{i});" for i, n in enumerate("abc"[:arity]))
-    return cupy.ElementwiseKernel(params, "Y y", f"{loads} y = from_f<Y>({expr});",
-                                  f"dslc_pointwise_{zlib.crc32(expr.encode())}_{arity}",
-                                  preamble=PREAMBLE)
-
-
-def _overlaps(x: Any, y: Any) -> bool:
-    """Whether x's bytes meet y's without being the same elements in the same order (an
-    elementwise kernel may read and write one buffer only element for element)."""
-    if not x.size or not y.size:
-        return False
-    if (x.data.ptr, x.shape, x.strides) == (y.data.ptr, y.shape, y.strides):
-        return False
-
-    def span(t: Any) -> tuple[int, int]:
-        lo = t.data.ptr + sum((n - 1) * s for n, s in zip(t.shape, t.strides, strict=True)
-                              if s < 0)
-        hi = t.data.ptr + sum((n - 1) * s for n, s in zip(t.shape, t.strides, strict=True)
-                              if s > 0) + t.itemsize
-        return lo, hi
-
-    (xl, xh), (yl, yh) = span(x), span(y)
-    return xl < yh and yl < xh
 
 
 MOVES = ("contiguous", "expand", "reshape", "transpose", "slice")

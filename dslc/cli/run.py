@@ -116,8 +116,7 @@ def _run_reference_bundle(args: argparse.Namespace) -> int:
     except RunnerError as err:
         print(err, file=sys.stderr)
         return EXIT_ERRORS
-    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
-               if n not in s.outputs}
+    virtual = program.virtual()
     outputs = interp.run(program.graph, args.inputs, tensors, program.env, virtual=virtual,
                          amax=amax)
     return _report(args, outputs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from dslc.backend import fused
 from dslc.backend.channels_last import form_holds_at_every_size
 from dslc.backend.graphs import Built, GraphError, build
 from dslc.backend.kernels import DTYPES as KERNEL_DTYPES
@@ -177,9 +178,12 @@ def _as_kernels(out: Compiled, step: Step, masks: set[str], handle: Any,
 
 
 def _kernel(out: Compiled, group: Group, reason: str, error: str = "") -> Step:
-    """A fallback-kernel step, if CuPy can hold every tensor it touches (else E0801)."""
+    """A fallback-kernel step: one pointwise kernel (`backend.fused`), or an op's own kernel
+    if CuPy can hold every tensor it touches (else E0801)."""
     nodes = out.graph.by_name()
     node = nodes[group.nodes[0]]
+    if isinstance(_fused_plan(nodes, group), fused.Plan):
+        return Step("kernel", group, reason)
     dtypes = {node.type.dtype, *(nodes[i].type.dtype for i in node.inputs)}
     if not dtypes <= set(KERNEL_DTYPES):
         raise CompileFailure(node.name, f"cuDNN cannot run `{node.op}` here{error} and the fallback "
@@ -264,8 +268,19 @@ def _spec_everywhere(out: Compiled, group: Group, bucket: dict[str, int]) -> Gro
         return None
 
 
+def _fused_plan(nodes: dict[str, Node], group: Group) -> fused.Plan | str:
+    members = [nodes[n] for n in group.nodes]
+    return fused.plan(members, [nodes[i] for i in group.inputs], group.outputs,
+                      {n.name: n.attrs for n in members})
+
+
 def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str) -> list[Step]:
+    """A group cuDNN rejected: of pointwise ops only, one fallback kernel (`backend.fused`);
+    else its halves, each compiled again, down to single ops."""
     nodes = out.graph.by_name()
+    if len(group.nodes) > 1 and isinstance(_fused_plan(nodes, group), fused.Plan):
+        return [Step("kernel", group, f"cuDNN rejected the group ({error}): one fallback kernel "
+                                      f"computes its {len(group.nodes)} ops")]
     if len(group.nodes) == 1:
         op = nodes[group.nodes[0]].op
         return [_kernel(out, group, f"cuDNN rejected `{op}` ({error}): a fallback kernel runs it",

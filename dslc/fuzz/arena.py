@@ -102,16 +102,18 @@ def _apart(step: Any, reads: list[Extent], writes: list[Extent]) -> None:
 
 def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndarray],
         weights: Mapping[str, np.ndarray],
-        written: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        written: dict[str, np.ndarray] | None = None,
+        amax: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
     """The model's outputs, computed step by step in memory laid out as the runtime lays it;
-    `written` gets the inputs written in place as their buffers hold them after the run."""
+    `written` gets the inputs written in place as their buffers hold them after the run; `amax`:
+    the calibration of a model computing in fp8."""
     plan = program.memory_plan(dict(dims))
     mem = Memory(program, plan)
     for name, node_name in program.inputs.items():
         np.copyto(mem.value(plan.storage[node_name]),
                   np.asarray(inputs[name]).astype(NUMPY_DTYPES[plan.storage[node_name].dtype]))
     loaded = interp.run(program.graph, inputs, weights, program.env,
-                        keep=lambda n: n.name in program.load_time)
+                        keep=lambda n: n.name in program.load_time, amax=amax)
     for name in program.load_time:
         if program.nodes[name].op != "scalar" and name in loaded:
             np.copyto(mem.value(plan.storage[name]), loaded[name])
@@ -187,17 +189,26 @@ def _logical(x: np.ndarray, program: Schedule, name: str, dims: Mapping[str, int
 
 
 def _kernel_step(mem: Memory, program: Schedule, step: Any, dims: Mapping[str, int]) -> None:
-    node = program.nodes[step.nodes[0]]
+    """A fallback kernel: its ops in order, each result rounded as the kernel holds it (a value
+    inside a fused pointwise kernel to its intermediate dtype), its outputs stored."""
     storage = mem.plan.storage
-    in_place = placed_in(program.placement, node.name)  # a concat's slices, already there
-    if node.op in IN_PLACE:  # the memory it writes is its first operand's (rows not rewritten)
-        in_place = {*in_place, node.inputs[0]}
-    _apart(step, [mem.extent(*_where(storage[i])) for i in node.inputs
+    # One op writes its result even where nothing here reads it (a cache written in place)
+    stored = step.outputs if len(step.nodes) > 1 else step.nodes
+    first = program.nodes[step.nodes[0]]
+    in_place = placed_in(program.placement, first.name)  # a concat's slices, already there
+    if first.op in IN_PLACE:  # the memory it writes is its first operand's (rows not rewritten)
+        in_place = {*in_place, first.inputs[0]}
+    _apart(step, [mem.extent(*_where(storage[i])) for i in step.inputs
                   if program.nodes[i].op != "scalar" and i not in in_place],
-           [mem.extent(*_where(storage[node.name]))])
-    operands = [np.asarray(float(program.nodes[i].attrs["value"]), np.float32)
-                if program.nodes[i].op == "scalar" else np.ascontiguousarray(mem.value(mem.plan.storage[i]))
-                for i in node.inputs]
-    out = interp.evaluate_node(node, operands, concrete_attrs(node, dims, program.env),
-                               node.type.dtype)
-    np.copyto(mem.value(mem.plan.storage[node.name]), out)
+           [mem.extent(*_where(storage[o])) for o in stored])
+    values: dict[str, np.ndarray] = {}
+    for name in step.nodes:
+        node = program.nodes[name]
+        operands = [values[i] if i in values else
+                    np.asarray(float(program.nodes[i].attrs["value"]), np.float32)
+                    if program.nodes[i].op == "scalar" else np.ascontiguousarray(mem.value(storage[i]))
+                    for i in node.inputs]
+        values[name] = interp.evaluate_node(node, operands, concrete_attrs(node, dims, program.env),
+                                            stored_dtype(node, name not in stored))
+    for name in stored:
+        np.copyto(mem.value(storage[name]), values[name])

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dslc.check.context import ParamSpec
-from dslc.core.types import PrecisionSpec
+from dslc.core.types import FP8, PrecisionSpec
 from dslc.diag.diagnostic import Sink
 from dslc.fuzz.program import Program
 from dslc.ir import interp
@@ -38,7 +38,9 @@ from dslc.weights import random_weights
 
 F32 = PrecisionSpec("f32", "f32", "f32")
 # max|ours - theirs| / max|theirs| per output, by the narrowest float dtype the f32 run stores.
-TOLERANCE = {"f32": 2e-4, "f16": 2e-2, "bf16": 8e-2}
+# fp8: e4m3 holds 3 mantissa bits; the two sides round one value a step apart where the value
+# before quantising differs in its last f32 bits (about 6% of that value, once).
+TOLERANCE = {"f32": 2e-4, "f16": 2e-2, "bf16": 8e-2, "f8": 0.1}
 
 
 @dataclass
@@ -107,8 +109,10 @@ def run_case(case: Case, torch_oracle: bool = True, compile: bool = True) -> Out
             if case.weights is None:
                 case.weights = make_weights(declared.params, case.roles, case.seed)
             lowered, plan = _lower(model.graph, model.env)
+            # An op computing in fp8 reads each activation's amax: here that of the run
+            # itself (as a calibration on these inputs records it; PyTorch's side does the same).
             ours = interp.run(lowered, case.inputs, case.weights, model.env,
-                              virtual=plan.virtual(), check_views=True)
+                              virtual=plan.virtual(), check_views=True, observe={})
             errors: dict[str, float] = {}
             if torch_oracle or case.expected is not None:
                 stage = "torch"
@@ -235,7 +239,11 @@ def _draw(rng: np.random.Generator, role: str, shape: tuple[int, ...]) -> np.nda
 
 
 def narrowest(graph: Graph) -> str:
+    """The narrowest float a graph holds values in: "f8" where an op computes in fp8 (asked
+    for on the op, or its operands quantised already)."""
     dtypes = {n.type.dtype for n in graph.nodes}
+    if dtypes & set(FP8) or any(n.attrs.get("precision") in FP8 for n in graph.nodes):
+        return "f8"
     return "bf16" if "bf16" in dtypes else "f16" if "f16" in dtypes else "f32"
 
 
@@ -284,7 +292,7 @@ def compare(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], dtype: s
 
 # The arena run against the reference: the same ops in the same dtypes, only the order of a
 # reduction's additions may differ (numpy sums a strided and a contiguous array differently).
-ARENA_TOLERANCE = {"f32": 1e-5, "f16": 4e-3, "bf16": 3e-2}
+ARENA_TOLERANCE = {"f32": 1e-5, "f16": 4e-3, "bf16": 3e-2, "f8": 7e-2}
 
 
 def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
@@ -308,25 +316,27 @@ def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
     if format_graph(program.graph) != format_graph(compiled.graph):
         raise Failure(Outcome("roundtrip", "compile", "the bundle's graph differs from the "
                                                       "compiled one"))
-    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes if n not in s.outputs}
-    built = {n for s in compiled.steps if s.kind == "graph" for n in s.group.nodes
-             if n not in s.group.outputs}
+    virtual = program.virtual()
+    built = {n for s in compiled.steps for n in s.group.nodes if n not in s.group.outputs}
     if virtual != built:
         raise Failure(Outcome("roundtrip", "compile", "the bundle's fused groups differ"))
-    a = interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
-    b = interp.run(compiled.graph, inputs, weights, model.env, virtual=built)
+    calibration: dict[str, float] = {}  # fp8: the run's own amaxes, then the same for all
+    a = interp.run(program.graph, inputs, weights, program.env, virtual=virtual,
+                   observe=calibration)
+    b = interp.run(compiled.graph, inputs, weights, model.env, virtual=built, amax=calibration)
     for name in b:
         if a[name].tobytes() != b[name].tobytes():
             raise Failure(Outcome("roundtrip", "compile", f"output {name} of the bundle's "
                                                           "reference run differs"))
-    _same_in_the_arena(program, dict(run_dims), inputs, weights, a)
+    _same_in_the_arena(program, dict(run_dims), inputs, weights, a, calibration)
 
 
 def _same_in_the_arena(program: Any, dims: dict[str, int], inputs: dict[str, np.ndarray],
-                       weights: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+                       weights: dict[str, np.ndarray], want: dict[str, np.ndarray],
+                       amax: Mapping[str, float] | None = None) -> None:
     from dslc.fuzz import arena
 
-    got = arena.run(program, dims, inputs, weights)
+    got = arena.run(program, dims, inputs, weights, amax=amax)
     tol = ARENA_TOLERANCE[narrowest(program.graph)]
     for name, w in want.items():
         a, b = np.asarray(got[name], np.float64), np.asarray(w, np.float64)

@@ -70,8 +70,7 @@ def calibrate(program: Schedule, tensors: Mapping[str, np.ndarray],
     samples and of the weights."""
     bundle = program.bundle
     wanted = quantised(program.graph)
-    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
-               if n not in s.outputs}
+    virtual = program.virtual()
     seen: dict[str, float] = {}
     samples = runs(bundle.manifest, arrays)
     for run in samples:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dslc import fsutil
-from dslc.backend import device, environment
+from dslc.backend import device, environment, fused
 from dslc.backend.kernels import run_kernel
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.core.dims import bucket_key
@@ -471,6 +471,11 @@ class Model:
                     for uid, value in exe.bindings[step.name]}
             exe.graphs[step.signature].graph.execute(pack, workspace, handle=self.handle)
             return
+        p = self.program.pointwise_kernel(step)
+        if p is not None:
+            fused.run(p, [self._view(exe, o.name, refs, outputs) for o in p.operands],
+                      [self._view(exe, v, refs, outputs) for v in step.outputs])
+            return
         node = self.program.nodes[step.nodes[0]]
         xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
         y = self._view(exe, node.name, refs, outputs)
@@ -484,7 +489,7 @@ class Model:
                                      dtype=device.CUPY_DTYPES[node.type.dtype])
         s = exe.storage(name)
         return device.view(self._pointer(exe, name, refs, outputs), s.shape, s.strides, s.dtype,
-                           device.KERNEL_DTYPES)
+                           device.STORED_AS)
 
     def profile(self, inputs: Mapping[str, Any], repeats: int = 10) -> list[dict[str, Any]]:
         """Milliseconds per step (median over `repeats` runs, CUDA events), in schedule order."""

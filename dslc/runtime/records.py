@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from dslc.backend import fused
 from dslc.core.dims import bucket_key
 from dslc.core.types import DTYPES
 from dslc.ir.graph import SOURCES
@@ -265,7 +266,8 @@ class BucketRecord:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One step of the schedule: a cuDNN graph (a fused group) or a fallback kernel (one op)."""
+    """One step of the schedule: a cuDNN graph (a fused group) or a fallback kernel (one op, or
+    pointwise ops that one kernel computes: `backend.fused`)."""
 
     kind: str  # graph | kernel
     name: str
@@ -287,8 +289,7 @@ class StepRecord:
                                 "signature"), ("reason",))
         members = f.names(d["nodes"], f"{path}.nodes", nodes, lo=1)
         kind = f.text(d["kind"], f"{path}.kind", ("graph", "kernel"))
-        if any(nodes[m].op in SOURCES for m in members) or \
-                (kind == "kernel" and len(members) != 1):
+        if any(nodes[m].op in SOURCES for m in members):
             f.wrong(f"{path}.nodes", "not the computed nodes of one step")
         step = StepRecord(kind, f.text(d["name"], f"{path}.name"),
                           f.text(d["pattern"], f"{path}.pattern"), members,
@@ -301,6 +302,11 @@ class StepRecord:
             reads.extend(i for i in nodes[m].inputs if i not in members and i not in reads)
         if list(step.inputs) != reads:
             f.wrong(f"{path}.inputs", "not what the step's nodes read, in order")
+        if kind == "kernel" and len(members) > 1:
+            why = fused.plan([nodes[m] for m in members], [nodes[i] for i in step.inputs],
+                             step.outputs, {m: nodes[m].attrs for m in members})
+            if isinstance(why, str):
+                f.wrong(f"{path}.nodes", f"not ops one fallback kernel computes: {why}")
         return step
 
 

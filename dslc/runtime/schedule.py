@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dslc.backend import fused
 from dslc.core.dims import DimEnv
 from dslc.ir.graph import IN_PLACE, Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
@@ -55,6 +56,23 @@ class Schedule:
         # Inputs written in place, as the manifest lists them (held to the graph when the
         # bundle is read), found once: every plain call's replay asks.
         self._written = frozenset(w.input for w in self.bundle.manifest.written)
+        self._pointwise: dict[str, fused.Plan | None] = {}
+
+    def pointwise_kernel(self, step: StepRecord) -> fused.Plan | None:
+        """The one pointwise kernel that runs a fallback-kernel step (`backend.fused`), or None
+        where the step is an op with a kernel of its own (a multi-op kernel step always has
+        one: `StepRecord.from_data` holds it to that)."""
+        if step.name not in self._pointwise:
+            members = [self.nodes[n] for n in step.nodes]
+            p = fused.plan(members, [self.nodes[i] for i in step.inputs], step.outputs,
+                           {n.name: n.attrs for n in members})
+            self._pointwise[step.name] = p if isinstance(p, fused.Plan) else None
+        return self._pointwise[step.name]
+
+    def virtual(self) -> set[str]:
+        """The values that stay inside their step (a cuDNN graph's virtual tensors, a fused
+        kernel's registers): the reference rounds them to the intermediate dtype."""
+        return {n for s in self.steps if len(s.nodes) > 1 for n in s.nodes if n not in s.outputs}
 
     def storage(self, name: str, values: Mapping[str, int]) -> Storage:
         node = self.nodes[name]

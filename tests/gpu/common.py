@@ -77,8 +77,7 @@ def reference(bundle: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarr
 
     program = Schedule(read(bundle))
     weights = read_weights(bundle.with_suffix(".safetensors"), program.bundle.manifest)
-    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
-               if n not in s.outputs}
+    virtual = program.virtual()
     return interp.run(program.graph, inputs, weights, program.env, virtual=virtual)
 
 

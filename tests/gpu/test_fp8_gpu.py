@@ -129,8 +129,7 @@ def test_fp8_on_the_gpu_computes_what_the_reference_does(built: dict[str, Any]) 
     x = built["x"][:1]
     program = Schedule(bundlefile.load(built["fp8"]))
     assert program.bundle.calibration is not None
-    virtual = {n for s in program.steps if s.kind == "graph" for n in s.nodes
-               if n not in s.outputs}
+    virtual = program.virtual()
     want = interp.run(program.graph, {"hidden_states": x}, built["tensors"], program.env,
                       virtual=virtual, amax=program.bundle.calibration.amax)["hidden"]
     got = to_host(fp8.run(to_device({"hidden_states": built["x"]}, built["fp8"])))["hidden"][:1]

@@ -593,18 +593,18 @@ def _operands(op: str, arity: int, g: np.random.Generator) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_every_pointwise_fallback_kernel_equals_the_ops_reference(dtype: str) -> None:
-    """Each op of `kernels.POINTWISE` (one CUDA expression) run as the fallback kernel on
+    """Each op of `fused.POINTWISE` (one CUDA expression) run as the fallback kernel on
     operands stored in `dtype` (bf16 as its bits), the second broadcast: equal to the op's numpy
     reference (ops/pointwise.py) on the same stored values, rounded to `dtype`."""
     import cupy
     import ml_dtypes
 
-    from dslc.backend import kernels
+    from dslc.backend import fused, kernels
     from dslc.ops import OPS
 
     store = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]
     g = np.random.default_rng(31)
-    for op, expr in kernels.POINTWISE.items():
+    for op, expr in fused.POINTWISE.items():
         opdef = OPS[op]
         assert opdef.reference is not None, op
         arity = len(opdef.tensor_params)

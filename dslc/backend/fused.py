@@ -1,0 +1,253 @@
+"""Pointwise ops cuDNN has no engine for, as one CUDA kernel per step: a single op, or a chain
+of them (a group cuDNN rejected whole), each op a C expression over f32 values, the group's
+operands loaded once per element in their stored dtypes and its results stored in theirs.
+
+A value inside the group is rounded to the dtype the reference holds it in
+(`ir.graph.stored_dtype`: the `intermediate` dtype, or a cast's own dtype), so the kernel
+computes what the reference executor computes. Split into one kernel per op, a quantising
+`x * scale` then `cast` to e4m3 wrote and read the product as f32 in between: three passes
+over the tensor where one does.
+
+fp8 values travel as their bytes (uint8: CuPy has no fp8 dtype) and bf16 as its uint16 bits;
+both are converted by the functions of `FP8_PREAMBLE` and `cuda.PREAMBLE`, round to nearest
+even, e4m3 saturating at +-448 and e5m2 overflowing to infinity, as `ops.fp8` rounds. The
+runtime knows each tensor's dslc dtype from the IR, so a uint8 array is never guessed at.
+`takes` decides which steps run here; compile and runtime both ask it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from dslc.backend.cuda import PREAMBLE
+from dslc.ir.graph import Node, stored_dtype
+
+# Each op's numpy reference (ops/pointwise.py) as a C expression over f32 operands a, b, c;
+# attributes as {name}.
+POINTWISE: dict[str, str] = {
+    "relu": "(a < 0.0f ? 0.0f : a)",
+    "leaky_relu": "(a > 0.0f ? a : a * {slope})",
+    "gelu": "0.5f * a * (1.0f + erff(a * 0.70710678118654752f))",
+    "gelu_tanh": "0.5f * a * (1.0f + tanhf(0.79788456080286536f * (a + 0.044715f * a * a * a)))",
+    "silu": "a / (1.0f + expf(-a))",
+    "swish": "a / (1.0f + expf(-a * {beta}))",
+    "sigmoid": "1.0f / (1.0f + expf(-a))",
+    "tanh": "tanhf(a)",
+    "elu": "(a > 0.0f ? a : {alpha} * expm1f(nan_min(a, 0.0f)))",
+    "softplus": "(nan_max(a, 0.0f) + log1pf(expf(-fabsf(a))))",
+    "hardsigmoid": "clip(a * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f)",
+    "hardswish": "a * clip(a * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f)",
+    "exp": "expf(a)", "log": "logf(a)", "sqrt": "sqrtf(a)", "rsqrt": "1.0f / sqrtf(a)",
+    "reciprocal": "1.0f / a", "erf": "erff(a)", "sin": "sinf(a)", "cos": "cosf(a)",
+    "floor": "floorf(a)", "ceil": "ceilf(a)", "abs": "fabsf(a)", "neg": "-a",
+    "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b",
+    "max": "nan_max(a, b)", "min": "nan_min(a, b)", "pow": "powf(a, b)",
+    "cmp_lt": "(a < b)", "cmp_le": "(a <= b)", "cmp_gt": "(a > b)", "cmp_ge": "(a >= b)",
+    "cmp_eq": "(a == b)", "cmp_ne": "(a != b)",
+    "select": "(a != 0.0f ? b : c)",
+    "cast": "a",
+}
+# x op b with b a vector along `axis` of x: the vector is given to the kernel as a view of that
+# rank, so CuPy's broadcasting lines it up.
+ALONG_AXIS: dict[str, str] = {"scale_mul": "a * b", "bias_add": "a + b"}
+
+# e4m3 (fn: no infinity, S.1111.111 is NaN, largest 448) and e5m2 (IEEE-like, largest 57344)
+# from and to f32, by arithmetic: ldexpf and frexpf are exact, rintf rounds ties to even.
+FP8_PREAMBLE = r"""
+__device__ __forceinline__ float fp8_f(unsigned char b, int man, int bias, bool fn) {
+  const int e = (b & 0x7f) >> man, m = b & ((1 << man) - 1), top = (1 << (7 - man)) - 1;
+  float v;
+  if (fn ? (e == top && m == (1 << man) - 1) : (e == top && m != 0)) v = __int_as_float(0x7fc00000);
+  else if (!fn && e == top) v = __int_as_float(0x7f800000);
+  else if (e == 0) v = ldexpf((float)m, 1 - bias - man);
+  else v = ldexpf((float)((1 << man) + m), e - bias - man);
+  return (b & 0x80) ? -v : v;
+}
+__device__ __forceinline__ unsigned char f_fp8(float f, int man, int bias, bool fn, float top) {
+  const unsigned char sign = (__float_as_uint(f) >> 24) & 0x80;
+  const float a = fabsf(f);
+  if (a != a) return sign | 0x7f;
+  if (fn && a >= top) return sign | 0x7e;                      // e4m3 saturates
+  if (a == __int_as_float(0x7f800000)) return fn ? (sign | 0x7e) : (sign | 0x7c);
+  int e;
+  frexpf(a, &e);
+  const int exponent = max(e - 1, 1 - bias);                   // subnormals share the smallest
+  const float ulp = ldexpf(1.0f, exponent - man);
+  const float r = rintf(a / ulp) * ulp;
+  if (r == 0.0f) return sign;
+  if (r > top) return fn ? (sign | 0x7e) : (sign | 0x7c);
+  frexpf(r, &e);
+  const int ex = e - 1;
+  if (ex < 1 - bias) return sign | (unsigned char)(r / ldexpf(1.0f, 1 - bias - man));
+  const int m = (int)(r / ldexpf(1.0f, ex - man)) - (1 << man);
+  return sign | (unsigned char)(((ex + bias) << man) | m);
+}
+__device__ __forceinline__ float e4m3_f(unsigned char b) { return fp8_f(b, 3, 7, true); }
+__device__ __forceinline__ float e5m2_f(unsigned char b) { return fp8_f(b, 2, 15, false); }
+__device__ __forceinline__ unsigned char f_e4m3(float f) { return f_fp8(f, 3, 7, true, 448.0f); }
+__device__ __forceinline__ unsigned char f_e5m2(float f) { return f_fp8(f, 2, 15, false, 57344.0f); }
+"""
+
+# Per dslc dtype: the CuPy type of its storage, a load to f32, a store from f32, and the f32
+# value rounded to the dtype.
+_CTYPE = {"f32": "float32", "f16": "float16", "bf16": "uint16", "f8e4m3": "uint8",
+          "f8e5m2": "uint8", "bool": "bool"}
+_LOAD = {"f32": "{}", "f16": "(float){}", "bf16": "to_f({})", "f8e4m3": "e4m3_f({})",
+         "f8e5m2": "e5m2_f({})", "bool": "({} ? 1.0f : 0.0f)"}
+_STORE = {"f32": "{}", "f16": "(float16)({})", "bf16": "from_f<unsigned short>({})",
+          "f8e4m3": "f_e4m3({})", "f8e5m2": "f_e5m2({})", "bool": "({} != 0.0f)"}
+_ROUND = {"f32": "{}", "f16": "(float)(float16)({})", "bf16": "to_f(from_f<unsigned short>({}))",
+          "f8e4m3": "e4m3_f(f_e4m3({}))", "f8e5m2": "e5m2_f(f_e5m2({}))", "bool": "({} != 0.0f)"}
+DTYPES = tuple(_CTYPE)
+MOST_OPERANDS = 16  # CuPy builds a kernel's argument list per launch: keep it short
+
+
+@dataclass(frozen=True)
+class Member:
+    """One op of the kernel: its expression, where its operands come from ("x3": the kernel's
+    fourth operand, "v1": the second member's value), and the dtype its value is held in."""
+
+    expr: str
+    operands: tuple[str, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A value the kernel reads: its name, its dslc dtype, and for a vector an op reads along
+    an axis, (axis, rank) of the view it is given as."""
+
+    name: str
+    dtype: str
+    along: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one kernel computes: its operands, its members in order, and which members it
+    stores, in the order of its outputs."""
+
+    operands: tuple[Operand, ...]
+    members: tuple[Member, ...]
+    stores: tuple[int, ...]
+    output_dtypes: tuple[str, ...]
+
+    def source(self) -> tuple[str, str, str]:
+        """The kernel's input parameters, output parameters and body."""
+        params = ", ".join(f"{_CTYPE[o.dtype]} x{i}" for i, o in enumerate(self.operands))
+        outs = ", ".join(f"{_CTYPE[d]} y{i}" for i, d in enumerate(self.output_dtypes))
+        lines = [f"const float x{i}f = {_LOAD[o.dtype].format(f'x{i}')};"
+                 for i, o in enumerate(self.operands)]
+        for j, m in enumerate(self.members):
+            names = {"a": "", "b": "", "c": ""}
+            for k, src in enumerate(m.operands):
+                names["abc"[k]] = f"{src}f" if src.startswith("x") else src
+            bind = " ".join(f"const float {k} = {v};" for k, v in names.items() if v)
+            lines.append(f"float v{j}; {{ {bind} v{j} = {_ROUND[m.dtype].format(m.expr)}; }}")
+        for i, (j, d) in enumerate(zip(self.stores, self.output_dtypes, strict=True)):
+            lines.append(f"y{i} = {_STORE[d].format(f'v{j}')};")
+        return params, outs, "\n".join(lines)
+
+
+def expression(op: str, dtype: str, attrs: Mapping[str, Any]) -> str | None:
+    """`op`'s C expression with its attributes filled in (its result of dslc dtype `dtype`),
+    or None where no kernel of this module computes it."""
+    expr = POINTWISE.get(op) or ALONG_AXIS.get(op)
+    if expr is None or (op == "cast" and dtype == "bool"):
+        return None
+    values = {k: _literal(v) for k, v in attrs.items()
+              if isinstance(v, float | int) and not isinstance(v, bool)}
+    try:
+        return expr.format(**values)
+    except KeyError:  # an attribute that is no number
+        return None
+
+
+def plan(members: Sequence[Node], inputs: Sequence[Node], outputs: Sequence[str],
+         attrs: Mapping[str, Mapping[str, Any]]) -> Plan | str:
+    """The kernel of a step whose ops are `members` (in order), reading `inputs` and storing
+    `outputs`, with each member's attributes at the sizes run (`attrs`, by member name); or
+    why one kernel cannot compute it."""
+    given = {n.name: n for n in inputs}
+    index = {n.name: j for j, n in enumerate(members)}
+    outs = [members[index[o]] for o in outputs if o in index]
+    if len(outs) != len(outputs) or not outs:
+        return "it stores a value none of its ops computes"
+    if any(o.type.shape != outs[0].type.shape for o in outs):
+        return "its results differ in shape (one kernel walks one shape)"
+    operands: list[Operand] = []
+    sources: dict[tuple[str, tuple[int, int] | None], str] = {}
+    built: list[Member] = []
+    for node in members:
+        expr = expression(node.op, node.type.dtype, attrs[node.name])
+        if expr is None:
+            return f"`{node.op}` has no expression in one pointwise kernel"
+        dtypes = {node.type.dtype, *(given[i].type.dtype for i in node.inputs if i in given)}
+        if not dtypes <= set(DTYPES):
+            return f"the kernel takes no {'/'.join(sorted(dtypes - set(DTYPES)))} (integers stay exact)"
+        refs = []
+        for k, name in enumerate(node.inputs):
+            if name in index:
+                refs.append(f"v{index[name]}")
+                continue
+            along = (int(attrs[node.name]["axis"]), node.type.rank) \
+                if node.op in ALONG_AXIS and k == 1 else None
+            key = (name, along)
+            if key not in sources:
+                sources[key] = f"x{len(operands)}"
+                operands.append(Operand(name, given[name].type.dtype, along))
+            refs.append(sources[key])
+        virtual = node.name not in outputs
+        built.append(Member(expr, tuple(refs), stored_dtype(node, virtual)))
+    if len(operands) + len(outs) > MOST_OPERANDS:
+        return f"it reads {len(operands)} operands (one kernel takes {MOST_OPERANDS - len(outs)})"
+    return Plan(tuple(operands), tuple(built), tuple(index[o] for o in outputs),
+                tuple(o.type.dtype for o in outs))
+
+
+def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
+    """The kernel over its operands (CuPy arrays in the order of `p.operands`, scalars as 0-d
+    arrays) into its results (arrays of one shape, any strides)."""
+    views = []
+    for x, o in zip(xs, p.operands, strict=True):
+        if o.along is not None:  # a vector [C] as [1, .., C, .., 1] at the op's rank
+            axis, rank = o.along
+            x = x.reshape((1,) * axis + (x.shape[0],) + (1,) * (rank - axis - 1))
+        views.append(x)
+    views = [x.copy() if any(_overlaps(x, y) for y in ys) else x for x in views]
+    _kernel(*p.source())(*views, *ys)
+
+
+def _overlaps(x: Any, y: Any) -> bool:
+    """Whether x's bytes meet y's without being the same elements in the same order (an
+    elementwise kernel may read and write one buffer only element for element)."""
+    if not x.size or not y.size:
+        return False
+    if (x.data.ptr, x.shape, x.strides) == (y.data.ptr, y.shape, y.strides):
+        return False
+
+    def span(t: Any) -> tuple[int, int]:
+        lo = t.data.ptr + sum((n - 1) * s for n, s in zip(t.shape, t.strides, strict=True)
+                              if s < 0)
+        hi = t.data.ptr + sum((n - 1) * s for n, s in zip(t.shape, t.strides, strict=True)
+                              if s > 0) + t.itemsize
+        return lo, hi
+
+    (xl, xh), (yl, yh) = span(x), span(y)
+    return xl < yh and yl < xh
+
+
+def _literal(v: float) -> str:
+    return f"{float(v)!r}f" if float(v) == float(v) and abs(float(v)) != float("inf") else "NAN"
+
+
+@cache
+def _kernel(params: str, outs: str, body: str) -> Any:
+    import cupy
+
+    name = f"dslc_fused_{zlib.crc32((params + outs + body).encode()):08x}"
+    return cupy.ElementwiseKernel(params, outs, body, name, preamble=PREAMBLE + FP8_PREAMBLE)

@@ -1,0 +1,220 @@
+"""One pointwise kernel per fallback step (dslc/backend/fused.py), without a GPU: which steps it
+takes and what it holds each value in, a pointwise group cuDNN rejects compiled as one kernel
+step, such a step read back from a bundle (and a step one kernel cannot compute refused), and
+run in the arena oracle against the reference; its fp8 conversions compiled on the host with
+g++ against ml_dtypes (its numbers on the GPU: tests/gpu/test_fused_gpu.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from dslc.backend import fused
+from dslc.backend.target import load_target
+from dslc.compile import stage
+from dslc.emit import bundle as emit_bundle
+from dslc.fuzz import arena
+from dslc.fuzz.oracle import relative_error
+from dslc.ir import interp
+from dslc.pipeline import lower_and_fuse
+from dslc.runtime.bundle import read
+from dslc.runtime.fields import BundleError
+from dslc.runtime.records import Bundle
+from dslc.runtime.schedule import Schedule
+from tests.helpers import check_source, model_snippet, rng
+
+CHAIN = model_snippet("  input x: [4, 6, 5]\n  input s: [5]\n"
+                      "  output y = sigmoid(relu(x * s) + 1.5)", precision="io=f16")
+
+
+def _lowered(text: str, tmp_path: Path) -> tuple[object, object, object]:
+    model = check_source(text, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    return model, lowered, plan
+
+
+def _pointwise_group(graph: object, plan: object) -> object:
+    return next(g for g in plan.groups if len(g.nodes) > 1)  # type: ignore[attr-defined]
+
+
+def test_a_pointwise_chain_is_one_plan_holding_inner_values_in_the_intermediate_dtype(
+        tmp_path: Path) -> None:
+    _, lowered, plan = _lowered(CHAIN, tmp_path)
+    group = _pointwise_group(lowered, plan)
+    nodes = lowered.by_name()
+    members = [nodes[n] for n in group.nodes]
+    p = fused.plan(members, [nodes[i] for i in group.inputs], group.outputs,
+                   {n.name: n.attrs for n in members})
+    assert isinstance(p, fused.Plan)
+    assert [m.dtype for m in p.members] == ["f32"] * (len(members) - 1) + ["f16"]
+    assert [o.name for o in p.operands] == list(group.inputs)
+    assert p.stores == (len(members) - 1,) and p.output_dtypes == ("f16",)
+    params, outs, body = p.source()
+    assert params.startswith("float16 x0") and outs == "float16 y0"
+    assert body.count("(float)(float16)") == 1  # only the stored value is rounded to f16
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ("  input x: [4, 6]\n  output y = (x * 2) + 1", None),
+    ("  input x: [4, 6]\n  input i: i32[4, 6]\n  output y = x + cast(i, f32)", "takes no i32"),
+    ("  input x: [4, 6]\n  output y = reduce_sum(x, axes=[1])", "no expression"),
+])
+def test_what_one_kernel_computes_and_what_it_refuses(body: str, why: str | None,
+                                                      tmp_path: Path) -> None:
+    _, lowered, _ = _lowered(model_snippet(body), tmp_path)
+    computed = [n for n in lowered.nodes if n.op not in ("input", "param", "scalar")]
+    names = {n.name for n in computed}
+    inputs = [n for n in lowered.nodes if n.name not in names
+              and any(n.name in c.inputs for c in computed)]
+    p = fused.plan(computed, inputs, [computed[-1].name], {n.name: n.attrs for n in computed})
+    assert (isinstance(p, fused.Plan) if why is None else why in str(p)), p
+
+
+def test_results_of_two_shapes_are_not_one_kernel(tmp_path: Path) -> None:
+    _, lowered, _ = _lowered(model_snippet("  input x: [4, 6]\n  input v: [6]\n"
+                                           "  let a = v * 2\n  output y = x + a\n  output z = a"),
+                             tmp_path)
+    computed = [n for n in lowered.nodes if n.op not in ("input", "param", "scalar")]
+    inputs = [n for n in lowered.nodes if n.op in ("input", "scalar")]
+    p = fused.plan(computed, inputs, [n.name for n in computed],
+                   {n.name: n.attrs for n in computed})
+    assert "differ in shape" in str(p)
+
+
+def _compiled_with_a_rejected_group(tmp_path: Path) -> tuple[object, object]:
+    """CHAIN compiled deviceless, its pointwise group then treated as cuDNN rejecting it."""
+    model, lowered, plan = _lowered(CHAIN, tmp_path)
+    compiled = stage.compile_model(model, lowered, plan, load_target("h200"))
+    group = _pointwise_group(lowered, plan)
+    for key in [k for k in compiled.specs if k[1] == group.signature]:  # as _compile drops them
+        compiled.specs.pop(key)
+        compiled.builds.pop(key)
+    steps = stage._split(compiled, group, None, None, "No valid engine configs")
+    return compiled, steps
+
+
+def test_a_pointwise_group_cudnn_rejects_is_one_kernel_step(tmp_path: Path) -> None:
+    _, steps = _compiled_with_a_rejected_group(tmp_path)
+    assert [s.kind for s in steps] == ["kernel"]
+    assert len(steps[0].group.nodes) == 4
+    assert "No valid engine configs" in steps[0].reason and "its 4 ops" in steps[0].reason
+
+
+def _bundle_of(compiled: object, steps: list[object], tmp_path: Path) -> Path:
+    compiled.steps = [s for s in compiled.steps  # type: ignore[attr-defined]
+                      if s.kind != "graph" or len(s.group.nodes) == 1] + steps
+    order = {n.name: i for i, n in enumerate(compiled.graph.nodes)}  # type: ignore[attr-defined]
+    compiled.steps.sort(key=lambda s: order[s.group.nodes[0]])  # type: ignore[attr-defined]
+    path = tmp_path / "m.bundle"
+    emit_bundle.write(path, emit_bundle.payload(compiled))
+    return path
+
+
+def test_a_fused_kernel_step_runs_in_the_arena_as_the_reference_computes(tmp_path: Path) -> None:
+    compiled, steps = _compiled_with_a_rejected_group(tmp_path)
+    program = Schedule(read(_bundle_of(compiled, steps, tmp_path)))
+    kernel = next(s for s in program.steps if s.kind == "kernel")
+    assert len(kernel.nodes) == 4 and program.pointwise_kernel(kernel) is not None
+    assert set(kernel.nodes) - set(kernel.outputs) <= program.virtual()
+    g = rng("fused arena")
+    inputs = {"x": g.standard_normal((4, 6, 5)).astype(np.float32),
+              "s": g.standard_normal(5).astype(np.float32)}
+    want = interp.run(program.graph, inputs, {}, program.env, virtual=program.virtual())
+    got = arena.run(program, {}, inputs, {})
+    assert relative_error(got["y"], want["y"]) == 0.0
+    # the inner values are f32, not f16: rounded there, sigmoid's input would move
+    rounded = interp.run(program.graph, inputs, {}, program.env)
+    assert relative_error(rounded["y"], want["y"]) > 0.0
+
+
+def test_a_bundle_whose_kernel_step_one_kernel_cannot_compute_is_refused(tmp_path: Path) -> None:
+    model, lowered, plan = _lowered(model_snippet(
+        "  input x: [4, 6]\n  output y = reduce_sum(relu(x), axes=[1], keepdims=true)"), tmp_path)
+    compiled = stage.compile_model(model, lowered, plan, load_target("h200"))
+    data = emit_bundle.payload(compiled)
+    nodes = [n for s in data["steps"] for n in s["nodes"]]
+    inputs = data["steps"][0]["inputs"]
+    merged = {**data["steps"][0], "kind": "kernel", "nodes": nodes, "inputs": inputs,
+              "outputs": data["steps"][-1]["outputs"]}
+    with pytest.raises(BundleError, match="not ops one fallback kernel computes"):
+        Bundle.from_data({**data, "steps": [merged]})
+
+
+# -- the fp8 conversions, compiled on the host --------------------------------------------------
+_SHIMS = r"""
+#include <cmath>
+#include <cstring>
+#include <algorithm>
+#define __device__
+#define __forceinline__ inline
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+using std::max;
+"""
+_ENTRY = r"""
+extern "C" void encode(const float* x, unsigned char* y, int n, int e5) {
+  for (int i = 0; i < n; ++i) y[i] = e5 ? f_e5m2(x[i]) : f_e4m3(x[i]);
+}
+extern "C" void decode(const unsigned char* x, float* y, int n, int e5) {
+  for (int i = 0; i < n; ++i) y[i] = e5 ? e5m2_f(x[i]) : e4m3_f(x[i]);
+}
+"""
+FORMATS = {"f8e4m3": (ml_dtypes.float8_e4m3fn, 448.0, 0), "f8e5m2": (ml_dtypes.float8_e5m2, 57344.0, 1)}
+
+
+@pytest.fixture(scope="module")
+def host_fp8(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ here to compile the kernels' fp8 conversions for the host")
+    folder = tmp_path_factory.mktemp("fp8")
+    (folder / "fp8.cpp").write_text(_SHIMS + fused.FP8_PREAMBLE + _ENTRY)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / "fp8.so"),
+                    str(folder / "fp8.cpp")], check=True)
+    lib = ctypes.CDLL(str(folder / "fp8.so"))
+    for fn in (lib.encode, lib.decode):  # pointers as pointers (a bare int would be a C int)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+@pytest.mark.parametrize("dtype", sorted(FORMATS))
+def test_the_kernels_fp8_bytes_decode_as_ml_dtypes_does(dtype: str, host_fp8: ctypes.CDLL) -> None:
+    kind, _, e5 = FORMATS[dtype]
+    bits = np.arange(256, dtype=np.uint8)
+    got = np.zeros(256, np.float32)
+    host_fp8.decode(bits.ctypes.data, got.ctypes.data, 256, e5)
+    want = bits.view(kind).astype(np.float32)
+    assert np.array_equal(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", sorted(FORMATS))
+def test_the_kernels_fp8_encoding_rounds_as_ml_dtypes_does(dtype: str,
+                                                          host_fp8: ctypes.CDLL) -> None:
+    """To nearest, ties to even, through the subnormals; e4m3 saturates at 448 (as the
+    reference clips before converting: ml_dtypes alone would give NaN), e5m2 overflows to
+    infinity from its first tie past 57344; NaN stays NaN with its sign."""
+    kind, top, e5 = FORMATS[dtype]
+    g = rng("host fp8", dtype)
+    every_value = bits_of_all = np.arange(256, dtype=np.uint8).view(kind).astype(np.float32)
+    finite = every_value[np.isfinite(every_value)]
+    halfway = (np.sort(finite)[1:] + np.sort(finite)[:-1]) / 2  # every tie between neighbours
+    edges = np.array([top * 29 / 28, top * 15 / 14, top * 1.2, 1e30, np.inf, 3.4e38, 1e-40,
+                      np.nan], np.float32)
+    x = np.concatenate([bits_of_all, halfway, np.nextafter(halfway, np.float32(np.inf)),
+                        np.nextafter(halfway, np.float32(-np.inf)), edges, -edges,
+                        (g.standard_normal(100_000) * np.exp2(g.uniform(-22, 18, 100_000)))
+                        ]).astype(np.float32)
+    got = np.zeros(x.shape, np.uint8)
+    host_fp8.encode(x.ctypes.data, got.ctypes.data, x.size, e5)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = (np.clip(x, -top, top) if e5 == 0 else x).astype(kind).view(np.uint8)
+    nan = np.isnan(x)
+    assert np.array_equal(np.isnan(got.view(kind).astype(np.float32)), nan)
+    assert np.array_equal(got[nan] & 0x80, np.signbit(x[nan]).astype(np.uint8) << 7)
+    bad = np.flatnonzero((got != want) & ~nan)
+    assert bad.size == 0, [(float(x[i]), int(got[i]), int(want[i])) for i in bad[:8]]
