@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import ml_dtypes
@@ -146,17 +147,59 @@ def test_a_bundle_whose_kernel_step_one_kernel_cannot_compute_is_refused(tmp_pat
         Bundle.from_data({**data, "steps": [merged]})
 
 
-# -- the fp8 conversions, compiled on the host --------------------------------------------------
+# -- the kernels' C, compiled on the host ---------------------------------------------------------
+# What CUDA and CuPy give a kernel, for g++: the bit casts, and CuPy's float16 (GCC's _Float16
+# converts to and from float rounding to nearest even, as CuPy's does).
 _SHIMS = r"""
 #include <cmath>
 #include <cstring>
 #include <algorithm>
 #define __device__
 #define __forceinline__ inline
+#define NAN __builtin_nanf("")
+typedef _Float16 float16;
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 using std::max;
 """
+_C_TYPES = {"float32": "float", "float16": "float16", "uint16": "unsigned short",
+            "uint8": "unsigned char", "bool": "bool"}
+
+
+def host_kernels(plans: list[fused.Plan], folder: Path) -> ctypes.CDLL:
+    """The plans' kernels as host functions `run{i}` over arrays of one length (operands
+    broadcast by the caller): CuPy's elementwise loop written out around the body the GPU
+    compiles, all in one library (one g++ run)."""
+    from dslc.backend.cuda import PREAMBLE
+
+    functions = []
+    for k, p in enumerate(plans):
+        params, outs, body = p.source()
+        decls = [d.split() for d in f"{params}, {outs}".split(", ")]
+        n_in = len(p.operands)
+        loads = "".join(f"{_C_TYPES[t]} {n} = ((const {_C_TYPES[t]}*)a[{i}])[i];\n"
+                        for i, (t, n) in enumerate(decls[:n_in]))
+        outs_c = "".join(f"{_C_TYPES[t]} {n};\n" for t, n in decls[n_in:])
+        stores = "".join(f"(({_C_TYPES[t]}*)a[{n_in + i}])[i] = {n};\n"
+                         for i, (t, n) in enumerate(decls[n_in:]))
+        functions.append(f'extern "C" void run{k}(void** a, long count) {{\n'
+                         f"for (long i = 0; i < count; ++i) {{\n{loads}{outs_c}{{\n{body}\n}}\n"
+                         f"{stores}}}\n}}\n")
+    source = _SHIMS + PREAMBLE + fused.FP8_PREAMBLE + "".join(functions)
+    name = f"kernels_{zlib.crc32(source.encode()):08x}"  # a loaded library is never rewritten
+    (folder / f"{name}.cpp").write_text(source)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / f"{name}.so"),
+                    str(folder / f"{name}.cpp")], check=True)
+    lib = ctypes.CDLL(str(folder / f"{name}.so"))
+    for k in range(len(plans)):
+        getattr(lib, f"run{k}").argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long]
+    return lib
+
+
+def run_on_host(lib: ctypes.CDLL, k: int, arrays: list[np.ndarray]) -> None:
+    ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    getattr(lib, f"run{k}")(ptrs, arrays[-1].size)
 _ENTRY = r"""
 extern "C" void encode(const float* x, unsigned char* y, int n, int e5) {
   for (int i = 0; i < n; ++i) y[i] = e5 ? f_e5m2(x[i]) : f_e4m3(x[i]);
@@ -218,3 +261,106 @@ def test_the_kernels_fp8_encoding_rounds_as_ml_dtypes_does(dtype: str,
     assert np.array_equal(got[nan] & 0x80, np.signbit(x[nan]).astype(np.uint8) << 7)
     bad = np.flatnonzero((got != want) & ~nan)
     assert bad.size == 0, [(float(x[i]), int(got[i]), int(want[i])) for i in bad[:8]]
+
+
+STORE = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+KERNEL_STORE = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "bool": np.bool_}
+
+
+def _operands(op: str, arity: int, g: np.random.Generator) -> list[np.ndarray]:
+    """Random operands, the second and third broadcast (as a GPU test's are), in the domain of
+    the op (positive for log, sqrt, rsqrt and pow; 0/1 for select's mask)."""
+    xs = [g.standard_normal(s).astype(np.float32) * 2 for s in [(6, 40), (1, 40), (6, 1)][:arity]]
+    if op in ("log", "sqrt", "rsqrt", "pow"):
+        xs[0] = np.abs(xs[0]) + np.float32(0.1)
+    if op == "select":
+        xs[0] = (xs[0] > 0).astype(np.float32)
+    return xs
+
+
+@pytest.fixture(scope="module")
+def host_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ here to compile the kernels for the host")
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_every_pointwise_kernel_computes_its_ops_reference_on_the_host(dtype: str,
+                                                                      host_folder: Path) -> None:
+    """Each op's generated kernel (the C the GPU compiles, here for the host) on operands stored
+    in `dtype` (bf16 as its bits) equals the op's numpy reference on the same stored values,
+    rounded to `dtype` (a comparison's result exactly)."""
+    from dslc.ops import OPS
+
+    g = rng("host pointwise", dtype)
+    plans, cases = [], []
+    for op in fused.POINTWISE:
+        opdef = OPS[op]
+        assert opdef.reference is not None
+        arity = len(opdef.tensor_params)
+        attrs = {p.name: p.default for p in opdef.params if not p.is_tensor}
+        attrs = {**attrs, "dtype": dtype} if op == "cast" else attrs
+        ydtype = "bool" if op.startswith("cmp_") else dtype
+        expr = fused.expression(op, ydtype, attrs)
+        assert expr is not None, op
+        operands = tuple(fused.Operand(f"x{i}", dtype) for i in range(arity))
+        plans.append(fused.Plan(operands, (fused.Member(expr, tuple(f"x{i}" for i in range(arity)),
+                                                        ydtype),), (0,), (ydtype,)))
+        xs = [x.astype(STORE[dtype]) for x in _operands(op, arity, g)]
+        want = np.asarray(opdef.reference([x.astype(np.float32) for x in xs], attrs))
+        cases.append((op, xs, want, ydtype))
+    lib = host_kernels(plans, host_folder)
+    for k, (op, xs, want, ydtype) in enumerate(cases):
+        full = [np.ascontiguousarray(np.broadcast_to(x, want.shape)) for x in xs]
+        bits = [x.view(np.uint16) if dtype == "bf16" else x for x in full]
+        y = np.zeros(want.shape, KERNEL_STORE[ydtype])
+        run_on_host(lib, k, [*bits, y])
+        if ydtype == "bool":
+            assert np.array_equal(y, want), op
+            continue
+        got = (y.view(ml_dtypes.bfloat16) if dtype == "bf16" else y).astype(np.float32)
+        rounded = want.astype(STORE[dtype]).astype(np.float32)
+        err = relative_error(got, rounded)
+        assert err <= {"f32": 1e-6, "f16": 1e-3, "bf16": 8e-3}[dtype], (op, err)
+
+
+def test_a_fused_chain_computes_what_the_reference_computes_on_the_host(tmp_path: Path,
+                                                                       host_folder: Path) -> None:
+    """CHAIN's group (mul, relu, add, sigmoid into f16, inner values f32) as its kernel on the
+    host, against the reference executor with the group's inner values virtual."""
+    _, lowered, plan = _lowered(CHAIN, tmp_path)
+    group = _pointwise_group(lowered, plan)
+    nodes = lowered.by_name()
+    members = [nodes[n] for n in group.nodes]
+    p = fused.plan(members, [nodes[i] for i in group.inputs], group.outputs,
+                   {n.name: n.attrs for n in members})
+    assert isinstance(p, fused.Plan)
+    g = rng("host chain")
+    inputs = {"x": g.standard_normal((4, 6, 5)).astype(np.float32),
+              "s": g.standard_normal(5).astype(np.float32)}
+    virtual = set(group.nodes) - set(group.outputs)
+    want = interp.run(lowered, inputs, {}, None, virtual=virtual,
+                      keep=lambda n: n.name in group.inputs)
+    lib = host_kernels([p], host_folder)
+    operands = [np.ascontiguousarray(np.broadcast_to(want[o.name], (4, 6, 5)))
+                if o.name in want else np.full((4, 6, 5), np.float32(
+                    nodes[o.name].attrs["value"]), np.float32) for o in p.operands]
+    y = np.zeros((4, 6, 5), np.float16)
+    run_on_host(lib, 0, [*operands, y])
+    assert relative_error(y.astype(np.float32), want["y"].astype(np.float32)) <= 2.0 ** -11
+
+
+def test_a_quantising_multiply_and_cast_give_the_references_bytes_on_the_host(
+        host_folder: Path) -> None:
+    g = rng("host quantise")
+    x = (g.standard_normal(4096) * 3).astype(np.float16)
+    scale = np.float32(448.0 / np.abs(x.astype(np.float32)).max() * 1.5)  # some saturate
+    members = (fused.Member("a * b", ("x0", "x1"), "f32"), fused.Member("a", ("v0",), "f8e4m3"))
+    p = fused.Plan((fused.Operand("x", "f16"), fused.Operand("s", "f32")), members, (1,),
+                   ("f8e4m3",))
+    lib = host_kernels([p], host_folder)
+    y = np.zeros(x.shape, np.uint8)
+    run_on_host(lib, 0, [x, np.full(x.shape, scale, np.float32), y])
+    want = np.clip(x.astype(np.float32) * scale, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(y, want.view(np.uint8))
