@@ -44,18 +44,22 @@ def _pointwise_group(graph: object, plan: object) -> object:
     return next(g for g in plan.groups if len(g.nodes) > 1)  # type: ignore[attr-defined]
 
 
-def test_a_pointwise_chain_is_one_plan_holding_inner_values_in_the_intermediate_dtype(
-        tmp_path: Path) -> None:
+def _chain_plan(tmp_path: Path) -> tuple[object, object, fused.Plan]:
+    """CHAIN lowered, its pointwise group, and that group's kernel."""
     _, lowered, plan = _lowered(CHAIN, tmp_path)
     group = _pointwise_group(lowered, plan)
-    nodes = lowered.by_name()
-    members = [nodes[n] for n in group.nodes]
-    p = fused.plan(members, [nodes[i] for i in group.inputs], group.outputs,
-                   {n.name: n.attrs for n in members})
+    p = fused.plan_of(lowered.by_name(), group.nodes, group.inputs, group.outputs)  # type: ignore[attr-defined]
     assert isinstance(p, fused.Plan)
-    assert [m.dtype for m in p.members] == ["f32"] * (len(members) - 1) + ["f16"]
-    assert [o.name for o in p.operands] == list(group.inputs)
-    assert p.stores == (len(members) - 1,) and p.output_dtypes == ("f16",)
+    return lowered, group, p
+
+
+def test_a_pointwise_chain_is_one_plan_holding_inner_values_in_the_intermediate_dtype(
+        tmp_path: Path) -> None:
+    _, group, p = _chain_plan(tmp_path)
+    last = len(group.nodes) - 1  # type: ignore[attr-defined]
+    assert [m.dtype for m in p.members] == ["f32"] * last + ["f16"]
+    assert [o.name for o in p.operands] == list(group.inputs)  # type: ignore[attr-defined]
+    assert p.stores == (last,) and p.output_dtypes == ("f16",)
     params, outs, body = p.source()
     assert params.startswith("float16 x0") and outs == "float16 y0"
     assert body.count("(float)(float16)") == 1  # only the stored value is rounded to f16
@@ -329,13 +333,7 @@ def test_a_fused_chain_computes_what_the_reference_computes_on_the_host(tmp_path
                                                                        host_folder: Path) -> None:
     """CHAIN's group (mul, relu, add, sigmoid into f16, inner values f32) as its kernel on the
     host, against the reference executor with the group's inner values virtual."""
-    _, lowered, plan = _lowered(CHAIN, tmp_path)
-    group = _pointwise_group(lowered, plan)
-    nodes = lowered.by_name()
-    members = [nodes[n] for n in group.nodes]
-    p = fused.plan(members, [nodes[i] for i in group.inputs], group.outputs,
-                   {n.name: n.attrs for n in members})
-    assert isinstance(p, fused.Plan)
+    lowered, group, p = _chain_plan(tmp_path)
     g = rng("host chain")
     inputs = {"x": g.standard_normal((4, 6, 5)).astype(np.float32),
               "s": g.standard_normal(5).astype(np.float32)}
@@ -345,7 +343,7 @@ def test_a_fused_chain_computes_what_the_reference_computes_on_the_host(tmp_path
     lib = host_kernels([p], host_folder)
     operands = [np.ascontiguousarray(np.broadcast_to(want[o.name], (4, 6, 5)))
                 if o.name in want else np.full((4, 6, 5), np.float32(
-                    nodes[o.name].attrs["value"]), np.float32) for o in p.operands]
+                    lowered.by_name()[o.name].attrs["value"]), np.float32) for o in p.operands]
     y = np.zeros((4, 6, 5), np.float16)
     run_on_host(lib, 0, [*operands, y])
     assert relative_error(y.astype(np.float32), want["y"].astype(np.float32)) <= 2.0 ** -11

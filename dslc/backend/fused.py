@@ -167,6 +167,14 @@ def expression(op: str, dtype: str, attrs: Mapping[str, Any]) -> str | None:
         return None
 
 
+def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[str],
+            outputs: Sequence[str]) -> Plan | str:
+    """`plan` for a step or group given by the names of its members, inputs and outputs, with
+    the attributes its nodes hold (a pointwise op's attributes depend on no dim)."""
+    nodes_of = [nodes[n] for n in members]
+    return plan(nodes_of, [nodes[i] for i in inputs], outputs, {n.name: n.attrs for n in nodes_of})
+
+
 def plan(members: Sequence[Node], inputs: Sequence[Node], outputs: Sequence[str],
          attrs: Mapping[str, Mapping[str, Any]]) -> Plan | str:
     """The kernel of a step whose ops are `members` (in order), reading `inputs` and storing

@@ -182,7 +182,7 @@ def _kernel(out: Compiled, group: Group, reason: str, error: str = "") -> Step:
     if CuPy can hold every tensor it touches (else E0801)."""
     nodes = out.graph.by_name()
     node = nodes[group.nodes[0]]
-    if isinstance(_fused_plan(nodes, group), fused.Plan):
+    if _one_kernel(nodes, group):
         return Step("kernel", group, reason)
     dtypes = {node.type.dtype, *(nodes[i].type.dtype for i in node.inputs)}
     if not dtypes <= set(KERNEL_DTYPES):
@@ -268,17 +268,16 @@ def _spec_everywhere(out: Compiled, group: Group, bucket: dict[str, int]) -> Gro
         return None
 
 
-def _fused_plan(nodes: dict[str, Node], group: Group) -> fused.Plan | str:
-    members = [nodes[n] for n in group.nodes]
-    return fused.plan(members, [nodes[i] for i in group.inputs], group.outputs,
-                      {n.name: n.attrs for n in members})
+def _one_kernel(nodes: dict[str, Node], group: Group) -> bool:
+    """Whether one pointwise kernel (`backend.fused`) computes the group."""
+    return isinstance(fused.plan_of(nodes, group.nodes, group.inputs, group.outputs), fused.Plan)
 
 
 def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str) -> list[Step]:
     """A group cuDNN rejected: of pointwise ops only, one fallback kernel (`backend.fused`);
     else its halves, each compiled again, down to single ops."""
     nodes = out.graph.by_name()
-    if len(group.nodes) > 1 and isinstance(_fused_plan(nodes, group), fused.Plan):
+    if len(group.nodes) > 1 and _one_kernel(nodes, group):
         return [Step("kernel", group, f"cuDNN rejected the group ({error}): one fallback kernel "
                                       f"computes its {len(group.nodes)} ops")]
     if len(group.nodes) == 1:

@@ -303,8 +303,7 @@ class StepRecord:
         if list(step.inputs) != reads:
             f.wrong(f"{path}.inputs", "not what the step's nodes read, in order")
         if kind == "kernel" and len(members) > 1:
-            why = fused.plan([nodes[m] for m in members], [nodes[i] for i in step.inputs],
-                             step.outputs, {m: nodes[m].attrs for m in members})
+            why = fused.plan_of(nodes, members, step.inputs, step.outputs)
             if isinstance(why, str):
                 f.wrong(f"{path}.nodes", f"not ops one fallback kernel computes: {why}")
         return step

@@ -63,9 +63,7 @@ class Schedule:
         where the step is an op with a kernel of its own (a multi-op kernel step always has
         one: `StepRecord.from_data` holds it to that)."""
         if step.name not in self._pointwise:
-            members = [self.nodes[n] for n in step.nodes]
-            p = fused.plan(members, [self.nodes[i] for i in step.inputs], step.outputs,
-                           {n.name: n.attrs for n in members})
+            p = fused.plan_of(self.nodes, step.nodes, step.inputs, step.outputs)
             self._pointwise[step.name] = p if isinstance(p, fused.Plan) else None
         return self._pointwise[step.name]
 
