@@ -1,6 +1,7 @@
 """Fusion as a measured choice (dslc/tune/fusion.py): which steps may split after their anchor's
-bias, when the measured parts win (by more than the noise, over every bucket), and the bundle a
-split makes: valid as a bundle, its schedule computing what the fused one computes (the arena
+bias, when the measured parts win (by more than the noise, over every bucket), which graphs of
+pointwise ops may run as one fallback kernel instead and when they do, and the bundle either
+makes: valid as a bundle, its schedule computing what the fused one computes (the arena
 oracle runs both as the runtime lays memory out), and every measured step saying what was
 measured. The times are given here as numbers: measuring them needs a GPU
 (tests/gpu/test_tune_gpu.py measures real ones)."""
@@ -17,7 +18,14 @@ from dslc.fuzz import arena
 from dslc.fuzz.oracle import relative_error
 from dslc.runtime.records import Bundle, PlanRecord
 from dslc.runtime.schedule import Schedule
-from dslc.tune.fusion import Measured, split_is_faster, splits, with_fusion
+from dslc.tune.fusion import (
+    KernelMeasured,
+    Measured,
+    kernel_steps,
+    split_is_faster,
+    splits,
+    with_fusion,
+)
 from dslc.weights import random_weights
 from tests.helpers import deviceless_program, rng, run_cli
 
@@ -140,3 +148,58 @@ def test_measuring_fusion_across_gpus_is_a_usage_error_said_first(tmp_path: Path
                   "--gpus", "all")  # before the missing GPU (R0801, exit 3) is noticed
     assert run.code == 2 and "`--fusion measure` measures on one GPU" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+# -- a graph of pointwise ops against one fallback kernel ----------------------------------------
+POINTWISE = """model m {
+  dim N = 1..8 tune [2, 4]
+  input x: [N, 64]
+  input s: [64]
+  let a = sigmoid(x * s + 1.0)
+  output y = matmul(a, transpose(a, [1, 0])) as "mm"
+}
+"""
+
+
+def _kernels(program: Schedule, times: dict[str, tuple[float, float | None]],
+             ) -> list[KernelMeasured]:
+    """Each pointwise graph step with the given (graph, kernel) milliseconds at every bucket
+    (a GPU measures them: tests/gpu/test_tune_gpu.py)."""
+    out = []
+    for step in kernel_steps(program):
+        m = KernelMeasured(step)
+        for bucket in program.bundle.buckets:
+            m.graph_ms[bucket.key], m.kernel_ms[bucket.key] = times[step.name]
+        out.append(m)
+    return out
+
+
+def test_only_graphs_of_pointwise_ops_one_kernel_computes_are_measured_as_one(
+        tmp_path: Path) -> None:
+    _, program = deviceless_program(POINTWISE, tmp_path)
+    found = [[program.nodes[n].op for n in s.nodes] for s in kernel_steps(program)]
+    assert found == [["mul", "add", "sigmoid"]]  # not the matmul's step
+
+
+@pytest.mark.parametrize(("graph", "kernel", "taken"), [
+    (1.0, 0.5, True), (1.0, 0.975, False),  # within the 3% of noise: the graph stays
+    (1.0, None, False),  # the kernel failed its check
+])
+def test_a_pointwise_step_becomes_one_kernel_where_it_is_faster_and_computes_the_same(
+        graph: float, kernel: float | None, taken: bool, tmp_path: Path) -> None:
+    _, program = deviceless_program(POINTWISE, tmp_path)
+    measured = _kernels(program, {"a.mul+add+sigmoid": (graph, kernel)})
+    out = Bundle.from_data(with_fusion(program.bundle, [], measured).to_data())  # valid
+    step = next(s for s in out.steps if s.name == "a.mul+add+sigmoid")
+    assert step.kind == ("kernel" if taken else "graph")
+    assert ("one kernel is faster" if taken else "kept the graph") in step.reason
+    assert "cuDNN graph 1.0000 ms, one kernel" in step.reason
+    for bucket in out.buckets:  # the graph dropped where the kernel runs the step
+        assert (step.signature in bucket.graphs) is not taken
+        dims = dict(bucket.dims)
+        g = rng("kernel choice", bucket.key)
+        inputs = {"x": g.standard_normal((dims["N"], 64)).astype(np.float32),
+                  "s": g.standard_normal(64).astype(np.float32)}
+        want = arena.run(program, dims, inputs, {})["y"]
+        got = arena.run(Schedule(out), dims, inputs, {})["y"]
+        assert relative_error(got, want) < 1e-6, bucket.key

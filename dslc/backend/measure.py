@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dslc.backend.device import decode, encode, require, run_reference
+from dslc.backend.device import STORED_AS, decode, encode, require, run_reference
+from dslc.backend.fused import Plan, run
 from dslc.backend.spec import GroupSpec
 from dslc.ir.graph import Node
 from dslc.ir.interp import ITEMSIZE
@@ -152,20 +153,26 @@ def relative_error(cupy: Any, got: Mapping[str, Any], want: Mapping[str, Any]) -
     return worst
 
 
-def time_plan(graph: Any, bench: Bench, workspace: Any, handle: Any, cupy: Any,
-              max_runs: int = 25) -> float:
+def time_plan(graph: Any, bench: Bench, workspace: Any, handle: Any, max_runs: int = 25) -> float:
     """Median milliseconds of `graph.execute`, L2 flushed before each run; stops early when the
     last five runs agree within 1%."""
     pack = bench.pack()
     ws = int(workspace.data.ptr)
+    return _median_ms(lambda: graph.execute(pack, ws, handle=handle), bench, max_runs)
+
+
+def _median_ms(once: Callable[[], object], bench: Bench, max_runs: int = 25) -> float:
+    """Median milliseconds of `once()` after 3 warm-up runs, L2 flushed before each; stops
+    early when the last five runs agree within 1%."""
+    cupy = bench.cupy
     for _ in range(3):
-        graph.execute(pack, ws, handle=handle)
+        once()
     samples: list[float] = []
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     for _ in range(max_runs):
         bench.flush.fill(1)
         start.record()
-        graph.execute(pack, ws, handle=handle)
+        once()
         end.record()
         end.synchronize()
         samples.append(cupy.cuda.get_elapsed_time(start, end))
@@ -190,7 +197,34 @@ def check_and_time(graph: Any, bench: Bench, want: Mapping[str, Any], handle: An
     error = relative_error(cupy, bench.outputs(), want)
     if not error <= tolerance:
         return math.inf, error, workspace
-    return time_plan(graph, bench, workspace, handle, cupy), error, workspace
+    return time_plan(graph, bench, workspace, handle), error, workspace
+
+
+def time_kernel(p: Plan, bench: Bench, outputs: Sequence[str],
+                tolerance: float) -> tuple[float, float]:
+    """One pointwise kernel (`backend.fused`) over the buffers the group's graph is measured
+    in: its outputs checked against the reference as a plan's are, then timed as a plan is (L2
+    flushed before each run, the median): (milliseconds, or infinity when wrong; relative
+    error)."""
+    cupy, spec = bench.cupy, bench.spec
+
+    def view(name: str) -> Any:
+        s = bench.storage[name]
+        dt = cupy.dtype(STORED_AS[s.dtype])
+        return cupy.ndarray(s.shape, dt, memptr=bench.buffers[name].data,
+                            strides=tuple(st * dt.itemsize for st in s.strides))
+
+    scalars = {t.name: t.value for t in spec.tensors if t.role == "scalar"}
+    xs = [cupy.asarray(scalars[o.name], cupy.float32) if o.name in scalars else view(o.name)
+          for o in p.operands]
+    ys = [view(n) for n in outputs]
+    want = bench.reference()
+    run(p, xs, ys)
+    cupy.cuda.get_current_stream().synchronize()
+    error = relative_error(cupy, bench.outputs(), want)
+    if not error <= tolerance:
+        return math.inf, error
+    return _median_ms(lambda: run(p, xs, ys), bench), error
 
 
 def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: float,

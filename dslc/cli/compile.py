@@ -30,8 +30,8 @@ from dslc.diag.span import printable
 from dslc.pipeline import STAGES, BuildOptions, Built, FrontEnd, TuneOptions, WriteFailed, build
 from dslc.runtime.bundle import load
 from dslc.runtime.tuningdb import SpecError, is_file, open_store
-from dslc.tune import format_report, group_measurer, tune, tuned_bundle
-from dslc.tune.fusion import measure_splits, with_fusion
+from dslc.tune import format_report, group_measurer, kernel_measurer, tune, tuned_bundle
+from dslc.tune.fusion import KernelMeasured, Measured, measure_kernels, measure_splits, with_fusion
 from dslc.tune.gpus import SpreadError, across, parse_gpus
 
 
@@ -176,20 +176,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
     finally:
         progress.clear()
     result = tuned_bundle(records, tuned)
-    measured = []
+    measured: list[Measured] = []
+    kernels: list[KernelMeasured] = []
     if args.fusion == "measure":
         try:
             measured = measure_splits(result, tuned.plans,
                                       group_measurer(result, how.db, how.budget_s, how.search),
                                       lambda text: progress(f"measuring {text}"))
+            kernels = measure_kernels(result, tuned.plans, kernel_measurer(result),
+                                      lambda text: progress(f"measuring {text}"))
         finally:
             progress.clear()
-        result = with_fusion(result, measured)
+        result = with_fusion(result, measured, kernels)
     with paths.writing(target):
         emit_bundle.write(target, result)
     print(format_report(tuned.report))
     for m in measured:
         print(f"{m.split.step.name}: {m.summary()}: {'split' if m.chosen else 'kept fused'}")
+    for k in kernels:
+        print(f"{k.step.name}: {k.summary()}: {'one kernel' if k.chosen else 'kept the graph'}")
     if len(result.steps) != len(records.steps):
         print(f"note: {len(result.steps) - len(records.steps)} groups split by measurement; the "
               "runner beside the bundle runs the new schedule, its comments list the compiled "
@@ -299,8 +304,9 @@ def add_commands(sub: Any, diag_options: Any) -> None:
     _tune_options(p)
     p.add_argument("--fusion", choices=("keep", "measure"), default="keep",
                    help="keep: the compiled partition (default); measure: also time each conv "
-                        "or matmul group split after its bias, and keep the split where it is "
-                        "faster over the buckets (the bundle's schedule is rewritten)")
+                        "or matmul group split after its bias, and each graph of pointwise ops "
+                        "as one fallback kernel, and keep what is faster over the buckets (the "
+                        "bundle's schedule is rewritten)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=cmd_tune)
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from dslc.backend import environment
 from dslc.backend.device import require
-from dslc.backend.measure import tune_spec
+from dslc.backend.measure import TOLERANCE, Bench, time_kernel, tune_spec
 from dslc.backend.spec import GroupSpec
-from dslc.runtime.records import Bundle, Environment, PlanRecord
+from dslc.runtime.records import Bundle, Environment, PlanRecord, StepRecord
 from dslc.runtime.schedule import Schedule
 from dslc.runtime.tuningdb import TuningStore, env_key, measured, spec_key
 
@@ -158,6 +158,25 @@ def group_measurer(bundle: Bundle, db: TuningStore | None, budget_s: float = 20.
         _, plan = _tune_one(spec, program, dict(storage), handle, db, (env_key(live), live.driver),
                             False, (budget_s, search, where))
         return plan
+
+    return measure
+
+
+def kernel_measurer(bundle: Bundle) -> Callable[[StepRecord, GroupSpec, Mapping[str, Any], str],
+                                                float | None]:
+    """A function measuring the one pointwise kernel of a graph step on this GPU, in the buffers
+    its graph is measured in and checked against the reference as a plan is: milliseconds, or
+    None where it failed the check (`dslc.tune.fusion`)."""
+    cupy, _ = require()
+    program = Schedule(bundle)
+
+    def measure(step: StepRecord, spec: GroupSpec, storage: Mapping[str, Any],
+                where: str) -> float | None:
+        p = program.pointwise_kernel(step)
+        assert p is not None, where
+        ms, _ = time_kernel(p, Bench(spec, program.nodes, storage, cupy), step.outputs,
+                            TOLERANCE.get(spec.io, 2e-2))
+        return ms if math.isfinite(ms) else None
 
     return measure
 

@@ -8,8 +8,14 @@ the rest. A split is kept where, summed over the buckets, it is faster than
 the fused group by more than the noise a plan must beat (`measure.NOISE`); the steps say what
 was measured either way (`dslc inspect` shows it).
 
+A graph of pointwise ops alone is also measured against the one fallback kernel that computes
+it (`backend.fused`): on tiny tensors (a decoder's `[1, 32, 1, 64]` at one token) a CUDA kernel
+of one expression beat cuDNN's generated one on the H200. The kernel is taken where, summed over
+the buckets, it is faster than the graph by more than `measure.NOISE`.
+
 The bundle's schedule is rewritten for a split (its steps, the graphs of every bucket, their
-memory plans): the runtime runs whatever schedule a bundle holds.
+memory plans) or a kernel (the step's kind, the graphs no step uses dropped): the runtime runs
+whatever schedule a bundle holds.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dslc.backend import fused
 from dslc.backend.measure import NOISE
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.ir.graph import Node
@@ -71,6 +78,64 @@ class Measured:
         return "fusion measured: " + "; ".join(
             f"{key}: fused {ms(fused)} ms, split {ms(self.head_ms.get(key))} + "
             f"{ms(self.tail_ms.get(key))} ms" for key, fused in self.fused_ms.items())
+
+
+@dataclass
+class KernelMeasured:
+    """A graph step of pointwise ops: the graph's time and one fallback kernel's, per bucket."""
+
+    step: StepRecord
+    graph_ms: dict[str, float | None] = field(default_factory=dict)
+    kernel_ms: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def chosen(self) -> bool:
+        """The kernel, summed over the buckets, faster than the graph by more than NOISE (not
+        where a time is missing: a kernel that failed its check stays a graph)."""
+        return split_is_faster(self.graph_ms, self.kernel_ms, {})
+
+    def summary(self) -> str:
+        def ms(t: float | None) -> str:
+            return "-" if t is None else f"{t:.4f}"
+
+        return "backend measured: " + "; ".join(
+            f"{key}: cuDNN graph {ms(g)} ms, one kernel {ms(self.kernel_ms.get(key))} ms"
+            for key, g in self.graph_ms.items())
+
+
+def kernel_steps(program: Schedule) -> list[StepRecord]:
+    """The graph steps one pointwise fallback kernel also computes."""
+    return [s for s in program.steps if s.kind == "graph" and
+            isinstance(fused.plan_of(program.nodes, s.nodes, s.inputs, s.outputs), fused.Plan)]
+
+
+MeasureKernel = Callable[[StepRecord, GroupSpec, Mapping[str, Any], str], float | None]
+
+
+def measure_kernels(bundle: Bundle, plans: Mapping[tuple[str, str], PlanRecord],
+                    measure: MeasureKernel, progress: Callable[[str], None] | None = None,
+                    ) -> list[KernelMeasured]:
+    """Each pointwise graph step's kernel measured at every bucket (`measure`: milliseconds, or
+    None where it failed its check), beside the graph's time from `plans`, else the bundle's."""
+    program = Schedule(bundle)
+    found = kernel_steps(program)
+    storages = {b.key: program.memory_plan(dict(b.dims)).storage for b in bundle.buckets}
+    out = []
+    for i, step in enumerate(found):
+        m = KernelMeasured(step)
+        for bucket in bundle.buckets:
+            if progress:
+                progress(f"[{i + 1}/{len(found)}] {bucket.key} {step.name} as one kernel")
+            graph = plans.get((bucket.key, step.signature)) or bucket.graphs[step.signature].plan
+            m.graph_ms[bucket.key] = graph.ms
+            group = make_group(program.graph, list(step.nodes), step.pattern,
+                               placement=program.placement)
+            spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
+                              program.placement)
+            m.kernel_ms[bucket.key] = measure(step, spec, storages[bucket.key],
+                                              f"{step.name} at {bucket.key}")
+        out.append(m)
+    return out
 
 
 def splits(program: Schedule) -> list[Split]:
@@ -154,10 +219,15 @@ def measure_splits(bundle: Bundle, plans: Mapping[tuple[str, str], PlanRecord],
     return out
 
 
-def with_fusion(bundle: Bundle, measured: list[Measured]) -> Bundle:
+def with_fusion(bundle: Bundle, measured: list[Measured],
+                kernels: list[KernelMeasured] | None = None) -> Bundle:
     """The bundle with each chosen split taking its step's place (the parts' graphs added to
-    every bucket, the fused one dropped where no step uses it, memory plans made again) and
-    every measured step saying what was measured."""
+    every bucket, the fused one dropped where no step uses it, memory plans made again), each
+    chosen kernel its step's (the step a fallback kernel, its graphs dropped), and every
+    measured step saying what was measured."""
+    as_kernel = {k.step.name: k for k in kernels or []}
+    bundle = replace(bundle, steps=tuple(_kernel_or_graph(s, as_kernel.get(s.name))
+                                         for s in bundle.steps))
     by_step = {m.split.step.name: m for m in measured}
     # a split is taken where it won and both parts have a plan at every bucket
     taken = [m for m in measured if m.chosen and len(m.parts) == len(bundle.buckets)]
@@ -189,6 +259,15 @@ def with_fusion(bundle: Bundle, measured: list[Measured]) -> Bundle:
     out = replace(bundle, steps=tuple(named), buckets=tuple(buckets))
     program = Schedule(out)
     return replace(out, buckets=tuple(_memory(program, b) for b in out.buckets))
+
+
+def _kernel_or_graph(step: StepRecord, m: KernelMeasured | None) -> StepRecord:
+    if m is None:
+        return step
+    if not m.chosen:
+        return replace(step, reason=_joined(step.reason, f"{m.summary()}: kept the graph"))
+    return replace(step, kind="kernel", reason=_joined(step.reason, f"{m.summary()}: one "
+                                                                    "kernel is faster"))
 
 
 def _step(group: Group, reason: str) -> StepRecord:

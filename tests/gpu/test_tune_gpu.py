@@ -247,3 +247,38 @@ def splits_left_unmeasured(bundle: Any, splits: Any) -> list[str]:
     from dslc.runtime.schedule import Schedule
 
     return [s.step.name for s in splits(Schedule(bundle)) if "fusion measured" not in s.step.reason]
+
+
+POINTWISE_CHOICE = """model gates {
+  precision io=f16
+  input x: [1, 2048]
+  input z: [1, 2048]
+  input u: [64, 8192]
+  input v: [64, 8192]
+  output y = sigmoid(x * z + 1.0) as "small"
+  output w = tanh(u * v - 0.5) as "large"
+}
+"""
+
+
+def test_pointwise_graphs_measured_against_one_kernel_keep_the_faster_and_stay_correct(
+        tmp_path: Path) -> None:
+    """`dslc tune --fusion measure` times each graph of pointwise ops against the one fallback
+    kernel that computes it (in the same buffers, checked against the reference), makes the
+    step that kernel where it is faster, and the tuned model still computes the reference's."""
+    from dslc.runtime import Model
+    from tests.gpu.common import compile_source
+    from tests.helpers import run_cli
+
+    bundle = compile_source(POINTWISE_CHOICE, tmp_path)
+    graphs = {s["name"] for s in read(bundle)["steps"] if s["kind"] == "graph"}
+    run = run_cli("tune", str(bundle), "--fusion", "measure", "--budget", "2",
+                  "--tuning-db", "none", "-q")
+    print(run.stdout)
+    assert run.code == 0, run.stderr
+    assert run.stdout.count("backend measured: static: cuDNN graph") == len(graphs) >= 1
+    after = {s.name: s for s in load(bundle).steps}
+    assert all("backend measured" in after[name].reason for name in graphs)
+    inputs = random_inputs(bundle, seed=22)
+    model = Model(bundle, bundle.with_suffix(".safetensors"), tuning_db=None)
+    _check(bundle, to_host(model.run(to_device(inputs, bundle))), inputs)
