@@ -62,7 +62,7 @@ def test_a_pointwise_chain_is_one_plan_holding_inner_values_in_the_intermediate_
     assert p.stores == (last,) and p.output_dtypes == ("f16",)
     params, outs, body = p.source()
     assert params.startswith("float16 x0") and outs == "float16 y0"
-    assert body.count("(float)(float16)") == 1  # only the stored value is rounded to f16
+    assert body.count("f16_round(") == 1  # only the stored value is rounded to f16
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -158,6 +158,7 @@ _SHIMS = r"""
 #include <cmath>
 #include <cstring>
 #include <algorithm>
+#define DSLC_HOST
 #define __device__
 #define __forceinline__ inline
 #define NAN __builtin_nanf("")
@@ -190,7 +191,7 @@ def host_kernels(plans: list[fused.Plan], folder: Path) -> ctypes.CDLL:
         functions.append(f'extern "C" void run{k}(void** a, long count) {{\n'
                          f"for (long i = 0; i < count; ++i) {{\n{loads}{outs_c}{{\n{body}\n}}\n"
                          f"{stores}}}\n}}\n")
-    source = _SHIMS + PREAMBLE + fused.FP8_PREAMBLE + "".join(functions)
+    source = _SHIMS + PREAMBLE + fused.CONVERSIONS + "".join(functions)
     name = f"kernels_{zlib.crc32(source.encode()):08x}"  # a loaded library is never rewritten
     (folder / f"{name}.cpp").write_text(source)
     subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / f"{name}.so"),
@@ -220,7 +221,7 @@ def host_fp8(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     if shutil.which("g++") is None:
         pytest.skip("no g++ here to compile the kernels' fp8 conversions for the host")
     folder = tmp_path_factory.mktemp("fp8")
-    (folder / "fp8.cpp").write_text(_SHIMS + fused.FP8_PREAMBLE + _ENTRY)
+    (folder / "fp8.cpp").write_text(_SHIMS + fused.CONVERSIONS + _ENTRY)
     subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / "fp8.so"),
                     str(folder / "fp8.cpp")], check=True)
     lib = ctypes.CDLL(str(folder / "fp8.so"))

@@ -9,7 +9,7 @@ computes what the reference executor computes. Split into one kernel per op, a q
 over the tensor where one does.
 
 fp8 values travel as their bytes (uint8: CuPy has no fp8 dtype) and bf16 as its uint16 bits;
-both are converted by the functions of `FP8_PREAMBLE` and `cuda.PREAMBLE`, round to nearest
+both are converted by the functions of `CONVERSIONS` and `cuda.PREAMBLE`, round to nearest
 even, e4m3 saturating at +-448 and e5m2 overflowing to infinity, as `ops.fp8` rounds. The
 runtime knows each tensor's dslc dtype from the IR, so a uint8 array is never guessed at.
 `takes` decides which steps run here; compile and runtime both ask it.
@@ -56,8 +56,9 @@ POINTWISE: dict[str, str] = {
 ALONG_AXIS: dict[str, str] = {"scale_mul": "a * b", "bias_add": "a + b"}
 
 # e4m3 (fn: no infinity, S.1111.111 is NaN, largest 448) and e5m2 (IEEE-like, largest 57344)
-# from and to f32, by arithmetic: ldexpf and frexpf are exact, rintf rounds ties to even.
-FP8_PREAMBLE = r"""
+# from and to f32, by arithmetic: ldexpf and frexpf are exact, rintf rounds ties to even; and
+# an f32 value rounded to f16.
+CONVERSIONS = r"""
 __device__ __forceinline__ float fp8_f(unsigned char b, int man, int bias, bool fn) {
   const int e = (b & 0x7f) >> man, m = b & ((1 << man) - 1), top = (1 << (7 - man)) - 1;
   float v;
@@ -86,6 +87,18 @@ __device__ __forceinline__ unsigned char f_fp8(float f, int man, int bias, bool 
   const int m = (int)(r / ldexpf(1.0f, ex - man)) - (1 << man);
   return sign | (unsigned char)(((ex + bias) << man) | m);
 }
+// f32 rounded to f16 and back (PTX cvt: no header; CuPy includes its float16 only where a
+// kernel's arguments are f16). DSLC_HOST: the tests compile these for the host with g++.
+#ifdef DSLC_HOST
+inline float f16_round(float f) { return (float)(_Float16)f; }
+#else
+__device__ __forceinline__ float f16_round(float f) {
+  unsigned short h; float r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+  return r;
+}
+#endif
 __device__ __forceinline__ float e4m3_f(unsigned char b) { return fp8_f(b, 3, 7, true); }
 __device__ __forceinline__ float e5m2_f(unsigned char b) { return fp8_f(b, 2, 15, false); }
 __device__ __forceinline__ unsigned char f_e4m3(float f) { return f_fp8(f, 3, 7, true, 448.0f); }
@@ -100,7 +113,7 @@ _LOAD = {"f32": "{}", "f16": "(float){}", "bf16": "to_f({})", "f8e4m3": "e4m3_f(
          "f8e5m2": "e5m2_f({})", "bool": "({} ? 1.0f : 0.0f)"}
 _STORE = {"f32": "{}", "f16": "(float16)({})", "bf16": "from_f<unsigned short>({})",
           "f8e4m3": "f_e4m3({})", "f8e5m2": "f_e5m2({})", "bool": "({} != 0.0f)"}
-_ROUND = {"f32": "{}", "f16": "(float)(float16)({})", "bf16": "to_f(from_f<unsigned short>({}))",
+_ROUND = {"f32": "{}", "f16": "f16_round({})", "bf16": "to_f(from_f<unsigned short>({}))",
           "f8e4m3": "e4m3_f(f_e4m3({}))", "f8e5m2": "e5m2_f(f_e5m2({}))", "bool": "({} != 0.0f)"}
 DTYPES = tuple(_CTYPE)
 MOST_OPERANDS = 16  # CuPy builds a kernel's argument list per launch: keep it short
@@ -258,4 +271,4 @@ def _kernel(params: str, outs: str, body: str) -> Any:
     import cupy
 
     name = f"dslc_fused_{zlib.crc32((params + outs + body).encode()):08x}"
-    return cupy.ElementwiseKernel(params, outs, body, name, preamble=PREAMBLE + FP8_PREAMBLE)
+    return cupy.ElementwiseKernel(params, outs, body, name, preamble=PREAMBLE + CONVERSIONS)

@@ -315,6 +315,10 @@ def upload(program: Schedule, tensors: Mapping[str, np.ndarray],
 
 
 def _device_bytes(cupy: Any, a: Any) -> Any:
+    """An array's bytes on the device; a host array goes up as bytes (CuPy takes no fp8
+    dtype: a weight quantised at load time on the host is ml_dtypes' e4m3)."""
+    if isinstance(a, np.ndarray):
+        return cupy.asarray(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return cupy.asarray(a).reshape(-1).view(cupy.uint8)
 
 
