@@ -21,6 +21,7 @@ from dslc.backend.spec import GroupSpec, SpecError, group_spec
 from dslc.backend.target import Target
 from dslc.check.checker import CheckedModel
 from dslc.core.dims import bucket_key
+from dslc.core.types import FP8
 from dslc.ir.graph import Graph, Node
 from dslc.ir.groups import FusionPlan, Group, make_group, unique_names
 from dslc.ir.interp import ITEMSIZE
@@ -203,7 +204,9 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
         return [_kernel(out, group, "a copy of a view that starts off a 16-byte boundary, which "
                                     "cuDNN's kernels cannot read: a fallback kernel copies it")]
     if _depthwise_with_epilogue(nodes, group):
-        return _depthwise_then_rest(out, group, handle, properties)
+        return _anchor_then_rest(out, group, handle, properties, DEPTHWISE)
+    if _norm_writing_fp8(nodes, group):
+        return _anchor_then_rest(out, group, handle, properties, NORM_FP8)
     try:
         for bucket in out.buckets:
             key = (bucket_key(bucket), group.signature)
@@ -245,8 +248,23 @@ def _depthwise_with_epilogue(nodes: dict[str, Node], group: Group) -> bool:
     return taps is not None and taps >= DEPTHWISE_ALONE_TAPS
 
 
-def _depthwise_then_rest(out: Compiled, group: Group, handle: Any, properties: Any) -> list[Step]:
-    """The conv compiled as a group of its own, then the rest of its group (its bias, its
+# A norm whose group quantises its result to fp8 (the layer norm before an fp8 matmul: norm,
+# multiply by the scale, cast to e4m3) builds deviceless and on the H200 (cuDNN 9.19), and its
+# plan made an illegal memory access at the GPT block's B8 S1024 (its first step): the norm
+# compiles alone, the quantising multiply and cast after it.
+NORM_FP8 = ("a norm whose result is quantised to fp8 compiles alone: in one graph cuDNN's plan "
+            "made an illegal memory access on the H200")
+NORMS = ("layernorm", "rmsnorm", "instancenorm", "batchnorm")
+
+
+def _norm_writing_fp8(nodes: dict[str, Node], group: Group) -> bool:
+    return nodes[group.nodes[0]].op in NORMS and len(group.nodes) > 1 and \
+        any(nodes[o].type.dtype in FP8 for o in group.outputs)
+
+
+def _anchor_then_rest(out: Compiled, group: Group, handle: Any, properties: Any,
+                      why: str) -> list[Step]:
+    """The anchor compiled as a group of its own, then the rest of its group (its bias, its
     epilogue) as another."""
     users = out.graph.users()
     parts = ([group.nodes[0]], group.pattern), (list(group.nodes[1:]), "pointwise")
@@ -254,7 +272,7 @@ def _depthwise_then_rest(out: Compiled, group: Group, handle: Any, properties: A
     for members, pattern in parts:
         sub = make_group(out.graph, members, pattern, group.reason, users, out.names,
                          out.placement)
-        steps.extend(_compile(out, sub, handle, properties, DEPTHWISE))
+        steps.extend(_compile(out, sub, handle, properties, why))
     return steps
 
 
