@@ -32,12 +32,15 @@ from dslc.weights import random_weights, save
 from tests.conftest import ROOT
 from tests.gpu.common import rel_error, to_device, to_host
 
-# On the H200 (cuDNN 9.19, frontend 1.32) the compile stops at the quantising cast to e4m3, a
-# pointwise graph writing fp8, for which no engine is proposed ("No valid engine configs"), and
-# the fallback kernels take no fp8: such a cast needs a CuPy kernel of its own (uint8 bits) or
-# fusing into its producer. Strict: the day the path runs, these turn into errors to remove.
+# On the H200 (cuDNN 9.19; 2026-12-03) the fp8 model compiles (its standalone quantising casts
+# have engines since pointwise groups are named into cuDNN's channels-last form) and its first
+# call made an illegal memory access in its first step, the layer norm fused with its e4m3
+# cast; a norm quantising its result now compiles alone (compile/stage.py, NORM_FP8), which has
+# not run on the GPU yet. Strict: the day the path runs, these turn into errors to remove (and
+# the speed asked for is unlikely: torch._scaled_mm at this block's shapes, K = 768, measured
+# 0.76x to 1.19x its fp16 matmuls; 1.81x at 8192^3).
 pytestmark = [pytest.mark.gpu, pytest.mark.xfail(
-    strict=True, reason="no engine for a standalone cast to f8e4m3 on the H200 (cuDNN 9.19)")]
+    strict=True, reason="not yet run on the H200 since the norm + fp8 cast split")]
 
 MODEL = ROOT / "models" / "gpt_block.cgraph"
 BUCKET = {"B": 8, "S": 1024}
