@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dslc.backend.target import load_target
-from dslc.compile.stage import Compiled, compile_model
+from dslc.compile.stage import NORM_FP8, Compiled, compile_model
 from dslc.diag.diagnostic import Sink
 from dslc.pipeline import Options, front_end, lower_and_fuse
 from tests.conftest import ROOT
@@ -51,9 +51,16 @@ def _dtypes(g: dict[str, Any], refs: set[Any]) -> set[str]:
     return {t["data_type"] for t in g["tensors"] if t["uid"] in refs}
 
 
-def test_the_fp8_gpt_block_is_one_cudnn_graph_per_step_deviceless() -> None:
+def test_the_fp8_gpt_block_is_cudnn_graphs_its_norms_apart_from_their_casts_deviceless() -> None:
+    """Every step a cuDNN graph; each of the 8 layer norms compiles apart from the multiply and
+    cast that quantise its result (fused, cuDNN's plan made an illegal memory access on the
+    H200: compile/stage.py, NORM_FP8)."""
     c = compiled()
-    assert len(c.steps) == len(c.plan.groups) and all(s.kind == "graph" for s in c.steps)
+    assert all(s.kind == "graph" for s in c.steps)
+    nodes = c.graph.by_name()
+    apart = [[nodes[n].op for n in s.group.nodes] for s in c.steps if s.reason == NORM_FP8]
+    assert apart == [["layernorm"], ["mul", "cast"]] * 8
+    assert len(c.steps) == len(c.plan.groups) + 8
 
 
 def test_its_matmuls_read_e4m3_and_descale_in_the_epilogue() -> None:
