@@ -163,12 +163,21 @@ def _scalar(rw: Rewriter, node: Node, value: float, name: str) -> str:
 
 def _cast(rw: Rewriter, node: Node, name: str, scale: str, dtype: str,
           precision: PrecisionSpec | None = None) -> str:
-    """cast(x * scale, dtype): the multiply in f32, then the rounding (saturating for e4m3)."""
+    """cast(x * scale, dtype): the multiply in f32, then the rounding. e4m3 saturates, said
+    in the IR (`min(max(x * scale, -448), 448)`): cuDNN's cast to e4m3 on the H200 wrote NaN
+    for a value past 448 (a layer norm's output beyond its calibrated amax, the GPT blocks'
+    NaN of 2026-12-03), where the reference, the fallback kernels and PyTorch saturate."""
     t = rw.node(name).type
     like = rw.node(name) if precision is None else node
-    scaled = rw.new("mul", (name, scale), {}, TensorType("f32", t.shape), like,
-                    f"{name}.scaled", precision)
-    return rw.new("cast", (scaled,), {"dtype": dtype}, TensorType(dtype, t.shape), like,
+    f32 = TensorType("f32", t.shape)
+    value = rw.new("mul", (name, scale), {}, f32, like, f"{name}.scaled", precision)
+    if dtype == "f8e4m3":
+        top = FP8_MAX[dtype]
+        low = _scalar(rw, node, -top, f"{name}.fp8_low")
+        high = _scalar(rw, node, top, f"{name}.fp8_high")
+        value = rw.new("max", (value, low), {}, f32, like, f"{name}.floored", precision)
+        value = rw.new("min", (value, high), {}, f32, like, f"{name}.saturated", precision)
+    return rw.new("cast", (value,), {"dtype": dtype}, TensorType(dtype, t.shape), like,
                   f"{name}.{dtype}", precision)
 
 

@@ -126,7 +126,8 @@ def test_a_chain_with_a_vector_along_an_axis_rounds_its_inner_value_and_stores_t
 @pytest.mark.parametrize("quantise", ["graph", "kernel"])
 def test_an_fp8_linear_equals_the_reference_with_its_quantising_cast_a_graph_or_one_kernel(
         quantise: str, tmp_path: Path) -> None:
-    """An fp8 linear compiled on the device (its input's `mul` + `cast` to e4m3 a cuDNN graph
+    """An fp8 linear compiled on the device (its input's multiply, saturation and cast to e4m3 a
+    cuDNN graph
     since the channels-last naming of pointwise groups), and with that step made the one
     fallback kernel the tuner may choose (`tune.fusion.with_fusion`): either equals the
     reference executor's fp8 run (its calibration, its quantisation)."""
@@ -158,7 +159,7 @@ def test_an_fp8_linear_equals_the_reference_with_its_quantising_cast_a_graph_or_
     records = emit_bundle.records(compiled)
     program = Schedule(records)
     step = next(s for s in program.steps
-                if [program.nodes[n].op for n in s.nodes] == ["mul", "cast"])
+                if [program.nodes[n].op for n in s.nodes] == ["mul", "max", "min", "cast"])
     if quantise == "kernel" and step.kind == "graph":
         keys = [b.key for b in records.buckets]
         records = with_fusion(records, [], [KernelMeasured(step, dict.fromkeys(keys, 1.0),
