@@ -230,6 +230,35 @@ def test_the_calibrated_bundle_runs_the_fp8_numbers_of_the_definition(mlp: dict)
     assert 1e-3 < rel_error(got, exact) < 0.08
 
 
+def test_an_activation_past_its_calibrated_amax_saturates_in_the_ir_and_the_numbers(
+        mlp: dict) -> None:
+    """e4m3 saturates at 448: the lowering writes it out (`min(max(x * s, -448), 448)` before
+    each activation's cast, which a cuDNN graph then computes: cuDNN's cast alone wrote NaN
+    past 448 on the H200), and an input ten times the calibrated range runs to the
+    definition's numbers, finite."""
+    tmp = mlp["tmp"]
+    program = Schedule(bundlefile.load(mlp["calibrated"]))
+    casts = [n for n in program.graph.nodes if n.op == "cast" and n.type.dtype == "f8e4m3"
+             and n.name not in program.load_time]
+    assert casts
+    for cast in casts:
+        low = program.nodes[cast.inputs[0]]
+        high = program.nodes[low.inputs[0]]
+        assert (low.op, high.op) == ("min", "max")
+        bounds = [program.nodes[n.inputs[1]].attrs["value"] for n in (low, high)]
+        assert bounds == [448.0, -448.0]
+    x = (mlp["samples"][2].astype(np.float32) * 10).astype(np.float16)
+    np.save(tmp / "big.npy", x)
+    r = run_cli("run", str(mlp["calibrated"]), "--weights", str(mlp["weights"]), "--input",
+                f"x={tmp / 'big.npy'}", "-o", str(tmp / "big.npz"))
+    assert r.code == 0, r.stderr
+    got = np.load(tmp / "big.npz")["y"]
+    c = bundlefile.load(mlp["calibrated"]).calibration
+    assert c is not None
+    _, expected = mlp_oracle(x, mlp["w"], dict(c.amax))
+    assert np.isfinite(got).all() and rel_error(got, expected) < 2e-3
+
+
 def test_a_bundle_without_scales_does_not_run(mlp: dict) -> None:
     tmp = mlp["tmp"]
     np.save(tmp / "x.npy", mlp["samples"][0])
