@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from dslc.compile.stage import Compiled
     from dslc.runtime.tuningdb import TuningStore
     from dslc.tune import Report
+    from dslc.tune.precision import Decision
 
 STAGES = ("ast", "types", "ir", "fused")  # what `--dump` writes, as N.<stage>.txt
 
@@ -235,3 +236,132 @@ def _write(path: Path, write: Callable[..., object], *args: object) -> None:
         write(*args)
     except OSError as err:
         raise WriteFailed(path, err) from err
+
+
+# -- `--fp8 auto`: which of the model's fp8 requests make it faster here -------------------------
+
+def with_fp8(front: FrontEnd, chosen: frozenset[str]) -> FrontEnd:
+    """The front end's model with only the fp8 requests of `chosen` (the others computed as
+    written)."""
+    from dataclasses import replace
+
+    from dslc.lower.quantize import only
+
+    assert front.model is not None
+    return FrontEnd(front.program, front.module,
+                    replace(front.model, graph=only(front.model.graph, chosen)))
+
+
+def choose_fp8(front: FrontEnd, options: Options, target: Target,
+               tensors: Mapping[str, np.ndarray], samples: Mapping[str, np.ndarray],
+               max_error: float, workdir: Path, buckets: list[dict[str, int]] | None = None,
+               progress: Callable[[str], None] | None = None) -> Decision:
+    """`--fp8 auto`: each op the model asks to compute in fp8 measured on this GPU (the model
+    timed with it alone in fp8, against the model in fp16, at the first sample run's sizes,
+    heuristics' plans), and the error of a chosen set measured on the samples against the f32
+    model without fp8 (the reference executor, rms over rms, the worst output and run)
+    (`dslc.tune.precision.decide`). `options`: the front end's (its include folders);
+    `buckets`: those to compile (None: the model's)."""
+    from dslc.lower.quantize import requested
+    from dslc.tune.precision import decide
+
+    assert front.model is not None
+    bench = _Fp8Bench(front, options, target, tensors, samples, workdir, buckets, progress)
+    return decide(requested(front.model.graph), bench.ms, bench.error, max_error)
+
+
+class _Fp8Bench:
+    """The model compiled, calibrated and timed with a subset of its fp8 requests."""
+
+    def __init__(self, front: FrontEnd, options: Options, target: Target,
+                 tensors: Mapping[str, np.ndarray], samples: Mapping[str, np.ndarray],
+                 workdir: Path, buckets: list[dict[str, int]] | None,
+                 progress: Callable[[str], None] | None) -> None:
+        self.front, self.options, self.target, self.buckets = front, options, target, buckets
+        self.tensors, self.samples = tensors, samples
+        self.workdir, self.progress = workdir, progress
+        self.built: dict[frozenset[str], tuple[Path, Any]] = {}
+        self.times: dict[frozenset[str], float] = {}
+        self.exact: list[dict[str, np.ndarray]] | None = None
+
+    def _bundle(self, chosen: frozenset[str]) -> tuple[Path, Any]:
+        """The model compiled for the target with `chosen` in fp8 (calibrated on the samples),
+        written with its weights; and its schedule."""
+        from dslc.compile.stage import compile_model
+        from dslc.emit import bundle as emit_bundle
+        from dslc.runtime.calibrate import calibrate, calibrated
+        from dslc.runtime.schedule import Schedule
+
+        if chosen not in self.built:
+            front = with_fp8(self.front, chosen)
+            assert front.model is not None
+            lowered, plan = lower_and_fuse(front.model)
+            records = emit_bundle.records(compile_model(front.model, lowered, plan, self.target,
+                                                        buckets=self.buckets))
+            if chosen:
+                records = calibrated(records, calibrate(Schedule(records), self.tensors,
+                                                        self.samples))
+            path = self.workdir / f"fp8_{len(self.built)}.bundle"
+            emit_bundle.write(path, records)
+            weights.save(path.with_suffix(".safetensors"), dict(self.tensors))
+            self.built[chosen] = path, Schedule(records)
+        return self.built[chosen]
+
+    def ms(self, chosen: frozenset[str]) -> float:
+        """The model's CUDA-graph replay, median of 30, with `chosen` in fp8."""
+        from dslc.backend.timing import median_ms, upload
+        from dslc.runtime import Model
+        from dslc.runtime.calibrate import runs
+
+        if chosen not in self.times:
+            if self.progress:
+                self.progress(f"fp8 auto: timing the model with {len(chosen)} ops in fp8")
+            path, program = self._bundle(chosen)
+            first = runs(program.bundle.manifest, self.samples)[0]
+            model = Model(path, path.with_suffix(".safetensors"), tuning_db=None, plan_cache=None)
+            inputs = {}
+            for name, value in first.items():
+                node = program.nodes[program.inputs[name]]
+                order = node.type.layout.order if node.type.layout is not None else None
+                inputs[name] = upload(value, node.type.dtype, order, "torch")
+            model.run(inputs)
+            graph = model.capture(inputs)
+            self.times[chosen] = median_ms(lambda: graph(inputs), 30)
+            model.close()
+        return self.times[chosen]
+
+    def error(self, chosen: frozenset[str]) -> float:
+        """The rms of the difference over the rms of the f32 model's outputs without fp8, the
+        worst output of the worst run, with `chosen` in fp8 calibrated on the samples."""
+        from dataclasses import replace
+
+        from dslc.core.types import PrecisionSpec
+        from dslc.ir import interp
+        from dslc.runtime.calibrate import runs
+
+        if self.progress:
+            self.progress(f"fp8 auto: the error with {len(chosen)} ops in fp8")
+        _, program = self._bundle(chosen)
+        samples = runs(program.bundle.manifest, self.samples)
+        if self.exact is None:
+            assert self.front.model is not None
+            f32 = PrecisionSpec("f32", "f32", "f32")
+            exact = front_end(Path(self.front.model.file),
+                              replace(self.options, precision=f32, fp8=False,
+                                      backend="reference"), Sink())
+            assert exact.model is not None, "a model that checks at its precision checks in f32"
+            lowered, _ = lower_and_fuse(exact.model)
+            wide = {k: np.asarray(v).astype(np.float32) if np.asarray(v).dtype.kind == "f"
+                    else np.asarray(v) for k, v in self.tensors.items()}
+            self.exact = [interp.run(lowered, run, wide, exact.model.env) for run in samples]
+        calibration = program.bundle.calibration
+        amax = calibration.amax if calibration is not None else None
+        worst = 0.0
+        for run, want in zip(samples, self.exact, strict=True):
+            got = interp.run(program.graph, run, self.tensors, program.env,
+                             virtual=program.virtual(), amax=amax)
+            for name, w in want.items():
+                w64, g64 = w.astype(np.float64), got[name].astype(np.float64)
+                rms = float(np.sqrt(np.mean(w64 ** 2))) or 1.0
+                worst = max(worst, float(np.sqrt(np.mean((g64 - w64) ** 2))) / rms)
+        return worst

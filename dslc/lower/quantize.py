@@ -23,6 +23,7 @@ a subset given. (`--fp8 off` acts earlier: the checker applies no request.)
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 from typing import Any
 
 from dslc.core.types import FP8, FP8_MAX, WEIGHT_SCALES, Layout, PrecisionSpec, TensorType
@@ -42,6 +43,20 @@ def requested(graph: Graph) -> dict[str, str]:
             if n.attrs.get("precision") in FP8}
 
 
+def only(graph: Graph, chosen: Collection[str]) -> Graph:
+    """The graph with the fp8 requests of the ops outside `chosen` dropped (`--fp8 auto`
+    lowers a model with a subset of them)."""
+    return replace(graph, nodes=tuple(_unrequested(n) if n.attrs.get("precision") in FP8 and
+                                      n.name not in chosen else n for n in graph.nodes))
+
+
+def _unrequested(node: Node) -> Node:
+    """The node without its fp8 request: computed as it was written."""
+    return Node(node.name, node.op, node.inputs,
+                Attrs({k: v for k, v in node.attrs.items() if k not in FP8_ATTRS}),
+                node.type, node.span, node.path, node.precision)
+
+
 def quantize(graph: Graph, chosen: Mapping[str, str] | None = None) -> Graph:
     """The graph with the ops of `chosen` (name -> fp8 dtype; default: `requested`) computing
     from quantised operands; an fp8 request not chosen is dropped from its node."""
@@ -52,9 +67,7 @@ def quantize(graph: Graph, chosen: Mapping[str, str] | None = None) -> Graph:
         if node.name in chosen:
             return _quantized(rw, node, chosen[node.name], constants)
         if node.attrs.get("precision") in FP8:  # asked for, not chosen: computed as it was
-            return rw.emit(Node(node.name, node.op, node.inputs,
-                                Attrs({k: v for k, v in node.attrs.items() if k not in FP8_ATTRS}),
-                                node.type, node.span, node.path, node.precision))
+            return rw.emit(_unrequested(node))
         return None
 
     return rewrite(graph, rule)

@@ -1,0 +1,91 @@
+"""fp8 as a measured choice (`dslc compile --fp8 auto`): of the ops a model asks to compute in
+fp8, keep those that make it faster on this GPU, within an error budget on representative
+inputs.
+
+fp8 pays where a matmul is wide: on the H200 PyTorch's fp8 matmul ran 1.81x its fp16 one at
+8192^3 but 0.76x to 1.19x at a GPT block's K = 768, and dslc's fp8 GPT blocks, with their
+quantising casts, ran at 0.86x fp16 (docs/benchmarks.md). So each op is measured where it runs:
+the whole model timed with that op alone in fp8, against the model in fp16 (a whole-model time
+counts what the op's quantising casts and its epilogue cost, wherever they fuse). The ops that
+make it faster are kept; while the model's error on the samples is past the budget, the one
+that gains least is dropped; and a set that together is no faster than fp16 is dropped whole:
+fp8 chosen this way is never slower than the fp16 model as measured.
+
+The measuring and the error are functions given to `decide` (`dslc.pipeline.measure_fp8`
+times and checks compiled models on the GPU), so the rule is tested on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+Measure = Callable[[frozenset[str]], float]  # the model's ms with these ops in fp8
+ErrorOf = Callable[[frozenset[str]], float]  # its output error with these ops in fp8
+
+
+@dataclass
+class OpTime:
+    op: str  # the node asking for fp8
+    ms: float  # the model's time with this op alone in fp8
+    chosen: bool = False
+    why: str = ""
+
+
+@dataclass
+class Decision:
+    """What `--fp8 auto` measured and chose."""
+
+    fp16_ms: float
+    ops: list[OpTime] = field(default_factory=list)
+    ms: float = 0.0  # the model with the chosen ops in fp8 (fp16_ms where none is)
+    error: float = 0.0  # its output error on the samples (0 where none is chosen)
+    max_error: float = 0.0
+
+    @property
+    def chosen(self) -> frozenset[str]:
+        return frozenset(o.op for o in self.ops if o.chosen)
+
+    def table(self) -> list[str]:
+        """One line per op, then the model's choice: what `dslc compile` prints."""
+        lines = [f"{'op':<40} {'fp8 ms':>9} {'fp16 ms':>9}  choice"]
+        for o in self.ops:
+            lines.append(f"{o.op[:40]:<40} {o.ms:>9.4f} {self.fp16_ms:>9.4f}  "
+                         f"{'fp8' if o.chosen else 'fp16'}: {o.why}")
+        lines.append(f"model: {self.ms:.4f} ms with {len(self.chosen)} of {len(self.ops)} ops "
+                     f"in fp8, against {self.fp16_ms:.4f} ms in fp16; error on the samples "
+                     f"{self.error:.2e} (budget {self.max_error:.2e})")
+        return lines
+
+    def reason(self, op: str) -> str:
+        """What a step running `op` says of the choice (`dslc inspect` shows it)."""
+        o = next(o for o in self.ops if o.op == op)
+        return (f"fp8 measured: the model {o.ms:.4f} ms with this op in fp8, {self.fp16_ms:.4f} "
+                f"ms in fp16: {'fp8' if o.chosen else 'fp16'} ({o.why}); with the "
+                f"{len(self.chosen)} chosen {self.ms:.4f} ms, error {self.error:.2e}")
+
+
+def decide(candidates: Collection[str], measure: Measure, error_of: ErrorOf,
+           max_error: float) -> Decision:
+    """The ops of `candidates` to compute in fp8: each that alone makes the model faster,
+    within `max_error` together (the smallest gain dropped first), and none where together
+    they are no faster than the model in fp16."""
+    out = Decision(measure(frozenset()), max_error=max_error)
+    out.ops = [OpTime(op, measure(frozenset({op}))) for op in sorted(candidates)]
+    for o in out.ops:
+        o.chosen = o.ms < out.fp16_ms
+        o.why = "faster" if o.chosen else "no faster"
+    gain = {o.op: out.fp16_ms - o.ms for o in out.ops}
+    out.error = error_of(out.chosen) if out.chosen else 0.0
+    while out.chosen and out.error > max_error:
+        drop = min(out.chosen, key=lambda op: (gain[op], op))
+        o = next(o for o in out.ops if o.op == drop)
+        o.chosen, o.why = False, f"faster, but the error with it was {out.error:.2e}"
+        out.error = error_of(out.chosen) if out.chosen else 0.0
+    out.ms = measure(out.chosen) if out.chosen else out.fp16_ms
+    if out.chosen and out.ms >= out.fp16_ms:
+        for o in out.ops:
+            if o.chosen:
+                o.chosen, o.why = False, f"faster alone, but with the others {out.ms:.4f} ms"
+        out.ms, out.error = out.fp16_ms, 0.0
+    return out
