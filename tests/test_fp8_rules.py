@@ -1,0 +1,136 @@
+"""The fp8 forms cuDNN takes (LANGUAGE.md 3.4 rule 6, E0404), rule by rule: each refusal said
+once, at the operand it is about, naming the op, the size or dtype that stops it, where fp8 was
+asked for, and what to do; and the forms taken said nothing of. (The golden cases in
+tests/diagnostics/ show a few renderings whole; these hold every branch of the rules.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import check_source
+
+HEAD = "cgraph 0.1\nmodel m {\n  precision io=f16, intermediate=f32, compute=f32\n"
+
+
+def _e0404(body: str, tmp_path: Path) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...],
+                                                      tuple[str, ...]]]:
+    """The E0404s of a model: (message, label, secondary labels, notes, help)."""
+    checked = check_source(HEAD + body + "\n}\n", tmp_path)
+    assert all(d.code in ("E0404", "W0501", "W0303") for d in checked.diagnostics), \
+        [(d.code, d.message) for d in checked.diagnostics]
+    return [(d.message, d.label, tuple(label.text for label in d.labels), d.notes, d.help)
+            for d in checked.diagnostics if d.code == "E0404"]
+
+
+MULTIPLE = ("pad the tensor to a multiple of 16, or leave this op unquantised",)
+
+
+@pytest.mark.parametrize(("body", "message", "label", "note"), [
+    ("  input x: [8, 8]\n  param w: [8, 32]\n  output y = matmul(x, w, precision=f8e4m3)",
+     "`matmul` cannot compute in f8e4m3 with inner dimension K 8", "inner dimension K 8",
+     "cuDNN's fp8 kernels need the inner dimension K to be a multiple of 16"),
+    ("  input x: [8, 32]\n  param w: [32, 24]\n  output y = matmul(x, w, precision=f8e4m3)",
+     "`matmul` cannot compute in f8e4m3 with output width N 24", "output width N 24",
+     "cuDNN's fp8 kernels need the output width N to be a multiple of 16"),
+    ("  dim K = 16..64 tune [16]\n  input x: [8, K]\n  input w: [K, 32]\n"
+     "  output y = matmul(x, w, precision=f8e4m3)",
+     "`matmul` cannot compute in f8e4m3 with inner dimension K K", "inner dimension K K",
+     "cuDNN's fp8 kernels need the inner dimension K to be a multiple of 16 for every value "
+     "of its dims"),
+    ("  input x: [2, 8, 6, 6] @NHWC\n  param w: [16, 8, 3, 3]\n"
+     "  output y = conv(x, w, pad=1, precision=f8e4m3)",
+     "`conv` cannot compute in f8e4m3 with input channels C 8", "input channels C 8",
+     "cuDNN's fp8 kernels need the input channels C to be a multiple of 16"),
+    ("  input x: [2, 16, 6, 6] @NHWC\n  param w: [8, 16, 3, 3]\n"
+     "  output y = conv(x, w, pad=1, precision=f8e4m3)",
+     "`conv` cannot compute in f8e4m3 with output channels K 8", "output channels K 8",
+     "cuDNN's fp8 kernels need the output channels K to be a multiple of 16"),
+    ("  input q: [1, 2, 16, 8]\n  input k: [1, 2, 16, 8]\n  input v: [1, 2, 16, 16]\n"
+     "  output y = sdpa(q, k, v, precision=f8e4m3)",
+     "`sdpa` cannot compute in f8e4m3 with head dimension 8", "head dimension 8",
+     "cuDNN's fp8 kernels need the head dimension to be a multiple of 16"),
+    ("  input q: [1, 2, 16, 16]\n  input k: [1, 2, 16, 16]\n  input v: [1, 2, 16, 8]\n"
+     "  output y = sdpa(q, k, v, precision=f8e4m3)",
+     "`sdpa` cannot compute in f8e4m3 with head dimension 8", "head dimension 8",
+     "cuDNN's fp8 kernels need the head dimension to be a multiple of 16"),
+])
+def test_a_size_fp8_kernels_cannot_take_is_said_once_with_its_name(
+        body: str, message: str, label: str, note: str, tmp_path: Path) -> None:
+    assert _e0404(body, tmp_path) == [(message, label, ("f8e4m3 asked for here",), (note,),
+                                      MULTIPLE)]
+
+
+@pytest.mark.parametrize(("body", "message", "label", "note"), [
+    ("  input x: i8[8, 32]\n  param w: i8[32, 16]\n  output y = matmul(x, w, precision=f8e4m3)",
+     "`matmul` cannot quantise i8 operands to f8e4m3", "i8 here",
+     "`precision=f8e4m3` quantises f32, f16, bf16 operands"),
+    ("  input x: i8[2, 16, 6, 6] @NHWC\n  param w: i8[16, 16, 3, 3]\n"
+     "  output y = conv(x, w, pad=1, precision=f8e4m3)",
+     "`conv` cannot quantise i8 operands to f8e4m3", "i8 here",
+     "`precision=f8e4m3` quantises f32, f16, bf16 operands"),
+    ("  input q: f32[1, 2, 16, 16]\n  input k: f32[1, 2, 16, 16]\n  input v: f32[1, 2, 16, 16]\n"
+     "  output y = sdpa(q, k, v, precision=f8e4m3)",
+     "`sdpa` cannot quantise f32 operands to f8e4m3", "f32 here",
+     "`precision=f8e4m3` quantises f16, bf16 operands"),
+])
+def test_an_operand_of_a_dtype_fp8_cannot_quantise_is_said_once(
+        body: str, message: str, label: str, note: str, tmp_path: Path) -> None:
+    [(got, got_label, labels, notes, helps)] = _e0404(body, tmp_path)
+    assert (got, got_label, labels, notes) == (message, label, ("f8e4m3 asked for here",), (note,))
+    assert helps[0].startswith("drop the fp8 request, or cast first: `cast(")
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("  input x: [2, 8, 6, 6] @NHWC\n  param w: [16, 4, 3, 3]\n"
+     "  output y = conv(x, w, pad=1, groups=2, precision=f8e4m3)",
+     "`conv` cannot compute in f8e4m3 with groups=2"),  # and not also its 8 channels
+    ("  input x: [2, 16, 4, 6, 6]\n  param w: [16, 16, 3, 3, 3]\n"
+     "  output y = conv(x, w, pad=1, precision=f8e4m3)",
+     "`conv` cannot compute in f8e4m3 with 3 spatial axes"),
+])
+def test_a_convolution_fp8_kernels_do_not_run_is_said_once(body: str, message: str,
+                                                           tmp_path: Path) -> None:
+    assert _e0404(body, tmp_path) == [(message, "f16" + ("[2, 8, 6, 6] @NHWC" if "groups" in body
+                                                         else "[2, 16, 4, 6, 6]"),
+                                       ("f8e4m3 asked for here",),
+                                       ("cuDNN's fp8 convolutions are 2-d and ungrouped",),
+                                       ("leave this convolution unquantised",))]
+
+
+@pytest.mark.parametrize(("extra", "what", "name"), [
+    (", bias=m", "a bias", "bias"),
+    (", window=4", "a sliding window", "window"),
+    (", kv_len=n", "valid key lengths", "kv_len"),
+])
+def test_an_attention_fp8_does_not_run_is_said_once(extra: str, what: str, name: str,
+                                                    tmp_path: Path) -> None:
+    body = ("  input q: [1, 2, 16, 16]\n  input k: [1, 2, 16, 16]\n  input v: [1, 2, 16, 16]\n"
+            "  input m: [1, 2, 16, 16]\n  input n: i32[1]\n"
+            f"  output y = sdpa(q, k, v{extra}, precision=f8e4m3)")
+    assert _e0404(body, tmp_path) == [(f"`sdpa` cannot compute in f8e4m3 with {what}",
+                                       f"`{name}` given", ("f8e4m3 asked for here",),
+                                       ("cuDNN's fp8 attention supports causal masks only "
+                                        "(aligned top-left or bottom-right)",),
+                                       ("leave this attention unquantised",))]
+
+
+def test_an_attention_in_e5m2_is_said_once(tmp_path: Path) -> None:
+    body = ("  input q: [1, 2, 16, 16]\n  input k: [1, 2, 16, 16]\n  input v: [1, 2, 16, 16]\n"
+            "  output y = sdpa(q, k, v, precision=f8e5m2)")
+    assert _e0404(body, tmp_path) == [("`sdpa` cannot compute in f8e5m2", "precision=f8e5m2",
+                                       ("f8e5m2 asked for here",),
+                                       ("cuDNN's fp8 attention takes e4m3 operands",),
+                                       ("write `precision=f8e4m3`",))]
+
+
+@pytest.mark.parametrize("body", [
+    "  input x: [8, 32]\n  param w: [32, 16]\n  output y = matmul(x, w, precision=f8e4m3)",
+    "  input x: [2, 16, 6, 6] @NHWC\n  param w: [32, 16, 3, 3]\n"
+    "  output y = conv(x, w, pad=1, precision=f8e4m3)",
+    "  input q: [1, 2, 16, 16]\n  input k: [1, 2, 16, 16]\n  input v: [1, 2, 16, 32]\n"
+    "  output y = sdpa(q, k, v, causal=true, precision=f8e4m3)",
+])
+def test_the_forms_fp8_kernels_take_are_said_nothing_of(body: str, tmp_path: Path) -> None:
+    assert _e0404(body, tmp_path) == []
