@@ -64,8 +64,10 @@ class Param:
             quote = "" if self.kind is Kind.DTYPE else '"'
             kind = " | ".join(f"{quote}{c}{quote}" for c in self.choices)
         text = f"{self.name}: {kind}"
-        if self.default is not REQUIRED:
-            text += f" = {_show_default(self.default)}"
+        if self.default is not REQUIRED:  # a dtype is a keyword of the language, not a string
+            shown = self.default if self.kind is Kind.DTYPE and self.default is not None else \
+                _show_default(self.default)
+            text += f" = {shown}"
         return text
 
 

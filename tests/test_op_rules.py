@@ -1,7 +1,9 @@
-"""The fp8 forms cuDNN takes (LANGUAGE.md 3.4 rule 6, E0404), rule by rule: each refusal said
-once, at the operand it is about, naming the op, the size or dtype that stops it, where fp8 was
-asked for, and what to do; and the forms taken said nothing of. (The golden cases in
-tests/diagnostics/ show a few renderings whole; these hold every branch of the rules.)"""
+"""The ops' rules as a user meets them. The fp8 forms cuDNN takes (LANGUAGE.md 3.4 rule 6,
+E0404), rule by rule: each refusal said once, at the operand it is about, naming the op, the
+size or dtype that stops it, where fp8 was asked for, and what to do; and the forms taken said
+nothing of (the golden cases in tests/diagnostics/ show a few renderings whole; these hold every
+branch). The signatures `dslc ops` prints. (Written for the survivors of the ops mutation group:
+docs/mutation.md.)"""
 
 from __future__ import annotations
 
@@ -134,3 +136,22 @@ def test_an_attention_in_e5m2_is_said_once(tmp_path: Path) -> None:
 ])
 def test_the_forms_fp8_kernels_take_are_said_nothing_of(body: str, tmp_path: Path) -> None:
     assert _e0404(body, tmp_path) == []
+
+
+@pytest.mark.parametrize(("op", "signature"), [
+    ("matmul", "matmul(a: tensor, b: tensor, precision: dtype = none) -> [*B, M, N]"),
+    ("cast", "cast(x: tensor, dtype: f32 | f16 | bf16 | f8e4m3 | f8e5m2 | i8 | u8 | i32 | i64 "
+             "| bool) -> shape of x"),
+    ("upsample", 'upsample(x: tensor, factor: int | [int, ...], mode: "nearest" | "bilinear" = '
+                 '"nearest") -> [N, C, *S * factor]'),
+    ("leaky_relu", "leaky_relu(x: tensor, slope: float = 0.01) -> shape of x"),
+    ("reduce_sum", "reduce_sum(x: tensor, axes: [int, ...], keepdims: bool = false) -> x "
+                   "without `axes` (kept as 1 with keepdims)"),
+    ("full", "full(shape: [dim, ...], value: dim, dtype: dtype = i32) -> shape"),
+])
+def test_an_ops_signature_reads_as_the_language_writes_a_call(op: str, signature: str) -> None:
+    """What `dslc ops` prints: defaults in source syntax (none, false, a string in quotes, a
+    dtype bare), choices joined by |, and `precision` where the op can compute in fp8."""
+    from dslc.ops import OPS
+
+    assert OPS[op].signature() == signature
