@@ -155,3 +155,34 @@ def test_an_ops_signature_reads_as_the_language_writes_a_call(op: str, signature
     from dslc.ops import OPS
 
     assert OPS[op].signature() == signature
+
+
+def test_a_depthwise_convs_taps_need_static_sizes() -> None:
+    """Only a conv whose channels and filter sizes are numbers is a depthwise conv of known
+    taps (a symbolic size gives None: no rule keyed on the taps applies)."""
+    from dslc.core import dims
+    from dslc.ops.conv import depthwise_taps
+
+    k = dims.sym("K")
+    assert depthwise_taps((2, 16, 8, 8), (16, 1, 3, 5), 16) == 15
+    for x, w in (((2, 16, 8, 8), (16, 1, 3, k)), ((2, 16, 8, 8), (16, 1, k, 3)),
+                 ((2, k, 8, 8), (16, 1, 3, 3))):
+        assert depthwise_taps(x, w, 16) is None, (x, w)
+    assert depthwise_taps((2, 16, 8, 8), (16, 2, 3, 3), 8) is None  # grouped, not depthwise
+    assert depthwise_taps((2, 16, 8), (16, 1, 3), 16) is None  # 1-d
+
+
+def test_a_cache_writes_reference_leaves_the_callers_cache_as_it_was() -> None:
+    """The reference returns the written cache as a new array: the interpreter is pure (the
+    runtime writes the caller's buffer; `interp.run_in_place` reports what it holds after)."""
+    import numpy as np
+
+    from dslc.ops import OPS
+
+    reference = OPS["cache_write"].reference
+    assert reference is not None
+    cache = np.zeros((1, 2, 8, 4), np.float32)
+    new = np.ones((1, 2, 2, 4), np.float32)
+    out = reference([cache, new, np.array([3], np.int32)], {})
+    assert not np.shares_memory(out, cache) and not cache.any()
+    assert out[:, :, 3:5].all() and not out[:, :, :3].any() and not out[:, :, 5:].any()

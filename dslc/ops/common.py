@@ -4,7 +4,6 @@ precision, per-axis attributes, axes lists and output sizes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from fractions import Fraction
 from typing import Any
 
 from dslc.core import dims
@@ -186,16 +185,12 @@ def at_least_one(ctx: InferCtx, op: str, size: Dim, axis: int, arg: str) -> bool
     if isinstance(size, int):
         text = f"is {size}"
     else:
-        text = f"can be as small as {_show(lo)} ({dims.format_dim(size)})"
+        text = f"can be as small as {lo} ({dims.format_dim(size)})"  # a Fraction: 0, or -1/2
     ctx.error("E0603", f"the output of `{op}` has size below 1 on axis {axis}", at=arg,
               label=f"output size {text}",
               notes=("every output size must be at least 1 for every admissible input size",),
               help=("use a smaller kernel or stride, more padding, or raise the dim's lower bound",))
     return False
-
-
-def _show(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else str(x)
 
 
 def norm_axes(ctx: InferCtx, op: str, arg: str, axes: Any, rank: int) -> tuple[int, ...] | None:
