@@ -213,16 +213,8 @@ def test_calibration_digests_name_the_samples_and_the_weights(mlp: dict) -> None
 
 
 def test_the_calibrated_bundle_runs_the_fp8_numbers_of_the_definition(mlp: dict) -> None:
-    tmp = mlp["tmp"]
     x = mlp["samples"][2]
-    np.save(tmp / "x.npy", x)
-    r = run_cli("run", str(mlp["calibrated"]), "--weights", str(mlp["weights"]), "--input",
-                f"x={tmp / 'x.npy'}", "-o", str(tmp / "y.npz"))
-    assert r.code == 0, r.stderr
-    got = np.load(tmp / "y.npz")["y"]
-    c = bundlefile.load(mlp["calibrated"]).calibration
-    assert c is not None
-    _, expected = mlp_oracle(x, mlp["w"], dict(c.amax))
+    got, expected = _run_and_oracle(mlp, x, "x")
     assert rel_error(got, expected) < 2e-3
     # and fp8's own error, against the same model without fp8 (f32 arithmetic): a few percent
     w = {k: v.astype(np.float64) for k, v in mlp["w"].items()}
@@ -236,7 +228,6 @@ def test_an_activation_past_its_calibrated_amax_saturates_in_the_ir_and_the_numb
     each activation's cast, which a cuDNN graph then computes: cuDNN's cast alone wrote NaN
     past 448 on the H200), and an input ten times the calibrated range runs to the
     definition's numbers, finite."""
-    tmp = mlp["tmp"]
     program = Schedule(bundlefile.load(mlp["calibrated"]))
     casts = [n for n in program.graph.nodes if n.op == "cast" and n.type.dtype == "f8e4m3"
              and n.name not in program.load_time]
@@ -248,15 +239,20 @@ def test_an_activation_past_its_calibrated_amax_saturates_in_the_ir_and_the_numb
         bounds = [program.nodes[n.inputs[1]].attrs["value"] for n in (low, high)]
         assert bounds == [448.0, -448.0]
     x = (mlp["samples"][2].astype(np.float32) * 10).astype(np.float16)
-    np.save(tmp / "big.npy", x)
+    got, expected = _run_and_oracle(mlp, x, "big")
+    assert np.isfinite(got).all() and rel_error(got, expected) < 2e-3
+
+
+def _run_and_oracle(mlp: dict, x: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The calibrated bundle run on `x` by `dslc run`, and the definition's numbers for it."""
+    tmp = mlp["tmp"]
+    np.save(tmp / f"{name}.npy", x)
     r = run_cli("run", str(mlp["calibrated"]), "--weights", str(mlp["weights"]), "--input",
-                f"x={tmp / 'big.npy'}", "-o", str(tmp / "big.npz"))
+                f"x={tmp / f'{name}.npy'}", "-o", str(tmp / f"{name}.npz"))
     assert r.code == 0, r.stderr
-    got = np.load(tmp / "big.npz")["y"]
     c = bundlefile.load(mlp["calibrated"]).calibration
     assert c is not None
-    _, expected = mlp_oracle(x, mlp["w"], dict(c.amax))
-    assert np.isfinite(got).all() and rel_error(got, expected) < 2e-3
+    return np.load(tmp / f"{name}.npz")["y"], mlp_oracle(x, mlp["w"], dict(c.amax))[1]
 
 
 def test_a_bundle_without_scales_does_not_run(mlp: dict) -> None:

@@ -21,7 +21,7 @@ whatever schedule a bundle holds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -118,24 +118,33 @@ def measure_kernels(bundle: Bundle, plans: Mapping[tuple[str, str], PlanRecord],
     """Each pointwise graph step's kernel measured at every bucket (`measure`: milliseconds, or
     None where it failed its check), beside the graph's time from `plans`, else the bundle's."""
     program = Schedule(bundle)
-    found = kernel_steps(program)
-    storages = {b.key: program.memory_plan(dict(b.dims)).storage for b in bundle.buckets}
-    out = []
-    for i, step in enumerate(found):
-        m = KernelMeasured(step)
-        for bucket in bundle.buckets:
-            if progress:
-                progress(f"[{i + 1}/{len(found)}] {bucket.key} {step.name} as one kernel")
-            graph = plans.get((bucket.key, step.signature)) or bucket.graphs[step.signature].plan
-            m.graph_ms[bucket.key] = graph.ms
-            group = make_group(program.graph, list(step.nodes), step.pattern,
-                               placement=program.placement)
-            spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
-                              program.placement)
-            m.kernel_ms[bucket.key] = measure(step, spec, storages[bucket.key],
-                                              f"{step.name} at {bucket.key}")
-        out.append(m)
+    out = [KernelMeasured(step) for step in kernel_steps(program)]
+    for i, bucket, storage, graph in _each_bucket(program, plans, [m.step for m in out],
+                                                  "as one kernel", progress):
+        m = out[i]
+        m.graph_ms[bucket.key] = graph.ms
+        group = make_group(program.graph, list(m.step.nodes), m.step.pattern,
+                           placement=program.placement)
+        spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
+                          program.placement)
+        m.kernel_ms[bucket.key] = measure(m.step, spec, storage,
+                                          f"{m.step.name} at {bucket.key}")
     return out
+
+
+def _each_bucket(program: Schedule, plans: Mapping[tuple[str, str], PlanRecord],
+                 steps: list[StepRecord], what: str, progress: Callable[[str], None] | None,
+                 ) -> Iterator[tuple[int, BucketRecord, Mapping[str, Any], PlanRecord]]:
+    """For each step (by index) and bucket: the bucket, its storage, and the step graph's plan
+    (from `plans`, the tuning just done, else the bundle's); each said to `progress`."""
+    buckets = program.bundle.buckets
+    storages = {b.key: program.memory_plan(dict(b.dims)).storage for b in buckets}
+    for i, step in enumerate(steps):
+        for bucket in buckets:
+            if progress:
+                progress(f"[{i + 1}/{len(steps)}] {bucket.key} {step.name} {what}")
+            plan = plans.get((bucket.key, step.signature)) or bucket.graphs[step.signature].plan
+            yield i, bucket, storages[bucket.key], plan
 
 
 def splits(program: Schedule) -> list[Split]:
@@ -193,29 +202,21 @@ def measure_splits(bundle: Bundle, plans: Mapping[tuple[str, str], PlanRecord],
     None), beside the fused graph's time from `plans` (the tuning just done), else the
     bundle's."""
     program = Schedule(bundle)
-    found = splits(program)
-    storages = {b.key: program.memory_plan(dict(b.dims)).storage for b in bundle.buckets}
-    out = []
-    for i, s in enumerate(found):
-        m = Measured(s)
-        for bucket in bundle.buckets:
-            if progress:
-                progress(f"[{i + 1}/{len(found)}] {bucket.key} {s.step.name} split")
-            storage = storages[bucket.key]
-            fused = plans.get((bucket.key, s.step.signature)) or \
-                bucket.graphs[s.step.signature].plan
-            m.fused_ms[bucket.key] = fused.ms
-            parts = []
-            for group, times in ((s.head, m.head_ms), (s.tail, m.tail_ms)):
-                spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
-                                  program.placement)
-                plan = measure(spec, storage, f"{group.name} at {bucket.key}")
-                times[bucket.key] = plan.ms if plan is not None else None
-                if plan is not None:
-                    parts.append((spec, plan))
-            if len(parts) == 2:
-                m.parts[bucket.key] = (parts[0], parts[1])
-        out.append(m)
+    out = [Measured(s) for s in splits(program)]
+    for i, bucket, storage, whole in _each_bucket(program, plans, [m.split.step for m in out],
+                                                  "split", progress):
+        m = out[i]
+        m.fused_ms[bucket.key] = whole.ms
+        parts = []
+        for group, times in ((m.split.head, m.head_ms), (m.split.tail, m.tail_ms)):
+            spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
+                              program.placement)
+            plan = measure(spec, storage, f"{group.name} at {bucket.key}")
+            times[bucket.key] = plan.ms if plan is not None else None
+            if plan is not None:
+                parts.append((spec, plan))
+        if len(parts) == 2:
+            m.parts[bucket.key] = (parts[0], parts[1])
     return out
 
 
