@@ -130,10 +130,33 @@ def test_fp8_bytes_and_rounding_match_ml_dtypes(dtype: str, ml: type) -> None:
     np.testing.assert_array_equal(fp8.to_bits(np, x, dtype), expected.view(np.uint8))
 
 
+@pytest.mark.parametrize(("dtype", "ml"), [("f8e4m3", E4M3), ("f8e5m2", ml_dtypes.float8_e5m2)])
+def test_every_fp8_value_with_its_infinities_and_nans_round_trips_through_its_byte(
+        dtype: str, ml: type) -> None:
+    """All 256 bytes: each value (the smallest normal, the subnormals, e5m2's infinities) goes
+    back to its byte; every NaN to the one NaN byte of its sign; the values read back as
+    ml_dtypes reads them, and rounding keeps them, as f32, from any float input."""
+    bits = np.arange(256, dtype=np.uint8)
+    values = bits.view(ml).astype(np.float32)
+    nan = np.isnan(values)
+    got = fp8.to_bits(np, values, dtype)
+    assert np.array_equal(got[~nan], bits[~nan])
+    assert set((got[nan] & 0x7F).tolist()) == {0x7F}
+    assert np.array_equal(got[nan] & 0x80, bits[nan] & 0x80)
+    back = fp8.from_bits(np, bits, dtype)
+    assert np.array_equal(back[~nan], values[~nan]) and np.isnan(back[nan]).all()
+    rounded = fp8.round_fp8(np, values.astype(np.float64), dtype)
+    assert rounded.dtype == np.float32 and np.array_equal(np.isnan(rounded), nan)
+    assert np.array_equal(rounded[~nan], values[~nan])
+
+
 def test_e4m3_saturates_where_e5m2_overflows() -> None:
     big = np.array([500.0, -1e6], np.float32)
     assert list(fp8.round_fp8(np, big, "f8e4m3")) == [448.0, -448.0]
     assert list(fp8.round_fp8(np, big * 200, "f8e5m2")) == [np.inf, -np.inf]
+    inf = np.array([np.inf, -np.inf], np.float32)
+    assert list(fp8.to_bits(np, inf, "f8e4m3")) == [0x7E, 0xFE]  # 448, -448
+    assert list(fp8.to_bits(np, inf, "f8e5m2")) == [0x7C, 0xFC]  # infinities
 
 
 # ---- load-time quantisation ------------------------------------------------------------------

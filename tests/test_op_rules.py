@@ -186,3 +186,35 @@ def test_a_cache_writes_reference_leaves_the_callers_cache_as_it_was() -> None:
     out = reference([cache, new, np.array([3], np.int32)], {})
     assert not np.shares_memory(out, cache) and not cache.any()
     assert out[:, :, 3:5].all() and not out[:, :, :3].any() and not out[:, :, 5:].any()
+
+
+def test_a_reshape_of_a_slice_is_a_view_only_where_it_merges_no_axes(tmp_path: Path) -> None:
+    """A slice is not dense: a reshape of it that only splits axes (or adds and drops axes of
+    size 1) keeps a layout, one that merges two of its axes has none (lowering copies)."""
+    checked = check_source(HEAD + "  input x: [4, 6, 8]\n"
+                           "  let a = reshape(x[:, :, 0:4], [4, 6, 2, 2])\n"
+                           "  let b = reshape(x[:, :, 0:4], [1, 4, 6, 4, 1])\n"
+                           "  let c = reshape(x[:, :, 0:4], [4, 24])\n"
+                           "  output y = relu(a) + relu(reshape(b, [4, 6, 2, 2])) + "
+                           "reshape(relu(c), [4, 6, 2, 2])\n}\n", tmp_path)
+    assert [d.code for d in checked.diagnostics if d.is_error] == []
+    layouts = {n.name: n.type.layout for n in checked.model.graph.nodes if n.op == "reshape"}
+    assert layouts["a"] is not None and layouts["b"] is not None and layouts["c"] is None
+
+
+def test_gather_gives_nan_rows_for_indices_outside_the_table() -> None:
+    import numpy as np
+
+    from dslc.ops import OPS
+
+    reference = OPS["gather"].reference
+    assert reference is not None
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    idx = np.array([[0, 3], [4, -1]], np.int64)  # 4 and -1 are outside [0, 4)
+    out = reference([table, idx], {"axis": 0})
+    assert out.shape == (2, 2, 3)
+    np.testing.assert_array_equal(out[0], table[[0, 3]])
+    assert np.isnan(out[1]).all()
+    cols = reference([table, np.array([2, 3], np.int64)], {"axis": 1})  # along the second axis
+    np.testing.assert_array_equal(cols[:, 0], table[:, 2])
+    assert np.isnan(cols[:, 1]).all()
