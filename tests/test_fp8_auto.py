@@ -123,7 +123,7 @@ def test_the_error_is_fp8s_own_against_the_f32_model_without_it(bench: _Fp8Bench
 
 def test_the_built_bundle_says_what_was_measured_and_is_calibrated(tmp_path: Path,
                                                                    bench: _Fp8Bench) -> None:
-    from dslc.cli.compile import _record_fp8
+    from dslc.cli.fp8_choice import record
     from dslc.runtime.bundle import load
 
     path, _ = bench._bundle(ONLY_A)
@@ -131,7 +131,7 @@ def test_the_built_bundle_says_what_was_measured_and_is_calibrated(tmp_path: Pat
     target.write_bytes(path.read_bytes())
     d = Decision(1.0, [OpTime(A, 0.8, True, "faster"), OpTime(B, 1.1, False, "no faster")],
                  0.8, 0.02, 0.05)
-    _record_fp8(target, d, bench.tensors, bench.samples)
+    record(target, d, bench.tensors, bench.samples)
     bundle = load(target)
     assert bundle.calibration is not None and set(bundle.calibration.amax)
     said = {s.name: s.reason for s in bundle.steps if "fp8 measured" in s.reason}

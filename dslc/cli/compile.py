@@ -6,18 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from dslc import fsutil
 from dslc.backend.device import device_count, require
 from dslc.backend.target import Target, capture, load_target, require_device
-from dslc.cli import paths
+from dslc.cli import fp8_choice, paths
 from dslc.cli.calibrate import read_samples
 from dslc.cli.front import (
     EXIT_BACKEND,
@@ -29,12 +24,10 @@ from dslc.cli.front import (
     parse_precision,
     sources,
 )
-from dslc.cli.front import options as front_options
 from dslc.cli.paths import UsageError
 from dslc.cli.progress import Progress
 from dslc.cli.weights import checked_weights
 from dslc.diag.span import printable
-from dslc.lower.quantize import requested
 from dslc.pipeline import (
     STAGES,
     BuildOptions,
@@ -43,18 +36,12 @@ from dslc.pipeline import (
     TuneOptions,
     WriteFailed,
     build,
-    choose_fp8,
-    with_fp8,
 )
-from dslc.runtime import bundle as bundle_file
 from dslc.runtime.bundle import load
-from dslc.runtime.calibrate import calibrate, calibrated
-from dslc.runtime.schedule import Schedule
 from dslc.runtime.tuningdb import SpecError, is_file, open_store
 from dslc.tune import format_report, group_measurer, kernel_measurer, tune, tuned_bundle
 from dslc.tune.fusion import KernelMeasured, Measured, measure_kernels, measure_splits, with_fusion
 from dslc.tune.gpus import SpreadError, across, parse_gpus
-from dslc.tune.precision import Decision
 
 
 def compile_to(result: FrontEnd, args: argparse.Namespace, target: Target, outdir: Path,
@@ -69,19 +56,9 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, target: Target, outdi
             return EXIT_ERRORS
     decision = None
     if args.fp8 == "auto":
-        assert checked is not None  # --fp8 auto asks for --weights (`_fp8_auto_usage`)
-        if not requested(model.graph):
-            raise UsageError(f"`{args.file}` asks for no fp8: `--fp8 auto` has nothing to "
-                             "choose from (ask for it in the model: `precision matmul=f8e4m3`)")
-        samples = read_samples(args.data)
-        with tempfile.TemporaryDirectory(prefix="dslc-fp8-") as tmp:
-            try:
-                decision = choose_fp8(result, front_options(args), target, checked, samples,
-                                      args.max_error, Path(tmp), _buckets(args.bucket, model),
-                                      out.progress)
-            finally:
-                out.progress.clear()
-        result = with_fp8(result, decision.chosen)
+        assert checked is not None  # --fp8 auto asks for --weights (`fp8_choice.usage`)
+        result, decision = fp8_choice.choose(result, args, target, checked,
+                                             _buckets(args.bucket, model), out.progress)
     wanted = frozenset(STAGES) if "all" in args.dump else frozenset(args.dump)
     as_json = args.format == "json"  # stdout holds the one JSON document: dumps go to files
     show = None if as_json else _show_dump if len(wanted) > 1 else _show_text
@@ -104,7 +81,7 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, target: Target, outdi
         print(format_report(built.tuning), file=sys.stderr)
     if decision is not None:
         assert built.bundle is not None and checked is not None
-        _record_fp8(built.bundle, decision, checked, read_samples(args.data))
+        fp8_choice.record(built.bundle, decision, checked, read_samples(args.data))
         if not args.quiet:
             print("\n".join(decision.table()), file=sys.stderr)
     summary = compile_summary(args.file, built, len(model.buckets), sorted(wanted),
@@ -114,20 +91,6 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, target: Target, outdi
     else:
         out.info(_summary_text(summary))
     return EXIT_OK
-
-
-def _record_fp8(path: Path, decision: Decision, tensors: Mapping[str, np.ndarray],
-                samples: Mapping[str, np.ndarray]) -> None:
-    """The bundle `--fp8 auto` built: calibrated on the samples where it computes in fp8, and
-    each step that runs an op asking for fp8 saying what was measured (`dslc inspect`)."""
-    bundle = load(path)
-    if decision.chosen:
-        bundle = calibrated(bundle, calibrate(Schedule(bundle), tensors, samples))
-    steps = tuple(replace(s, reason="; ".join(filter(None, [s.reason, *(
-        decision.reason(op) for op in s.nodes if op in {o.op for o in decision.ops})])))
-        for s in bundle.steps)
-    with paths.writing(path):
-        fsutil.write_bytes(path, bundle_file.pack(replace(bundle, steps=steps)))
 
 
 def _show_dump(name: str, text: str) -> None:
@@ -259,22 +222,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _fp8_auto_usage(args: argparse.Namespace, target: Target) -> None:
-    """`--fp8 auto` measures on this GPU, with weights and samples: said before any work."""
-    if args.fp8 != "auto":
-        if args.data is not None:
-            raise UsageError("`--data` goes with `--fp8 auto` (to calibrate a bundle: `dslc "
-                             "calibrate BUNDLE --weights W --data SAMPLES.npz`)")
-        return
-    if not target.live:
-        raise UsageError(f"`--fp8 auto` times each fp8 op on this GPU, and the target is "
-                         f"`{target.name}`: compile with `--target device` on a GPU machine")
-    for option, value in (("--weights", args.weights), ("--data", args.data)):
-        if value is None:
-            raise UsageError(f"`--fp8 auto` needs `{option}`: the model is calibrated and its "
-                             "error measured on the samples, with the weights")
-
-
 def _tune_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=20.0, metavar="S",
                    help="seconds of measuring per graph (default 20)")
@@ -295,7 +242,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         paths.output_dir(args.output)
     _tune_options_of(args, on_gpu=False)  # a bad --tuning-db or --gpus: said now, not later
     target = load_target(args.target)  # a wrong target stops here, before any work
-    _fp8_auto_usage(args, target)
+    fp8_choice.usage(args, target)
     out = Output(args.error_format, args.color, args.quiet)
     out.progress(f"checking {printable(args.file)}")
     try:
