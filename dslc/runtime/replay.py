@@ -86,8 +86,10 @@ class Captured:
             self.graph = self.stream.end_capture()
         if refused is not None:
             nodes = model.program.nodes
-            fallbacks = sorted({nodes[s.nodes[0]].op for s in model.program.steps
-                                if s.kind == "kernel" and _on_the_reference(nodes, s.nodes[0])})
+            program = model.program  # a step one pointwise kernel runs never refuses
+            fallbacks = sorted({nodes[s.nodes[0]].op for s in program.steps
+                                if s.kind == "kernel" and program.pointwise_kernel(s) is None
+                                and _on_the_reference(nodes, s.nodes[0])})
             raise RunnerError("R0803", "this model cannot be captured as a CUDA graph: its "
                               f"fallback kernels ({', '.join(f'`{op}`' for op in fallbacks)}) "
                               f"compute on CuPy, which refuses ({refused}); call the model "
