@@ -274,3 +274,39 @@ def test_inputs_and_params_no_output_reads_stay_part_of_the_model(tmp_path: Path
 """, tmp_path)
     names = {n.name: n.op for n in c.graph.nodes}
     assert names["unread"] == "input" and names["unused"] == "param"
+
+
+def test_a_matmul_held_to_an_order_it_cannot_write_writes_row_major_then_copies(
+        tmp_path: Path) -> None:
+    """A rank-4 matmul output of a `layout NHWC` model is held to channels-last, which here puts
+    a batch axis inside the matrix axes: the matmul writes row-major (one cuDNN graph) and a copy
+    makes the output's order (before, cuDNN had no form for it: a fallback kernel, and in fp8 a
+    failed build: tests/fuzz_cases/seed103_179_crash)."""
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f32, compute=f32
+  layout NHWC
+  input x: [2, 4, 16]
+  input i: i64[2, 1]
+  param w: [16, 16]
+  output o = matmul(gather(relu(x), i, axis=1), w)
+}
+""", tmp_path)
+    nodes = c.graph.by_name()
+    assert [(s.kind, [nodes[n].op for n in s.group.nodes]) for s in c.steps] == \
+        [("graph", ["relu"]), ("kernel", ["gather"]), ("graph", ["matmul"]),
+         ("graph", ["contiguous"])]
+    matmul = next(n for n in c.graph.nodes if n.op == "matmul")
+    assert matmul.type.layout is not None and matmul.type.layout.is_row_major
+
+
+def test_which_memory_orders_a_matmul_writes() -> None:
+    from dslc.core.types import Layout, TensorType
+    from dslc.lower.views import matmul_writes
+
+    def writes(shape: tuple[int, ...], order: tuple[int, ...]) -> bool:
+        return matmul_writes(TensorType("f16", shape, Layout(order)))
+
+    assert writes((2, 3, 4, 5), (0, 1, 2, 3)) and writes((2, 3, 4, 5), (0, 1, 3, 2))
+    assert not writes((2, 3, 4, 5), (0, 2, 3, 1)) and not writes((2, 3, 4, 5), (1, 0, 2, 3))
+    assert not writes((2, 3, 4, 5), (0, 2, 1, 3))  # a batch axis between the matrix axes
+    assert writes((2, 1, 4, 5), (0, 2, 3, 1))  # a size-1 axis anywhere

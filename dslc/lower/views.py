@@ -73,12 +73,29 @@ def assign_layouts(rw: Rewriter, node: Node) -> str | None:
         node = replace(node, type=TensorType(node.type.dtype, node.type.shape, layout))
     new = fp8_operands_k_major(rw, conv_in_one_memory_order(rw, select_in_one_memory_order(
         rw, copy_for_layout_rules(rw, node))))
+    if new.op == "matmul" and not matmul_writes(new.type):
+        new = replace(new, type=TensorType(new.type.dtype, new.type.shape,
+                                           Layout.row_major(new.type.rank)))
     if not fixed or new.type.layout == node.type.layout:
         return rw.emit(new)
     # The op writes in the order it needs; the value keeps the layout it was given, via a copy.
     suffix = "channels_last_out" if new.op in ("conv", "conv_transpose") else "row_major_out"
     inner = rw.emit(replace(new, name=f"{node.name}.{suffix}"))
     return rw.new("contiguous", (inner,), {}, node.type, node, node.name)
+
+
+def matmul_writes(t: TensorType) -> bool:
+    """Whether a matmul can write its result in `t`'s memory order: cuDNN's matmul writes its
+    batch axes outermost, in order, and its last two axes innermost (either way round); axes of
+    size 1 may stand anywhere. An output held to another order (a rank-4 value of a `layout
+    NHWC` model) is written row-major and copied: else cuDNN had no form for the matmul, and an
+    fp8 one no fallback either (generated program 179 of seed 103)."""
+    if t.layout is None:
+        return True
+    rank = t.rank
+    order = [a for a in t.layout.order if t.shape[a] != 1]
+    batch = [a for a in order if a < rank - 2]
+    return order[:len(batch)] == sorted(batch) and all(a >= rank - 2 for a in order[len(batch):])
 
 
 def _copy_into(rw: Rewriter, name: str, order: tuple[int, ...], like: Node, key: str) -> str:
