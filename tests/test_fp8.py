@@ -7,6 +7,7 @@ the product descaled."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -381,3 +382,83 @@ def test_inspect_names_the_fp8_ops_and_their_calibration(mlp: dict) -> None:
     assert fp8_report["calibration"]["amax"]["x"] == 9.0
     text = run_cli("inspect", str(mlp["bundle"])).stdout
     assert "2 ops compute in fp8" in text and "not calibrated" in text
+
+
+# ---- the lowering's form, written out ----------------------------------------------------------
+ALL_THREE = HEADER + """model three {
+  precision io=f16, intermediate=f16, compute=f32, matmul=f8e4m3, conv=f8e4m3, sdpa=f8e4m3%s
+  input x: [16, 64]
+  param w: [64, 32]
+  input im: [2, 16, 6, 6] @NHWC
+  param k: [32, 16, 3, 3]
+  input q: [1, 2, 16, 16]
+  input kk: [1, 2, 16, 16]
+  input v: [1, 2, 16, 16]
+  output y = matmul(x, w)
+  output c = conv(im, k, pad=1)
+  output a = sdpa(q, kk, v)
+}
+"""
+F32 = ("f32", "f32", "f32")
+MODEL = ("f16", "f16", "f32")  # the model's precision: its intermediate dtype is f16
+
+
+def _lowered_three(tmp: Path, scales: str = "") -> dict[str, Any]:
+    from dslc.pipeline import lower_and_fuse
+    from tests.helpers import check_source
+
+    lowered, _ = lower_and_fuse(check_source(ALL_THREE % scales, tmp).model)
+    return lowered.by_name()
+
+
+def _precision(node: Any) -> tuple[str, str, str]:
+    return node.precision.io, node.precision.intermediate, node.precision.compute
+
+
+def test_each_quantised_value_is_scaled_saturated_and_cast_in_its_own_precision(
+        tmp_path: Path) -> None:
+    """A weight's chain (load time) computes in f32; an activation's in the precision of the
+    value it quantises (fused into its producer's step); every one casts to e4m3 after the
+    saturation, its scale and descale from its amax."""
+    nodes = _lowered_three(tmp_path)
+    for name, want in (("w", F32), ("k", F32), ("x", MODEL), ("im", MODEL), ("q", MODEL),
+                       ("kk", MODEL), ("v", MODEL)):
+        chain = [nodes[f"{name}.{s}"] for s in ("scaled", "floored", "saturated", "f8e4m3")]
+        assert [(n.op, n.type.dtype) for n in chain] == [
+            ("mul", "f32"), ("max", "f32"), ("min", "f32"), ("cast", "f8e4m3")], name
+        assert [_precision(n) for n in chain] == [want] * 4, name
+        assert dict(chain[-1].attrs) == {"dtype": "f8e4m3"}
+        assert chain[0].inputs == (name, f"{name}.fp8_scale")
+        assert [nodes[i].attrs["value"] for i in (chain[1].inputs[1], chain[2].inputs[1])] == \
+            [-448.0, 448.0]
+        assert chain[-1].type.layout == nodes[name].type.layout  # in its value's memory order
+
+
+@pytest.mark.parametrize("scales", ["", ', weight_scales="per_tensor"'])
+def test_each_op_reads_e4m3_and_its_result_is_descaled_as_its_weight_was_scaled(
+        scales: str, tmp_path: Path) -> None:
+    nodes = _lowered_three(tmp_path, scales)
+    per_channel = not scales
+    y, c = nodes["y"], nodes["c.channels_last_out"]
+    assert dict(y.attrs) == {"precision": "f8e4m3", "weight_scales":
+                             "per_channel" if per_channel else "per_tensor"}
+    assert (y.type.dtype, c.type.dtype) == ("f32", "f32")  # descaled after, into f16
+    assert c.attrs["precision"] == "f8e4m3" and c.type.layout == nodes["im"].type.layout
+    dy, dc = nodes["y.descaled"], nodes["c.descaled"]
+    assert (dy.type.dtype, dc.type.dtype) == ("f16", "f16")
+    if per_channel:  # a vector along the output channels: the scale_mul epilogue
+        assert (dy.op, dict(dy.attrs)) == ("scale_mul", {"axis": 1})
+        assert (dc.op, dict(dc.attrs)) == ("scale_mul", {"axis": 1})
+        assert nodes[dc.inputs[1]].type.shape == (32,)
+    else:  # one value: a multiply
+        assert (dy.op, dc.op) == ("mul", "mul")
+        assert nodes[dy.inputs[1]].type.shape == () and nodes[dc.inputs[1]].type.shape == ()
+
+
+def test_an_attention_takes_its_three_descales_and_no_weight_scales(tmp_path: Path) -> None:
+    a = _lowered_three(tmp_path)["a"]
+    assert a.inputs == ("q.f8e4m3", "kk.f8e4m3", "v.f8e4m3", "q.fp8_descale",
+                        "kk.fp8_descale", "v.fp8_descale")
+    assert a.attrs["operands"] == ("q", "k", "v", "descale_q", "descale_k", "descale_v")
+    assert a.attrs["precision"] == "f8e4m3" and "weight_scales" not in a.attrs
+    assert (a.type.dtype, _precision(a)) == ("f16", MODEL)
