@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
+from dslc.core.types import Layout, TensorType
 from dslc.ops import fp8
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime.calibration import Calibration
@@ -394,9 +395,12 @@ ALL_THREE = HEADER + """model three {
   input q: [1, 2, 16, 16]
   input kk: [1, 2, 16, 16]
   input v: [1, 2, 16, 16]
+  param wl: [32, 16]
+  input xr: [16, 48]
   output y = matmul(x, w)
   output c = conv(im, k, pad=1)
   output a = sdpa(q, kk, v)
+  output z = matmul(wl, xr)
 }
 """
 F32 = ("f32", "f32", "f32")
@@ -432,6 +436,42 @@ def test_each_quantised_value_is_scaled_saturated_and_cast_in_its_own_precision(
         assert [nodes[i].attrs["value"] for i in (chain[1].inputs[1], chain[2].inputs[1])] == \
             [-448.0, 448.0]
         assert chain[-1].type.layout == nodes[name].type.layout  # in its value's memory order
+        scales = [nodes[f"{name}.{s}"] for s in ("amax", "amax.tiny", "amax.floor",
+                                                  "amax.fp8_max", "fp8_scale", "fp8_descale",
+                                                  "fp8_low", "fp8_high")]
+        assert [_precision(n) for n in scales] == [F32] * len(scales), name  # load time
+        assert nodes[f"{name}.amax"].type == TensorType("f32", (), Layout(())) or \
+            name in ("w", "k")
+    product = nodes["y.fp8_descale"]  # x's descale times w's, per output channel
+    assert (product.op, product.inputs, _precision(product)) == \
+        ("mul", ("x.fp8_descale", "w.fp8_descale"), F32)
+
+
+def test_a_weights_amax_runs_over_all_but_its_output_channel(tmp_path: Path) -> None:
+    """Per channel: a matmul's right weight [K, N] over K, its left weight [M, K] over K kept
+    as [M, 1], a conv's [K, C, R, S] over C, R, S kept as [K, 1, 1, 1]; the descale of a left
+    weight's matmul a multiply by [M, 1]."""
+    nodes = _lowered_three(tmp_path)
+    amax = {n: (dict(nodes[f"{n}.amax"].attrs), nodes[f"{n}.amax"].type.shape)
+            for n in ("w", "wl", "k")}
+    assert amax == {"w": ({"axes": (0,), "keepdims": False}, (32,)),
+                    "wl": ({"axes": (1,), "keepdims": True}, (32, 1)),
+                    "k": ({"axes": (1, 2, 3), "keepdims": True}, (32, 1, 1, 1))}
+    dz = nodes["z.descaled"]
+    assert dz.op == "mul" and nodes[dz.inputs[1]].type.shape == (32, 1)
+
+
+def test_an_op_not_chosen_for_fp8_keeps_every_other_attribute(tmp_path: Path) -> None:
+    from dslc.lower.quantize import only
+    from tests.helpers import check_source
+
+    graph = check_source(ALL_THREE % "", tmp_path).model.graph
+    before, after = graph.by_name(), only(graph, {"y"}).by_name()
+    for name in ("c", "a"):
+        want = {k: v for k, v in before[name].attrs.items()
+                if k not in ("precision", "weight_scales")}
+        assert dict(after[name].attrs) == want and want, name
+    assert dict(after["y"].attrs) == dict(before["y"].attrs)
 
 
 @pytest.mark.parametrize("scales", ["", ', weight_scales="per_tensor"'])
