@@ -32,7 +32,8 @@ def test_a_form_reads_as_many_operands_as_its_op_takes() -> None:
 def test_attribute_values_are_written_as_exact_float_literals() -> None:
     assert fused._literal(0.01) == "0.01f" and fused._literal(3) == "3.0f"
     assert float(fused._literal(1 / 3)[:-1]) == 1 / 3  # repr: the shortest exact digits
-    assert fused._literal(float("nan")) == "NAN"
+    assert fused._literal(float("nan")) == "__int_as_float(0x7fc00000)"
+    assert fused._literal(float("-inf")) == "__uint_as_float(0xff800000u)"
 
 
 def test_only_value_moving_ops_of_one_dtype_skip_the_conversion_to_f32() -> None:

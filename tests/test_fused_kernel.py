@@ -58,7 +58,8 @@ def test_a_pointwise_chain_is_one_plan_holding_inner_values_in_the_intermediate_
     _, group, p = _chain_plan(tmp_path)
     last = len(group.nodes) - 1  # type: ignore[attr-defined]
     assert [m.dtype for m in p.members] == ["f32"] * last + ["f16"]
-    assert [o.name for o in p.operands] == list(group.inputs)  # type: ignore[attr-defined]
+    # the scalar 1.5 is a constant of the source, not an argument
+    assert [o.name for o in p.operands] == ["x", "s"] and "(1.5f)" in p.source()[2]
     assert p.stores == (last,) and p.output_dtypes == ("f16",)
     params, outs, body = p.source()
     assert params.startswith("float16 x0") and outs == "float16 y0"
@@ -79,6 +80,21 @@ def test_what_one_kernel_computes_and_what_it_refuses(body: str, why: str | None
               and any(n.name in c.inputs for c in computed)]
     p = fused.plan(computed, inputs, [computed[-1].name], {n.name: n.attrs for n in computed})
     assert (isinstance(p, fused.Plan) if why is None else why in str(p)), p
+
+
+@pytest.mark.parametrize(("b", "axis", "along"), [
+    ("[6]", 1, (1, 3)), ("[6]", -2, (1, 3)),  # a vector along an axis, counted from either end
+    ("[1, 6, 1]", 1, None), ("[]", 1, None)])  # any other b broadcasts as it is
+def test_a_bias_is_given_along_its_axis_only_where_it_is_a_vector(
+        b: str, axis: int, along: tuple[int, int] | None, tmp_path: Path) -> None:
+    _, lowered, _ = _lowered(model_snippet(f"  input x: [4, 6, 5]\n  input b: {b}\n"
+                                           f"  output y = relu(bias_add(x, b, axis={axis}))"),
+                             tmp_path)
+    computed = [n for n in lowered.nodes if n.op in ("bias_add", "relu")]
+    inputs = [n for n in lowered.nodes if n.op == "input"]
+    p = fused.plan(computed, inputs, [computed[-1].name], {n.name: n.attrs for n in computed})
+    assert isinstance(p, fused.Plan)
+    assert [o.along for o in p.operands] == [None, along]
 
 
 def test_results_of_two_shapes_are_not_one_kernel(tmp_path: Path) -> None:

@@ -215,8 +215,13 @@ def plan(members: Sequence[Node], inputs: Sequence[Node], outputs: Sequence[str]
             if name in index:
                 refs.append(f"v{index[name]}")
                 continue
-            along = (int(attrs[node.name]["axis"]), node.type.rank) \
-                if node.op in ALONG_AXIS and k == 1 else None
+            if given[name].op == "scalar":  # a constant: in the source, not an argument
+                refs.append(_scalar(given[name]))
+                continue
+            along = None
+            if node.op in ALONG_AXIS and k == 1 and given[name].type.rank == 1:
+                rank = node.type.rank  # a vector along `axis` of x (any other b broadcasts)
+                along = (int(attrs[node.name]["axis"]) % rank, rank)
             key = (name, along)
             if key not in sources:
                 sources[key] = f"x{len(operands)}"
@@ -231,8 +236,8 @@ def plan(members: Sequence[Node], inputs: Sequence[Node], outputs: Sequence[str]
 
 
 def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
-    """The kernel over its operands (CuPy arrays in the order of `p.operands`, scalars as 0-d
-    arrays) into its results (arrays of one shape, any strides)."""
+    """The kernel over its operands (CuPy arrays in the order of `p.operands`; a step's scalars
+    are constants of the source) into its results (arrays of one shape, any strides)."""
     views = []
     for x, o in zip(xs, p.operands, strict=True):
         if o.along is not None:  # a vector [C] as [1, .., C, .., 1] at the op's rank
@@ -263,7 +268,24 @@ def _overlaps(x: Any, y: Any) -> bool:
 
 
 def _literal(v: float) -> str:
-    return f"{float(v)!r}f" if float(v) == float(v) and abs(float(v)) != float("inf") else "NAN"
+    """An f32 value as C source: the shortest digits that round to it, or the bits of NaN and
+    the infinities (NVRTC compiles without the headers that name them)."""
+    f = float(v)
+    if f != f:
+        return "__int_as_float(0x7fc00000)"
+    if abs(f) == float("inf"):
+        return "__uint_as_float(0x7f800000u)" if f > 0 else "__uint_as_float(0xff800000u)"
+    return f"{f!r}f"
+
+
+def _scalar(node: Node) -> str:
+    """A scalar operand's value as the reference holds it (rounded to its dtype), in C."""
+    import numpy as np
+
+    from dslc.ir.interp import NUMPY_DTYPES
+
+    value = float(np.asarray(node.attrs["value"], dtype=NUMPY_DTYPES[node.type.dtype]))
+    return f"({_literal(value)})"
 
 
 @cache

@@ -104,8 +104,13 @@ class KernelMeasured:
 
 
 def kernel_steps(program: Schedule) -> list[StepRecord]:
-    """The graph steps one pointwise fallback kernel also computes."""
-    return [s for s in program.steps if s.kind == "graph" and
+    """The graph steps one pointwise fallback kernel also computes. Not those that read or
+    write a mask: cuDNN stores a mask as bits, a kernel as bytes, and which masks stay bits was
+    settled at compile time (`compile.stage.masks_as_bytes`)."""
+    def touches_a_mask(s: StepRecord) -> bool:
+        return any(program.nodes[n].type.dtype == "bool" for n in (*s.inputs, *s.nodes))
+
+    return [s for s in program.steps if s.kind == "graph" and not touches_a_mask(s) and
             isinstance(fused.plan_of(program.nodes, s.nodes, s.inputs, s.outputs), fused.Plan)]
 
 
