@@ -271,7 +271,11 @@ def choose_fp8(front: FrontEnd, options: Options, target: Target,
 
 
 class _Fp8Bench:
-    """The model compiled, calibrated and timed with a subset of its fp8 requests."""
+    """The model compiled, calibrated and timed with a subset of its fp8 requests. A subset the
+    model does not build with (no engine, no fallback kernel) measures infinitely slow and
+    infinitely wrong: `decide` never keeps it. Its error is the reference's: a step a generated
+    pointwise kernel runs computes in f32 on the GPU, where the reference computes in the
+    model's compute dtype, so the error measured bounds the GPU's from above there."""
 
     def __init__(self, front: FrontEnd, options: Options, target: Target,
                  tensors: Mapping[str, np.ndarray], samples: Mapping[str, np.ndarray],
@@ -280,14 +284,15 @@ class _Fp8Bench:
         self.front, self.options, self.target, self.buckets = front, options, target, buckets
         self.tensors, self.samples = tensors, samples
         self.workdir, self.progress = workdir, progress
-        self.built: dict[frozenset[str], tuple[Path, Any]] = {}
+        self.built: dict[frozenset[str], tuple[Path, Any] | None] = {}
+        self.weights = workdir / "weights.safetensors"
         self.times: dict[frozenset[str], float] = {}
         self.exact: list[dict[str, np.ndarray]] | None = None
 
-    def _bundle(self, chosen: frozenset[str]) -> tuple[Path, Any]:
+    def _bundle(self, chosen: frozenset[str]) -> tuple[Path, Any] | None:
         """The model compiled for the target with `chosen` in fp8 (calibrated on the samples),
-        written with its weights; and its schedule."""
-        from dslc.compile.stage import compile_model
+        written; and its schedule. None where it does not build."""
+        from dslc.compile.stage import CompileFailure, compile_model
         from dslc.emit import bundle as emit_bundle
         from dslc.runtime.calibrate import calibrate, calibrated
         from dslc.runtime.schedule import Schedule
@@ -296,37 +301,55 @@ class _Fp8Bench:
             front = with_fp8(self.front, chosen)
             assert front.model is not None
             lowered, plan = lower_and_fuse(front.model)
-            records = emit_bundle.records(compile_model(front.model, lowered, plan, self.target,
-                                                        buckets=self.buckets))
+            try:
+                records = emit_bundle.records(compile_model(front.model, lowered, plan,
+                                                            self.target, buckets=self.buckets))
+            except CompileFailure as failure:
+                if self.progress:
+                    self.progress(f"fp8 auto: {sorted(chosen)} in fp8 does not build at "
+                                  f"`{failure.node}`: {failure.reason}")
+                self.built[chosen] = None
+                return None
             if chosen:
                 records = calibrated(records, calibrate(Schedule(records), self.tensors,
                                                         self.samples))
             path = self.workdir / f"fp8_{len(self.built)}.bundle"
             emit_bundle.write(path, records)
-            weights.save(path.with_suffix(".safetensors"), dict(self.tensors))
+            if not self.weights.exists():
+                weights.save(self.weights, dict(self.tensors))
             self.built[chosen] = path, Schedule(records)
         return self.built[chosen]
 
     def ms(self, chosen: frozenset[str]) -> float:
-        """The model's CUDA-graph replay, median of 30, with `chosen` in fp8."""
+        """The model's CUDA-graph replay, median of 30, with `chosen` in fp8 (its plain runs
+        where it cannot be captured, R0803)."""
         from dslc.backend.timing import median_ms, upload
+        from dslc.core.errors import RunnerError
         from dslc.runtime import Model
         from dslc.runtime.calibrate import runs
 
         if chosen not in self.times:
             if self.progress:
                 self.progress(f"fp8 auto: timing the model with {len(chosen)} ops in fp8")
-            path, program = self._bundle(chosen)
+            built = self._bundle(chosen)
+            if built is None:
+                return float("inf")
+            path, program = built
             first = runs(program.bundle.manifest, self.samples)[0]
-            model = Model(path, path.with_suffix(".safetensors"), tuning_db=None, plan_cache=None)
+            model = Model(path, self.weights, tuning_db=None, plan_cache=None)
             inputs = {}
             for name, value in first.items():
                 node = program.nodes[program.inputs[name]]
                 order = node.type.layout.order if node.type.layout is not None else None
                 inputs[name] = upload(value, node.type.dtype, order, "torch")
             model.run(inputs)
-            graph = model.capture(inputs)
-            self.times[chosen] = median_ms(lambda: graph(inputs), 30)
+            try:
+                graph = model.capture(inputs)
+                self.times[chosen] = median_ms(lambda: graph(inputs), 30)
+            except RunnerError as err:
+                if err.code != "R0803":
+                    raise
+                self.times[chosen] = median_ms(lambda: model.run(inputs), 30)
             model.close()
         return self.times[chosen]
 
@@ -341,7 +364,10 @@ class _Fp8Bench:
 
         if self.progress:
             self.progress(f"fp8 auto: the error with {len(chosen)} ops in fp8")
-        _, program = self._bundle(chosen)
+        built = self._bundle(chosen)
+        if built is None:
+            return float("inf")
+        _, program = built
         samples = runs(program.bundle.manifest, self.samples)
         if self.exact is None:
             assert self.front.model is not None
@@ -363,5 +389,6 @@ class _Fp8Bench:
             for name, w in want.items():
                 w64, g64 = w.astype(np.float64), got[name].astype(np.float64)
                 rms = float(np.sqrt(np.mean(w64 ** 2))) or 1.0
-                worst = max(worst, float(np.sqrt(np.mean((g64 - w64) ** 2))) / rms)
+                err = float(np.sqrt(np.mean((g64 - w64) ** 2))) / rms
+                worst = max(worst, err if err == err else float("inf"))  # NaN: past any budget
         return worst

@@ -47,14 +47,26 @@ NONE, ONLY_A, ONLY_B, BOTH = frozenset(), frozenset({A}), frozenset({B}), frozen
 
 @pytest.mark.parametrize(("times", "errors", "budget", "chosen", "final"), [
     # both faster alone and together, within the budget: both
-    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 0.9, BOTH: 0.7}, {BOTH: 0.03}, 0.05, BOTH, 0.7),
+    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 0.9, BOTH: 0.7}, {NONE: 0.0, BOTH: 0.03}, 0.05, BOTH, 0.7),
     # one no faster alone: the other
-    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 1.0, ONLY_A | NONE: 0.8}, {ONLY_A: 0.03}, 0.05, ONLY_A, 0.8),
+    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 1.0}, {NONE: 0.0, ONLY_A: 0.03}, 0.05, ONLY_A, 0.8),
     # both faster, together past the budget: the one gaining least dropped
-    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 0.9, BOTH: 0.7}, {BOTH: 0.08, ONLY_A: 0.04}, 0.05, ONLY_A,
-     0.8),
+    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 0.9, BOTH: 0.7}, {NONE: 0.0, BOTH: 0.08, ONLY_A: 0.04},
+     0.05, ONLY_A, 0.8),
+    # an error that is not a number is past any budget
+    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 0.9, BOTH: 0.7},
+     {NONE: 0.0, BOTH: float("nan"), ONLY_A: 0.01}, 0.05, ONLY_A, 0.8),
     # each faster alone, together slower than fp16: none (never slower than fp16)
-    ({NONE: 1.0, ONLY_A: 0.95, ONLY_B: 0.97, BOTH: 1.02}, {BOTH: 0.01}, 0.05, NONE, 1.0),
+    ({NONE: 1.0, ONLY_A: 0.95, ONLY_B: 0.97, BOTH: 1.02}, {NONE: 0.0, BOTH: 0.01}, 0.05, NONE,
+     1.0),
+    # together faster, but within the noise a tuned plan must beat (3%): none
+    ({NONE: 1.0, ONLY_A: 0.95, ONLY_B: 0.97, BOTH: 0.98}, {NONE: 0.0, BOTH: 0.01}, 0.05, NONE,
+     1.0),
+    # a model that does not build with an op in fp8 measures infinitely slow: not chosen
+    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: float("inf")}, {NONE: 0.0, ONLY_A: 0.01}, 0.05, ONLY_A,
+     0.8),
+    # the fp16 model alone past the budget: fp8 can only add to it, none
+    ({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 0.9}, {NONE: 0.06}, 0.05, NONE, 1.0),
     # none faster: nothing measured together, no error asked
     ({NONE: 1.0, ONLY_A: 1.1, ONLY_B: 1.2}, {}, 0.05, NONE, 1.0),
 ])
@@ -70,13 +82,27 @@ def test_the_ops_kept_are_faster_within_the_budget_and_never_slower_together(
 
 def test_each_op_says_why_it_was_kept_or_not() -> None:
     measure, calls = _times({NONE: 1.0, ONLY_A: 0.8, ONLY_B: 0.9, BOTH: 0.7})
-    d = decide([A, B], measure, lambda s: {BOTH: 0.08, ONLY_A: 0.04}[s], 0.05)
+    errors: list[frozenset[str]] = []
+
+    def error_of(s: frozenset[str]) -> float:
+        errors.append(s)
+        return {NONE: 0.001, BOTH: 0.08, ONLY_A: 0.04}[s]
+
+    d = decide([A, B], measure, error_of, 0.05)
     assert calls == [NONE, ONLY_A, ONLY_B, ONLY_A]  # fp16, each alone, the set kept
+    assert errors == [NONE, BOTH, ONLY_A]  # the model's own, the faster set, one dropped
     assert {o.op: o.why for o in d.ops} == {A: "faster",
                                             B: "faster, but the error with it was 8.00e-02"}
     assert d.reason(B).startswith("fp8 measured: the model 0.9000 ms with this op in fp8, "
                                   "1.0000 ms in fp16: fp16 (faster, but the error")
     assert "with the 1 chosen 0.8000 ms, error 4.00e-02" in d.reason(A)
+
+
+def test_an_op_faster_alone_says_the_set_was_within_the_noise() -> None:
+    measure, _ = _times({NONE: 1.0, ONLY_A: 0.95, ONLY_B: 0.97, BOTH: 0.98})
+    d = decide([A, B], measure, lambda s: 0.0, 0.05)
+    assert not d.chosen
+    assert all("not 3% faster than fp16" in o.why for o in d.ops)
 
 
 def test_a_model_lowered_with_a_subset_quantises_only_those_ops(tmp_path: Path) -> None:
@@ -117,7 +143,9 @@ def test_the_error_is_fp8s_own_against_the_f32_model_without_it(bench: _Fp8Bench
     exact = np.maximum(x @ w1, 0) @ w2  # the f32 model, written out
     assert all(np.allclose(e["y"], want, rtol=1e-4, atol=1e-4)
                for e, want in zip(bench.exact or [], exact, strict=True))
-    path, program = bench.built[BOTH]
+    built = bench.built[BOTH]
+    assert built is not None
+    path, program = built
     assert path.exists() and program.bundle.calibration is not None
 
 
@@ -126,7 +154,9 @@ def test_the_built_bundle_says_what_was_measured_and_is_calibrated(tmp_path: Pat
     from dslc.cli.fp8_choice import record
     from dslc.runtime.bundle import load
 
-    path, _ = bench._bundle(ONLY_A)
+    built = bench._bundle(ONLY_A)
+    assert built is not None
+    path, _ = built
     target = tmp_path / "m.bundle"
     target.write_bytes(path.read_bytes())
     d = Decision(1.0, [OpTime(A, 0.8, True, "faster"), OpTime(B, 1.1, False, "no faster")],
@@ -154,6 +184,8 @@ def test_fp8_front_end_subset_keeps_the_front_ends_program(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("extra", "said"), [
     ([], "`--fp8 auto` times each fp8 op on this GPU, and the target is `h200`"),
+    (["--max-error", "nan"], "`--max-error` is a relative error, a number of 0 or more"),
+    (["--max-error", "-0.1"], "`--max-error` is a relative error, a number of 0 or more"),
     (["--data", "s.npz"], "`--fp8 auto` times each fp8 op on this GPU"),
 ])
 def test_fp8_auto_without_a_gpu_is_a_usage_error_said_first(extra: list[str], said: str,

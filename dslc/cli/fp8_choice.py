@@ -34,6 +34,9 @@ def usage(args: argparse.Namespace, target: Target) -> None:
             raise UsageError("`--data` goes with `--fp8 auto` (to calibrate a bundle: `dslc "
                              "calibrate BUNDLE --weights W --data SAMPLES.npz`)")
         return
+    if not 0 <= args.max_error < float("inf"):  # NaN too
+        raise UsageError(f"`--max-error` is a relative error, a number of 0 or more, not "
+                         f"`{args.max_error}`")
     if not target.live:
         raise UsageError(f"`--fp8 auto` times each fp8 op on this GPU, and the target is "
                          f"`{target.name}`: compile with `--target device` on a GPU machine")

@@ -8,17 +8,22 @@ quantising casts, ran at 0.86x fp16 (docs/benchmarks.md). So each op is measured
 the whole model timed with that op alone in fp8, against the model in fp16 (a whole-model time
 counts what the op's quantising casts and its epilogue cost, wherever they fuse). The ops that
 make it faster are kept; while the model's error on the samples is past the budget, the one
-that gains least is dropped; and a set that together is no faster than fp16 is dropped whole:
-fp8 chosen this way is never slower than the fp16 model as measured.
+that gains least is dropped; and a set that together is not faster than fp16 by more than the
+noise a tuned plan must beat (`measure.NOISE`) is dropped whole: fp8 chosen this way is never
+slower than the fp16 model as measured.
 
-The measuring and the error are functions given to `decide` (`dslc.pipeline.measure_fp8`
-times and checks compiled models on the GPU), so the rule is tested on its own.
+The measuring and the error are functions given to `decide` (`dslc.pipeline.choose_fp8`
+times and checks compiled models on the GPU), so the rule is tested on its own. A model that
+does not build or run with an op in fp8 measures as infinitely slow for it; an error that is
+not a number counts as past any budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+
+from dslc.backend.measure import NOISE
 
 Measure = Callable[[frozenset[str]], float]  # the model's ms with these ops in fp8
 ErrorOf = Callable[[frozenset[str]], float]  # its output error with these ops in fp8
@@ -75,17 +80,23 @@ def decide(candidates: Collection[str], measure: Measure, error_of: ErrorOf,
     for o in out.ops:
         o.chosen = o.ms < out.fp16_ms
         o.why = "faster" if o.chosen else "no faster"
+    own = error_of(frozenset()) if out.chosen else 0.0
+    if not own <= max_error:  # NaN too: the budget cannot hold whatever fp8 adds
+        for o in out.ops:
+            if o.chosen:
+                o.chosen, o.why = False, f"faster, but the model's own error is {own:.2e}"
     gain = {o.op: out.fp16_ms - o.ms for o in out.ops}
     out.error = error_of(out.chosen) if out.chosen else 0.0
-    while out.chosen and out.error > max_error:
+    while out.chosen and not out.error <= max_error:
         drop = min(out.chosen, key=lambda op: (gain[op], op))
         o = next(o for o in out.ops if o.op == drop)
         o.chosen, o.why = False, f"faster, but the error with it was {out.error:.2e}"
         out.error = error_of(out.chosen) if out.chosen else 0.0
     out.ms = measure(out.chosen) if out.chosen else out.fp16_ms
-    if out.chosen and out.ms >= out.fp16_ms:
+    if out.chosen and not out.ms < out.fp16_ms * (1 - NOISE):
         for o in out.ops:
             if o.chosen:
-                o.chosen, o.why = False, f"faster alone, but with the others {out.ms:.4f} ms"
+                o.chosen, o.why = False, (f"faster alone, but with the others {out.ms:.4f} ms, "
+                                          f"not {NOISE:.0%} faster than fp16")
         out.ms, out.error = out.fp16_ms, 0.0
     return out
