@@ -218,3 +218,25 @@ def test_gather_gives_nan_rows_for_indices_outside_the_table() -> None:
     cols = reference([table, np.array([2, 3], np.int64)], {"axis": 1})  # along the second axis
     np.testing.assert_array_equal(cols[:, 0], table[:, 2])
     assert np.isnan(cols[:, 1]).all()
+
+
+def _spanned(source: str, d: object) -> str:
+    """The source text under a diagnostic's primary span (one line)."""
+    span = d.span  # type: ignore[attr-defined]
+    assert span.line == span.end_line
+    return source.splitlines()[span.line - 1][span.col - 1:span.end_col - 1]
+
+
+@pytest.mark.parametrize(("call", "code", "message", "under", "label", "help"), [
+    ("full([2, 3], 1, dtype=f32)", "E0401", "`full` makes i32 or i64 values, not f32", "dtype=f32",
+     "", ("`cast` the result for another dtype",)),
+    ("full([2, 0], 1)", "E0305", "`full` of an empty shape", "[2, 0]",
+     "every size must be at least 1", ()),
+])
+def test_full_refuses_a_float_dtype_and_an_empty_shape_at_the_argument(
+        call: str, code: str, message: str, under: str, label: str, help: tuple[str, ...],
+        tmp_path: Path) -> None:
+    source = HEAD + f"  input x: [2, 3]\n  output y = cast({call}, f16) + x\n}}\n"
+    [d] = [d for d in check_source(source, tmp_path).diagnostics if d.is_error]
+    assert (d.code, d.message, d.label, d.help) == (code, message, label, help)
+    assert _spanned(source, d) == under
