@@ -16,6 +16,7 @@ import torch
 from safetensors.numpy import save_file
 
 from dslc.core.types import Layout, TensorType
+from dslc.ir.graph import stored_dtype
 from dslc.ops import fp8
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime.calibration import Calibration
@@ -502,3 +503,34 @@ def test_an_attention_takes_its_three_descales_and_no_weight_scales(tmp_path: Pa
     assert a.attrs["operands"] == ("q", "k", "v", "descale_q", "descale_k", "descale_v")
     assert a.attrs["precision"] == "f8e4m3" and "weight_scales" not in a.attrs
     assert (a.type.dtype, _precision(a)) == ("f16", MODEL)
+
+
+def test_an_fp8_product_stays_f32_inside_its_group_under_f16_intermediates(
+        tmp_path: Path) -> None:
+    """Before its descale an fp8 matmul's product is in units of both scales (up to 448 * 448 *
+    K, past f16's 65504 at once): inside its group it stays f32 whatever the model's
+    intermediate dtype, on the reference and in cuDNN's graph alike (`ir.graph.stored_dtype`;
+    held to f16 both gave infinities: generated program 3 of seed 24 on the H200)."""
+    source = (MLP % "").replace("intermediate=f32", "intermediate=f16")
+    bundle = _compile(tmp_path, source, "mlp8")
+    wpath, w = _weights(tmp_path, MLP_SHAPES, "mlp")
+    x = rng("fp8", "f16 intermediates").standard_normal((1, 16, 64)).astype(np.float16)
+    np.savez(tmp_path / "s.npz", x=x)
+    calibrated = tmp_path / "c.bundle"
+    r = run_cli("calibrate", str(bundle), "--weights", str(wpath), "--data",
+                str(tmp_path / "s.npz"), "-o", str(calibrated))
+    assert r.code == 0, r.stderr
+    program = Schedule(bundlefile.load(calibrated))
+    products = [n for n in program.graph.nodes if n.op == "matmul"]
+    inside = program.virtual()
+    assert len(products) == 2 and all(n.name in inside for n in products)
+    assert [stored_dtype(n, True) for n in products] == ["f32", "f32"]
+    np.save(tmp_path / "x.npy", x[0])
+    r = run_cli("run", str(calibrated), "--weights", str(wpath), "--input",
+                f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npz"))
+    assert r.code == 0, r.stderr
+    got = np.load(tmp_path / "y.npz")["y"]
+    c = bundlefile.load(calibrated).calibration
+    assert c is not None
+    want = mlp_oracle(x[0], w, dict(c.amax))[1]
+    assert np.isfinite(got).all() and rel_error(got, want) < 1e-2

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dslc.core.types import PrecisionSpec, TensorType
+from dslc.core.types import FP8, PrecisionSpec, TensorType
 from dslc.diag.span import Span
 
 
@@ -94,8 +94,12 @@ def compute_dtype(node: Node) -> str:
 def stored_dtype(node: Node, virtual: bool) -> str:
     """The dtype a value's elements are held in: its own dtype when materialised; inside a fused
     group (virtual) the `intermediate` dtype, except a `cast`'s result, which keeps the dtype it
-    casts to (a cast asks for that rounding). The interpreter and cuDNN's graphs both use this."""
-    if virtual and node.type.dtype in FLOAT_STORAGE and node.op != "cast":
+    casts to (a cast asks for that rounding), and an fp8 op's product before its descale: in
+    units of the two scales (up to 448 * 448 * K), it overflows f16 at once (the descale after
+    it brings it back), so it stays the f32 it is typed. The interpreter and cuDNN's graphs
+    both use this."""
+    if virtual and node.type.dtype in FLOAT_STORAGE and node.op != "cast" and \
+            node.attrs.get("precision") not in FP8:
         return node.precision.intermediate
     return node.type.dtype
 
