@@ -310,3 +310,61 @@ def test_which_memory_orders_a_matmul_writes() -> None:
     assert not writes((2, 3, 4, 5), (0, 2, 3, 1)) and not writes((2, 3, 4, 5), (1, 0, 2, 3))
     assert not writes((2, 3, 4, 5), (0, 2, 1, 3))  # a batch axis between the matrix axes
     assert writes((2, 1, 4, 5), (0, 2, 3, 1))  # a size-1 axis anywhere
+
+
+def test_attention_writes_its_heads_inside_its_sequence_so_merging_them_is_a_view(
+        tmp_path: Path) -> None:
+    """sdpa writes [B, H, S, D] in BSHD memory order: the heads merged back (transpose to [B,
+    S, H, D], reshape to [B, S, H * D]) read it in place, no copy."""
+    from dslc.core.types import Layout
+
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f32, compute=f32
+  input q: [2, 4, 16, 8]
+  input k: [2, 4, 16, 8]
+  input v: [2, 4, 16, 8]
+  output o = reshape(transpose(sdpa(q, k, v), perm=[0, 2, 1, 3]), shape=[2, 16, 32])
+}
+""", tmp_path)
+    [attention] = [n for n in c.graph.nodes if n.op == "sdpa"]
+    assert attention.type.layout == Layout((0, 2, 1, 3), "BSHD")
+    from dslc.ir.printer import format_graph
+    [line] = [ln for ln in format_graph(c.graph).splitlines() if " = sdpa(" in ln]
+    assert line.endswith("f16[2, 4, 16, 8] @BSHD")  # the IR says which order, by its name
+    assert not [n.name for n in c.graph.nodes if n.op == "contiguous"]
+    assert [s.kind for s in c.steps] == ["graph"]
+
+
+def test_a_matmul_writes_row_major_whatever_order_its_operand_is_read_in(
+        tmp_path: Path) -> None:
+    """A pointwise op writes in its first operand's memory order (here the transposed view's,
+    column-major); a matmul, a sum and a concat choose theirs apart from it: the matmul's
+    square result is row-major, not the relu's order."""
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f32, compute=f32
+  input x: [8, 8]
+  param w: [8, 8]
+  let r = relu(transpose(x, perm=[1, 0]))
+  output o = matmul(r, w) + 1.0
+}
+""", tmp_path)
+    relu = next(n for n in c.graph.nodes if n.op == "relu")
+    matmul = next(n for n in c.graph.nodes if n.op == "matmul")
+    assert relu.type.layout is not None and relu.type.layout.order == (1, 0)
+    assert matmul.type.layout is None or matmul.type.layout.is_row_major
+
+
+def test_a_concat_writes_in_its_first_operands_memory_order(tmp_path: Path) -> None:
+    """The first operand a channels-last conv result, the second a row-major input: the concat
+    is written channels-last, as its first operand (not its second)."""
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f32, compute=f32
+  input x: [2, 16, 8, 8] @NHWC
+  input y: [2, 16, 8, 8]
+  param w: [16, 16, 1, 1]
+  let c = concat([conv(x, w), y], axis=1)
+  output o = reduce_sum(c, axes=[1], keepdims=true)
+}
+""", tmp_path)
+    concat = next(n for n in c.graph.nodes if n.op == "concat")
+    assert concat.type.layout is not None and concat.type.layout.order == (0, 2, 3, 1)

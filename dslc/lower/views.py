@@ -95,7 +95,7 @@ def matmul_writes(t: TensorType) -> bool:
     rank = t.rank
     order = [a for a in t.layout.order if t.shape[a] != 1]
     batch = [a for a in order if a < rank - 2]
-    return order[:len(batch)] == sorted(batch) and all(a >= rank - 2 for a in order[len(batch):])
+    return order[:len(batch)] == sorted(batch)  # the matrix axes, then, come last
 
 
 def _copy_into(rw: Rewriter, name: str, order: tuple[int, ...], like: Node, key: str) -> str:
