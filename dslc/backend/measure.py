@@ -17,9 +17,11 @@ from typing import Any
 from dslc.backend.device import STORED_AS, decode, encode, require, run_reference
 from dslc.backend.fused import Plan, run
 from dslc.backend.spec import GroupSpec
+from dslc.core.types import FP8
 from dslc.ir.graph import Node
 from dslc.ir.interp import ITEMSIZE
 from dslc.ir.storage import Storage
+from dslc.ops import fp8
 
 NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to replace it
 # Candidates timed of the heuristics' list (past these, only until one is valid). Measured on
@@ -108,17 +110,20 @@ class Bench:
         if dtype in ("bf16", "f16", "f32"):
             stored = encode(self.cupy, values, dtype)
             buf.view(stored.dtype)[...] = stored
-        else:
+        elif dtype in FP8:  # random fp8 values too, as their bytes
+            buf[...] = fp8.to_bits(self.cupy, values, dtype)
+        else:  # integers and masks: zeros (an index always in range)
             buf.view(self.cupy.uint8)[...] = 0
 
     def _read(self, name: str) -> Any:
-        """A tensor as an f32 array in its logical shape."""
+        """A tensor in its logical shape: floats (fp8 too) as f32, integers as they are. Read
+        through the dtype it is stored as: through f32, an fp8 tensor's bytes were read four
+        to the element, past its buffer (an illegal memory access when tuning fp8 graphs)."""
         cupy = self.cupy
         s = self.storage[name]
-        buf = self.buffers[name]
-        stored = buf.view(cupy.uint16 if s.dtype == "bf16" else
-                          cupy.float16 if s.dtype == "f16" else cupy.float32)
-        flat = decode(cupy, stored, s.dtype if s.dtype in ("bf16", "f16") else "f32")
+        stored = self.buffers[name].view(cupy.dtype(STORED_AS[s.dtype]))
+        flat = fp8.from_bits(cupy, stored, s.dtype) if s.dtype in FP8 else \
+            decode(cupy, stored, s.dtype)
         item = flat.dtype.itemsize
         return cupy.lib.stride_tricks.as_strided(flat, s.shape,
                                                   tuple(st * item for st in s.strides)).copy()

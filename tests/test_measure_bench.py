@@ -1,0 +1,48 @@
+"""The tuner's buffers for a group (`backend.measure.Bench`): each input filled with random
+values of its dtype, fp8 included, and every tensor read back through the dtype it is stored
+as. NumPy stands in for CuPy here (the same array API; CI has no GPU): what is checked is which
+bytes are written and read. On the H200 an fp8 input was read as f32, four bytes to the
+element, past its buffer: an illegal memory access at the first fp8 graph tuned, after which
+the process's CUDA context was lost (2026-12-03)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from dslc.backend.measure import Bench
+from dslc.backend.spec import GroupSpec
+from tests.helpers import deviceless_program
+
+MLP = """cgraph 0.1
+model mlp8 {
+  precision io=f16, intermediate=f32, compute=f32, matmul=f8e4m3
+  input x: [16, 64]
+  param w1: [64, 32]
+  output y = matmul(x, w1)
+}
+"""
+
+
+def test_an_fp8_group_is_measured_on_random_fp8_values_read_back_as_stored(
+        tmp_path: Path) -> None:
+    _, program = deviceless_program(MLP, tmp_path)
+    [bucket] = program.bundle.buckets
+    storage = program.memory_plan(dict(bucket.dims)).storage
+    benches = [Bench(GroupSpec.from_data(e.spec.to_data()), program.nodes, storage, np)
+               for e in bucket.graphs.values()]
+    fp8 = [(b, t) for b in benches for t in b.spec.tensors
+           if t.role == "input" and t.dtype == "f8e4m3"]
+    assert len(fp8) == 2  # the matmul's two operands, each quantised before it
+    for bench, t in fp8:
+        raw = bench.buffers[t.name]
+        s = storage[t.name]
+        assert raw.nbytes == int(np.prod(s.shape))  # one byte an element (a dense tensor)
+        flat = raw.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        want = np.lib.stride_tricks.as_strided(flat, s.shape, [st * 4 for st in s.strides])
+        got = bench.logical[t.name]
+        assert got.dtype == np.float32 and got.shape == tuple(s.shape)
+        np.testing.assert_array_equal(got, want)
+        assert np.isfinite(got).all() and np.unique(got).size > 20  # random, not zeros
