@@ -240,3 +240,32 @@ def test_full_refuses_a_float_dtype_and_an_empty_shape_at_the_argument(
     [d] = [d for d in check_source(source, tmp_path).diagnostics if d.is_error]
     assert (d.code, d.message, d.label, d.help) == (code, message, label, help)
     assert _spanned(source, d) == under
+
+
+MM = "  input x: %s[8, %d]\n  param w: %s[%d, %d]\n  output y = matmul(x, w, precision=f8e4m3)"
+CV = ("  input x: %s[2, %d, 6, 6] @NHWC\n  param w: %s[%d, %d, 3, 3]\n"
+      "  output y = conv(x, w, pad=1, precision=f8e4m3)")
+AT = ("  input q: %s[1, 2, 16, %d]\n  input k: %s[1, 2, 16, %d]\n  input v: %s[1, 2, 16, %d]\n"
+      "  output y = sdpa(q, k, v, precision=f8e4m3)")
+
+
+# Operands of one op share their dtype (E0401 otherwise), so a dtype fp8 cannot quantise is
+# said at the first operand.
+@pytest.mark.parametrize(("body", "under"), [
+    (MM % ("i8", 32, "i8", 32, 16), "x"),
+    (MM % ("f16", 8, "f16", 8, 16), "x"),  # K, a size of both: said at the first
+    (MM % ("f16", 32, "f16", 32, 24), "w"),  # N
+    (CV % ("i8", 16, "i8", 16, 16), "x"),
+    (CV % ("f16", 8, "f16", 16, 8), "x"),  # C
+    (CV % ("f16", 16, "f16", 8, 16), "w"),  # K
+    (AT % ("f32", 16, "f32", 16, "f32", 16), "q"),
+    (AT % ("f16", 8, "f16", 8, "f16", 16), "q"),  # the head dimension of q (and k)
+    (AT % ("f16", 16, "f16", 16, "f16", 8), "v"),  # of v
+    (CV % ("i8", 8, "i8", 16, 8), "x"),  # the dtype said, not also the 8 channels
+])
+def test_an_fp8_refusal_points_at_the_operand_it_is_about(body: str, under: str,
+                                                          tmp_path: Path) -> None:
+    source = HEAD + body + "\n}\n"
+    errors = [d for d in check_source(source, tmp_path).diagnostics if d.code == "E0404"]
+    assert len(errors) == 1, [d.message for d in errors]
+    assert _spanned(source, errors[0]) == under
