@@ -296,3 +296,39 @@ def test_a_concat_and_a_pointwise_op_on_a_view_take_the_memory_order_they_read(
     assert nodes["h"].type.layout is not None and nodes["h"].type.layout.order == (0, 1, 2, 3)
     assert nodes["t"].op == "scale_mul" and nodes["t"].type.layout is not None
     assert nodes["t"].type.layout.order == nhwc
+
+
+def test_l1_and_l2_reductions_become_sums_cudnn_has(tmp_path: Path) -> None:
+    """cuDNN's reduction has no L1 or L2 mode: sum(|x|) and sqrt(sum(x * x))."""
+    src = """model m {
+  input x: f32[2, 16]
+  output a = reduce_l1(x, axes=[1])
+  output b = reduce_l2(x, axes=[1])
+}"""
+    assert _lowered(src, tmp_path) == """\
+%x = input {name="x"} : f32[2, 16]
+%a.abs = abs(%x) : f32[2, 16]
+%a = reduce_sum(%a.abs) {axes=[1], keepdims=false} : f32[2]
+%b.square = mul(%x, %x) : f32[2, 16]
+%b.sum = reduce_sum(%b.square) {axes=[1], keepdims=false} : f32[2]
+%b = sqrt(%b.sum) : f32[2]
+output a = %a
+output b = %b
+"""
+
+
+def test_a_channel_vector_on_the_left_of_an_add_becomes_a_bias_too(tmp_path: Path) -> None:
+    src = """model m {
+  input x: f32[2, 16]
+  param w: f32[16, 8]
+  param b: f32[8]
+  output y = b + matmul(x, w)
+}"""
+    assert _lowered(src, tmp_path) == """\
+%x = input {name="x"} : f32[2, 16]
+%w = param {path="w"} : f32[16, 8]
+%b = param {path="b"} : f32[8]
+%y.matmul = matmul(%x, %w) : f32[2, 8]
+%y = bias_add(%y.matmul, %b) {axis=1} : f32[2, 8]
+output y = %y
+"""
