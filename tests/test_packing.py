@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from dslc.fuzz import arena
 from dslc.fuzz.oracle import relative_error
@@ -226,3 +227,25 @@ model m {
             "b": lin(x, "q1").sum(axis=2), "c": lin(x, "k1").max(2), "d": lin(u, "k2").max(2)}
     for name, value in want.items():
         assert got[name].shape == value.shape and relative_error(got[name], value) < 1e-6, name
+
+
+@pytest.mark.parametrize(("body", "count"), [
+    # second operands that are activations, not weights: nothing to join at load time
+    ("  input p: [16, 8]\n  input r: [16, 8]\n"
+     "  output y = reshape(matmul(x, p), [12, 8])\n  output z = reshape(matmul(x, r), [12, 8])",
+     2),
+    # a projection that is itself an output keeps its own result
+    ("  param p: [16, 8]\n  param r: [16, 8]\n"
+     "  output y = matmul(x, p)\n  output z = reshape(matmul(x, r), [12, 8])", 2),
+    # batched (rank-3) weights
+    ("  param p: [2, 16, 8]\n  param r: [2, 16, 8]\n"
+     "  output y = reshape(matmul(x, p), [12, 8])\n  output z = reshape(matmul(x, r), [12, 8])",
+     2),
+    # a matmul that cannot pack, first in the program, does not stop the family after it
+    ("  input u: [16, 8]\n  param p: [16, 8]\n  param r: [16, 8]\n"
+     "  output t = reshape(matmul(x, u), [12, 8])\n"
+     "  output y = reshape(matmul(x, p), [12, 8])\n  output z = reshape(matmul(x, r), [12, 8])",
+     2),
+])
+def test_what_packs_and_what_stays_apart(body: str, count: int, tmp_path: Path) -> None:
+    assert len(_matmuls(HEAD + body + "\n}\n", tmp_path)) == count
