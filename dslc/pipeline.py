@@ -320,6 +320,12 @@ class _Fp8Bench:
             self.built[chosen] = path, Schedule(records)
         return self.built[chosen]
 
+    def _said(self, chosen: frozenset[str], what: str) -> tuple[Path, Any] | None:
+        """The bundle of `_bundle`, with a progress line saying what it is built for."""
+        if self.progress:
+            self.progress(f"fp8 auto: {what} with {len(chosen)} ops in fp8")
+        return self._bundle(chosen)
+
     def ms(self, chosen: frozenset[str]) -> float:
         """The model's CUDA-graph replay, median of 30, with `chosen` in fp8 (its plain runs
         where it cannot be captured, R0803)."""
@@ -329,9 +335,7 @@ class _Fp8Bench:
         from dslc.runtime.calibrate import runs
 
         if chosen not in self.times:
-            if self.progress:
-                self.progress(f"fp8 auto: timing the model with {len(chosen)} ops in fp8")
-            built = self._bundle(chosen)
+            built = self._said(chosen, "timing the model")
             if built is None:
                 return float("inf")
             path, program = built
@@ -362,9 +366,7 @@ class _Fp8Bench:
         from dslc.ir import interp
         from dslc.runtime.calibrate import runs
 
-        if self.progress:
-            self.progress(f"fp8 auto: the error with {len(chosen)} ops in fp8")
-        built = self._bundle(chosen)
+        built = self._said(chosen, "the error")
         if built is None:
             return float("inf")
         _, program = built

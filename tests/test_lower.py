@@ -324,11 +324,6 @@ def test_a_channel_vector_on_the_left_of_an_add_becomes_a_bias_too(tmp_path: Pat
   param b: f32[8]
   output y = b + matmul(x, w)
 }"""
-    assert _lowered(src, tmp_path) == """\
-%x = input {name="x"} : f32[2, 16]
-%w = param {path="w"} : f32[16, 8]
-%b = param {path="b"} : f32[8]
-%y.matmul = matmul(%x, %w) : f32[2, 8]
-%y = bias_add(%y.matmul, %b) {axis=1} : f32[2, 8]
-output y = %y
-"""
+    lines = _lowered(src, tmp_path).splitlines()
+    assert "%y = bias_add(%y.matmul, %b) {axis=1} : f32[2, 8]" in lines
+    assert not [ln for ln in lines if " = add(" in ln]
