@@ -148,6 +148,7 @@ def test_the_forms_fp8_kernels_take_are_said_nothing_of(body: str, tmp_path: Pat
     ("reduce_sum", "reduce_sum(x: tensor, axes: [int, ...], keepdims: bool = false) -> x "
                    "without `axes` (kept as 1 with keepdims)"),
     ("full", "full(shape: [dim, ...], value: dim, dtype: dtype = i32) -> shape"),
+    ("clamp", "clamp(x: tensor, lo: float = none, hi: float = none) -> shape of x"),
 ])
 def test_an_ops_signature_reads_as_the_language_writes_a_call(op: str, signature: str) -> None:
     """What `dslc ops` prints: defaults in source syntax (none, false, a string in quotes, a
