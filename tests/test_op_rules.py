@@ -262,7 +262,7 @@ AT = ("  input q: %s[1, 2, 16, %d]\n  input k: %s[1, 2, 16, %d]\n  input v: %s[1
     (AT % ("f32", 16, "f32", 16, "f32", 16), "q"),
     (AT % ("f16", 8, "f16", 8, "f16", 16), "q"),  # the head dimension of q (and k)
     (AT % ("f16", 16, "f16", 16, "f16", 8), "v"),  # of v
-    (CV % ("i8", 8, "i8", 16, 8), "x"),  # the dtype said, not also the 8 channels
+    (CV % ("i8", 16, "i8", 8, 16), "x"),  # the dtype said, not also the 8 output channels
 ])
 def test_an_fp8_refusal_points_at_the_operand_it_is_about(body: str, under: str,
                                                           tmp_path: Path) -> None:
