@@ -327,3 +327,17 @@ def test_a_channel_vector_on_the_left_of_an_add_becomes_a_bias_too(tmp_path: Pat
     lines = _lowered(src, tmp_path).splitlines()
     assert "%y = bias_add(%y.matmul, %b) {axis=1} : f32[2, 8]" in lines
     assert not [ln for ln in lines if " = add(" in ln]
+
+
+def test_an_identity_is_kept_where_it_writes_the_memory_order_the_output_asks(
+        tmp_path: Path) -> None:
+    """`x * 1.0` folds to `x` only where nothing tells them apart: here the output is declared
+    channels-last and x is not, so the multiply stays and writes that order."""
+    model = check_source("""model m {
+  input x: f32[1, 4, 8, 8]
+  output y: f32[1, 4, 8, 8] @NHWC = x * 1.0
+}""", tmp_path).model
+    graph = lower(model.graph)
+    produced = graph.by_name()[dict(graph.outputs)["y"]]
+    assert produced.op != "input"
+    assert produced.type.layout is not None and produced.type.layout.order == (0, 2, 3, 1)
