@@ -256,18 +256,33 @@ def choose_fp8(front: FrontEnd, options: Options, target: Target,
                tensors: Mapping[str, np.ndarray], samples: Mapping[str, np.ndarray],
                max_error: float, workdir: Path, buckets: list[dict[str, int]] | None = None,
                progress: Callable[[str], None] | None = None) -> Decision:
-    """`--fp8 auto`: each op the model asks to compute in fp8 measured on this GPU (the model
-    timed with it alone in fp8, against the model in fp16, at the first sample run's sizes,
-    heuristics' plans), and the error of a chosen set measured on the samples against the f32
-    model without fp8 (the reference executor, rms over rms, the worst output and run)
+    """`--fp8 auto`: each kind of op the model asks to compute in fp8 measured on this GPU
+    (`fp8_kinds`; the model timed with it alone in fp8, against the model in fp16, at the
+    first sample run's sizes, heuristics' plans), and the error of a chosen set measured on
+    the samples against the f32 model without fp8 (the reference executor, rms over rms, the
+    worst output and run)
     (`dslc.tune.precision.decide`). `options`: the front end's (its include folders);
     `buckets`: those to compile (None: the model's)."""
-    from dslc.lower.quantize import requested
     from dslc.tune.precision import decide
 
     assert front.model is not None
     bench = _Fp8Bench(front, options, target, tensors, samples, workdir, buckets, progress)
-    return decide(requested(front.model.graph), bench.ms, bench.error, max_error)
+    return decide(fp8_kinds(front.model.graph), bench.ms, bench.error, max_error)
+
+
+def fp8_kinds(graph: Graph) -> list[frozenset[str]]:
+    """The ops asking for fp8, by kind: those computing the same op on operands of the same
+    types with the same attributes (a repeated block's projections) are decided together."""
+    from dslc.lower.quantize import requested
+
+    nodes = graph.by_name()
+    kinds: dict[tuple[object, ...], set[str]] = {}
+    for name in requested(graph):
+        n = nodes[name]
+        key = (n.op, n.type, tuple(nodes[i].type for i in n.inputs),
+               tuple(sorted((k, repr(v)) for k, v in n.attrs.items())))
+        kinds.setdefault(key, set()).add(name)
+    return [frozenset(k) for k in kinds.values()]
 
 
 class _Fp8Bench:

@@ -201,3 +201,35 @@ def test_data_without_fp8_auto_is_a_usage_error(tmp_path: Path) -> None:
     run = run_cli("compile", str(tmp_path / "m.cgraph"), "-o", str(tmp_path / "out"),
                   "--data", "s.npz")
     assert run.code == 2 and "`--data` goes with `--fp8 auto`" in run.stderr
+
+
+def test_ops_alike_are_one_candidate_measured_and_kept_together() -> None:
+    """A repeated block's projections: one of several moves the model's time less than the
+    noise of timing it, all of one kind do not. Kept or dropped whole, said per op."""
+    q = frozenset({"b0.q", "b1.q"})
+    o = frozenset({"b0.o", "b1.o"})
+    times = {NONE: 1.0, q: 0.9, o: 1.01, q | o: 0.91}
+    measure, calls = _times(times)
+    d = decide([o, q], measure, lambda s: 0.01, 0.05)
+    assert calls == [NONE, o, q, q]  # fp16, each kind alone (by its first op's name), the set
+    assert d.chosen == q and d.measured == q | o and d.ms == 0.9
+    assert [(t.op, t.ops) for t in d.ops] == [("b0.o", o), ("b0.q", q)]
+    assert d.table()[2].startswith("b0.q and 1 alike")
+    assert d.table()[-1].startswith("model: 0.9000 ms with 2 of 4 ops in fp8")
+    assert d.reason("b1.q").startswith("fp8 measured: the model 0.9000 ms with this op and 1 "
+                                       "alike in fp8")
+
+
+def test_a_repeated_blocks_projections_are_four_kinds_of_four(tmp_path: Path) -> None:
+    from dslc.pipeline import fp8_kinds
+    from tests.conftest import ROOT
+
+    gpt = check_source((ROOT / "models" / "gpt_block.cgraph").read_text(), tmp_path,
+                       "gpt_block.cgraph").model
+    kinds = sorted(sorted(k) for k in fp8_kinds(gpt.graph))
+    assert [len(k) for k in kinds] == [4, 4, 4, 4]
+    assert [k[0] for k in kinds] == ["h.0.attn.c_attn.matmul", "h.0.attn.c_proj.matmul",
+                                     "h.0.mlp.c_fc.matmul", "h.0.mlp.c_proj.matmul"]
+    assert all({n.split(".", 2)[2] for n in k} == {k[0].split(".", 2)[2]} for k in kinds)
+    mlp = check_source(MLP, tmp_path, "mlp8.cgraph").model  # two shapes: two kinds of one
+    assert sorted(fp8_kinds(mlp.graph), key=min) == [ONLY_A, ONLY_B]
