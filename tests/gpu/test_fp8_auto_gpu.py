@@ -1,6 +1,6 @@
 """`dslc compile --fp8 auto` on the GPU: the four GPT-2 blocks of models/gpt_block.cgraph (16
-matmuls asking for fp8) at B1 S1024, each matmul timed in fp8 alone against the model in fp16,
-the chosen set within the error budget on the samples: the model built is never slower than
+matmuls asking for fp8, four kinds of four) at B1 S1024, each kind timed in fp8 alone against
+the model in fp16, the chosen set within the error budget on the samples: the model built is never slower than
 its fp16 form as measured, every matmul's step says what was measured, and it runs."""
 
 from __future__ import annotations
