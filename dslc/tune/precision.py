@@ -10,7 +10,7 @@ counts what the op's quantising casts and its epilogue cost, wherever they fuse)
 compute the same thing at the same sizes (a repeated block's projections: `alike`) are one
 candidate, measured and kept together: one of sixteen matmuls alone moves a model's time less
 than the noise of timing it (the 4 GPT blocks, 2026-12-03), the four of one kind do not, and a
-ResNet's 53 convolutions are some twenty candidates, not 53 builds. The ops that
+ResNet's repeated bottlenecks share their convolutions' kinds (fewer builds). The kinds that
 make it faster are kept; while the model's error on the samples is past the budget, the one
 that gains least is dropped; and a set that together is not faster than fp16 by more than the
 noise a tuned plan must beat (`measure.NOISE`) is dropped whole: fp8 chosen this way is never
