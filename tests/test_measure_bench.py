@@ -1,4 +1,5 @@
-"""The tuner's buffers for a group (`backend.measure.Bench`): each input filled with random
+"""The tuner's buffers for a group (`backend.measure.Bench`), and what it does when the GPU is
+lost: each input filled with random
 values of its dtype, fp8 included, and every tensor read back through the dtype it is stored
 as. NumPy stands in for CuPy here (the same array API; CI has no GPU): what is checked is which
 bytes are written and read. On the H200 an fp8 input was read as f32, four bytes to the
@@ -7,10 +8,13 @@ the process's CUDA context was lost (2026-12-03)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 from dslc.backend.measure import Bench
 from dslc.backend.spec import GroupSpec
@@ -46,3 +50,31 @@ def test_an_fp8_group_is_measured_on_random_fp8_values_read_back_as_stored(
         assert got.dtype == np.float32 and got.shape == tuple(s.shape)
         np.testing.assert_array_equal(got, want)
         assert np.isfinite(got).all() and np.unique(got).size > 20  # random, not zeros
+
+
+def test_a_lost_gpu_context_stops_tuning_instead_of_failing_each_graph(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an illegal memory access every CUDA call of the process fails: tuning says so once
+    and stops (`tune.ContextLost`), where other failures leave one graph's saved plan and go on.
+    A CPU machine cannot lose a CUDA context, so `tune_spec` stands in, raising what the H200
+    raised (2026-12-03)."""
+    import dslc.tune as tuning
+
+    _, program = deviceless_program(MLP, tmp_path)
+    [bucket] = program.bundle.buckets
+    spec = GroupSpec.from_data(next(iter(bucket.graphs.values())).spec.to_data())
+    storage = program.memory_plan(dict(bucket.dims)).storage
+
+    def raising(message: str) -> Callable[..., Any]:
+        def tune_spec(*_: Any, **__: Any) -> Any:
+            raise RuntimeError(message)
+        return tune_spec
+
+    where = ("env", None), False, (1.0, "heuristics", "y at static")
+    monkeypatch.setattr(tuning, "tune_spec", raising(
+        "cudaErrorIllegalAddress: an illegal memory access was encountered"))
+    with pytest.raises(tuning.ContextLost, match="y at static"):
+        tuning._tune_one(spec, program, storage, None, None, *where)
+    monkeypatch.setattr(tuning, "tune_spec", raising("no engine builds this graph"))
+    row, plan = tuning._tune_one(spec, program, storage, None, None, *where)
+    assert row[3] == "failed" and plan is None

@@ -25,6 +25,16 @@ from dslc.runtime.tuningdb import TuningStore, env_key, measured, spec_key
 
 LOG = logging.getLogger("dslc.tune")
 
+# CUDA errors after which the process's context is lost: every later call fails the same way.
+# Tuning stops at the first and says so once (on the H200 an fp8 read past its buffer failed
+# every graph after it, one warning each, 2026-12-03).
+CONTEXT_LOST = ("illegal memory access", "ILLEGAL_ADDRESS", "IllegalAddress",
+                "misaligned address", "illegal instruction", "unspecified launch failure")
+
+
+class ContextLost(RuntimeError):
+    """The GPU's context was lost while tuning a graph (`CONTEXT_LOST`)."""
+
 
 @dataclass
 class Row:
@@ -77,6 +87,7 @@ def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
               if only is None or (b.key, sig) in only}
     total = len(chosen)
     done = 0
+    lost: str | None = None  # where the context was lost: the rest keep their saved plans
     for bucket in bundle.buckets:
         if not any(key == bucket.key for key, _ in chosen):
             continue
@@ -89,9 +100,19 @@ def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
             if progress:
                 progress(f"[{done}/{total}] {bucket.key} {group}")
             spec = GroupSpec.from_data(entry.spec.to_data())
-            row, plan = _tune_one(spec, program, storage, handle, db, (env, live.driver),
-                                  time.perf_counter() - started > model_budget_s,
-                                  (budget_s, search, f"{group} at {bucket.key}"))
+            row, plan = (None, None, None, "untimed (GPU context lost)"), None
+            if lost is None:
+                try:
+                    row, plan = _tune_one(spec, program, storage, handle, db,
+                                          (env, live.driver),
+                                          time.perf_counter() - started > model_budget_s,
+                                          (budget_s, search, f"{group} at {bucket.key}"))
+                except ContextLost as err:
+                    lost = str(err)
+                    LOG.error("tuning stopped: the GPU's context was lost at %s; every graph "
+                              "not tuned yet keeps its saved plan (a defect of dslc or cuDNN: "
+                              "please report it with the bundle)", lost)
+                    row = (None, None, None, "failed")
             report.rows.append(Row(bucket.key, signature, group, *row))
             if plan is not None:
                 plans[(bucket.key, signature)] = entry.plan.updated(
@@ -126,6 +147,8 @@ def _tune_one(spec: GroupSpec, program: Schedule, storage: dict[str, Any],
     try:
         result = tune_spec(spec, program.nodes, storage, handle, budget_s, search)
     except Exception as err:
+        if any(s in str(err) for s in CONTEXT_LOST):
+            raise ContextLost(f"{where} ({err})") from err
         LOG.warning("%s: tuning failed (%s); the saved plan stays", where, err)
         return (None, None, None, "failed"), None
     if result.chosen is None:
