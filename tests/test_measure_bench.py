@@ -1,10 +1,9 @@
-"""The tuner's buffers for a group (`backend.measure.Bench`), and what it does when the GPU is
-lost: each input filled with random
+"""The tuner's buffers for a group (`backend.measure.Bench`): each input filled with random
 values of its dtype, fp8 included, and every tensor read back through the dtype it is stored
 as. NumPy stands in for CuPy here (the same array API; CI has no GPU): what is checked is which
 bytes are written and read. On the H200 an fp8 input was read as f32, four bytes to the
 element, past its buffer: an illegal memory access at the first fp8 graph tuned, after which
-the process's CUDA context was lost (2026-12-03)."""
+the process's CUDA context was lost (2026-12-03); and what tuning does when that happens."""
 
 from __future__ import annotations
 
