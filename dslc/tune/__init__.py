@@ -44,7 +44,7 @@ class Row:
     heuristic_ms: float | None
     tuned_ms: float | None
     error: float | None
-    source: str  # tuned | database | untimed (over budget) | failed
+    source: str  # tuned | database | untimed (over budget) | untimed (GPU context lost) | failed
     candidates: int = 0
     gpu: int | None = None  # which GPU measured it, when tuning across several (`gpus`)
 
