@@ -56,7 +56,7 @@ def test_every_op_and_every_feature_is_generated() -> None:
     assert not missed, f"ops the batch never generates: {missed}"
     for feature in ("io=f32", "io=f16", "io=bf16", "layout NHWC", "dynamic dim N", "def",
                     "repeat", "an input declared in a def", "depthwise 5x5 conv", "fp8 matmul",
-                    "fp8 conv"):
+                    "fp8 conv", "rotary"):
         assert stats.features[feature] > 0, feature
 
 

@@ -15,7 +15,8 @@ FAMILIES = [families.unary, families.binary, shapes.view, families.matmul, famil
             families.reduce, families.norm, families.pool, shapes.concat, families.unary,
             families.binary, families.compare_select, families.bias_scale, families.cast,
             families.attention, blocks.std_call, blocks.block, shapes.contiguous, shapes.genstats,
-            shapes.view, families.conv, families.matmul, shapes.gather, shapes.cache_write]
+            shapes.view, families.conv, families.matmul, shapes.gather, shapes.cache_write,
+            shapes.rotary]
 MAX_OPS = 40
 
 

@@ -224,3 +224,37 @@ def cache_write(g: Gen) -> bool:
     g.stats.features["cache written in place"] += 1
     g.bind(out)
     return True
+
+
+def rotary(g: Gen) -> bool:
+    """A rotary embedding's rotation as a Llama layer writes it, `x * cos + rotate_half(x) *
+    sin` with `rotate_half(x) = concat([-x[.., h:], x[.., :h]], axis=-1)`: the slices, negation,
+    concat and products a decoder step runs twice a layer (docs/benchmarks.md, the decoder).
+    cos and sin are of a param along the last axis, as the positions' angles are."""
+    x = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and static(e.type.shape[-1])
+               and size(e.type.shape[-1]) % 2 == 0 and all(printable(d) for d in e.type.shape))
+    if x is None:
+        return False
+    n = size(x.type.shape[-1])
+    lead = tuple(x.type.shape[:-1])
+
+    def half(lo: int, hi: int) -> Expr | None:
+        return g.apply("slice", {"x": x}, {"starts": (*(0,) * len(lead), lo),
+                                           "ends": (*lead, hi)})
+
+    angles = g.new_param((n,), role="gain", dtype=x.type.dtype)
+    first, second = half(0, n // 2), half(n // 2, n)
+    negated = None if second is None else g.apply("neg", {"x": second})
+    turned = None if negated is None or first is None else \
+        g.apply("concat", {"xs": [negated, first]}, {"axis": -1})
+    cos, sin = g.apply("cos", {"x": angles}), g.apply("sin", {"x": angles})
+    if turned is None or cos is None or sin is None:
+        return False
+    a = g.apply("mul", {"a": x, "b": cos}, infix=True)
+    b = g.apply("mul", {"a": turned, "b": sin}, infix=True)
+    out = None if a is None or b is None else g.apply("add", {"a": a, "b": b}, infix=True)
+    if out is None:
+        return False
+    g.stats.features["rotary"] += 1
+    g.bind(out)
+    return True
