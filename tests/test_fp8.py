@@ -534,3 +534,26 @@ def test_an_fp8_product_stays_f32_inside_its_group_under_f16_intermediates(
     assert c is not None
     want = mlp_oracle(x[0], w, dict(c.amax))[1]
     assert np.isfinite(got).all() and rel_error(got, want) < 1e-2
+
+
+def test_an_fp8_matmul_reads_its_operands_k_major(tmp_path: Path) -> None:
+    """Hopper's fp8 GEMMs take both operands with K innermost: a row-major A as it is, a
+    row-major B [K, N] through a K-major copy (of the weight, at load time), a B that is the
+    transpose of a weight stored [N, K] in place."""
+    from dslc.pipeline import lower_and_fuse
+    from tests.helpers import check_source
+
+    def operands(source: str) -> list[tuple[str, tuple[int, ...] | None]]:
+        lowered, _ = lower_and_fuse(check_source(source, tmp_path).model)
+        nodes = lowered.by_name()
+        [m] = [n for n in lowered.nodes if n.op == "matmul"]
+        return [(nodes[i].op, nodes[i].type.layout.order if nodes[i].type.layout else None)
+                for i in m.inputs]
+
+    head = HEADER + "model m {\n  precision io=f16, intermediate=f32, compute=f32, matmul=f8e4m3\n"
+    assert operands(head + "  input x: [2, 16, 64]\n  param w: [64, 32]\n"
+                    "  output y = matmul(x, w)\n}\n") == [("cast", (0, 1, 2)),
+                                                       ("contiguous", (1, 0))]
+    assert operands(head + "  input x: [16, 64]\n  param w: [32, 64]\n"
+                    "  output y = matmul(x, transpose(w, [1, 0]))\n}\n") == [("cast", (0, 1)),
+                                                                          ("cast", (1, 0))]
