@@ -368,3 +368,35 @@ def test_a_concat_writes_in_its_first_operands_memory_order(tmp_path: Path) -> N
 """, tmp_path)
     concat = next(n for n in c.graph.nodes if n.op == "concat")
     assert concat.type.layout is not None and concat.type.layout.order == (0, 2, 3, 1)
+
+
+def test_a_transposed_conv_reads_nchw_data_through_a_channels_last_copy(tmp_path: Path) -> None:
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f32, compute=f32
+  input x: [1, 16, 6, 6]
+  param w: [16, 8, 2, 2]
+  output y = relu(conv_transpose(x, w, stride=2))
+}
+""", tmp_path)
+    [convt] = [n for n in c.graph.nodes if n.op == "conv_transpose"]
+    assert convt.inputs[0] == "x.channels_last" and convt.type.layout is not None
+    assert convt.type.layout.order == (0, 2, 3, 1)
+
+
+def test_a_conv_over_rows_sliced_from_channels_last_data_reads_a_copy(tmp_path: Path) -> None:
+    """A view of channels-last data with gaps (rows of both images) is read through a dense
+    copy (cuDNN computed a conv over such a view 77% off on the H200); rows of one image are a
+    dense block, read in place."""
+    def data_of_conv(view: str, n: int) -> str:
+        c = _compiled(f"""model m {{
+  precision io=f16, intermediate=f32, compute=f32
+  input x: [2, 16, 6, 6] @NHWC
+  param w: [16, 16, 3, 3]
+  output y: [{n}, 16, 2, 4] @NHWC = conv({view}, w)
+}}
+""", tmp_path)
+        [conv] = [node for node in c.graph.nodes if node.op == "conv"]
+        return c.graph.by_name()[conv.inputs[0]].op
+
+    assert data_of_conv("x[:, :, 0:4, :]", 2) == "contiguous"
+    assert data_of_conv("x[0:1, :, 0:4, :]", 1) == "view"
