@@ -344,7 +344,7 @@ class _Fp8Bench:
     def ms(self, chosen: frozenset[str]) -> float:
         """The model's CUDA-graph replay, median of 30, with `chosen` in fp8 (its plain runs
         where it cannot be captured, R0803)."""
-        from dslc.backend.timing import median_ms, upload
+        from dslc.backend.timing import median_ms, upload_inputs
         from dslc.core.errors import RunnerError
         from dslc.runtime import Model
         from dslc.runtime.calibrate import runs
@@ -356,11 +356,7 @@ class _Fp8Bench:
             path, program = built
             first = runs(program.bundle.manifest, self.samples)[0]
             model = Model(path, self.weights, tuning_db=None, plan_cache=None)
-            inputs = {}
-            for name, value in first.items():
-                node = program.nodes[program.inputs[name]]
-                order = node.type.layout.order if node.type.layout is not None else None
-                inputs[name] = upload(value, node.type.dtype, order, "torch")
+            inputs = upload_inputs(first, program)
             model.run(inputs)
             try:
                 graph = model.capture(inputs)

@@ -4,7 +4,7 @@ their declared memory layout (`dslc bench`)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,18 @@ def upload(host: np.ndarray, dtype: str, order: tuple[int, ...] | None, kind: st
         return t.permute(inverse)
     cupy, _ = require()
     return cupy.asarray(physical.astype(CUPY_DTYPES[dtype])).transpose(inverse)
+
+
+def upload_inputs(arrays: Mapping[str, np.ndarray], program: Any) -> dict[str, Any]:
+    """A schedule's inputs (`program`: a `runtime.schedule.Schedule`) as torch CUDA tensors,
+    each in its declared dtype and memory order (torch: it has bf16; integers as they are:
+    through f32 an id above 2**24 would change)."""
+    out = {}
+    for name, a in arrays.items():
+        node = program.nodes[program.inputs[name]]
+        order = node.type.layout.order if node.type.layout is not None else None
+        out[name] = upload(a, node.type.dtype, order, "torch")
+    return out
 
 
 def to_host(value: Any) -> np.ndarray:

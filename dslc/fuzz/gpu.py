@@ -228,16 +228,10 @@ def _identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray], stage: str, w
 
 
 def to_device(arrays: dict[str, np.ndarray], program: Any) -> dict[str, Any]:
-    """Torch CUDA tensors in each input's declared dtype and layout (torch: it has bf16;
-    integers as they are: through f32 an id above 2**24 would change)."""
-    from dslc.backend.timing import upload
+    """Torch CUDA tensors in each input's declared dtype and layout (`timing.upload_inputs`)."""
+    from dslc.backend.timing import upload_inputs
 
-    out = {}
-    for name, a in arrays.items():
-        node = program.nodes[program.inputs[name]]
-        order = node.type.layout.order if node.type.layout is not None else None
-        out[name] = upload(a, node.type.dtype, order, "torch")
-    return out
+    return upload_inputs(arrays, program)
 
 
 def to_host(outputs: dict[str, Any]) -> dict[str, np.ndarray]:
