@@ -100,8 +100,9 @@ def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
             if progress:
                 progress(f"[{done}/{total}] {bucket.key} {group}")
             spec = GroupSpec.from_data(entry.spec.to_data())
-            row, plan = (None, None, None, "untimed (GPU context lost)"), None
-            if lost is None:
+            if lost is not None:
+                row, plan = (None, None, None, "untimed (GPU context lost)"), None
+            else:
                 try:
                     row, plan = _tune_one(spec, program, storage, handle, db,
                                           (env, live.driver),
@@ -112,7 +113,7 @@ def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
                     LOG.error("tuning stopped: the GPU's context was lost at %s; every graph "
                               "not tuned yet keeps its saved plan (a defect of dslc or cuDNN: "
                               "please report it with the bundle)", lost)
-                    row = (None, None, None, "failed")
+                    row, plan = (None, None, None, "failed"), None
             report.rows.append(Row(bucket.key, signature, group, *row))
             if plan is not None:
                 plans[(bucket.key, signature)] = entry.plan.updated(
