@@ -233,3 +233,19 @@ def test_a_repeated_blocks_projections_are_four_kinds_of_four(tmp_path: Path) ->
     assert all({n.split(".", 2)[2] for n in k} == {k[0].split(".", 2)[2]} for k in kinds)
     mlp = check_source(MLP, tmp_path, "mlp8.cgraph").model  # two shapes: two kinds of one
     assert sorted(fp8_kinds(mlp.graph), key=min) == [ONLY_A, ONLY_B]
+
+
+def test_every_op_of_a_kind_says_what_was_measured(tmp_path: Path, bench: _Fp8Bench) -> None:
+    """A kind is named for its first op; its other ops' steps say the choice too (the H200
+    run of the GPT blocks found 4 of 16 steps saying it)."""
+    from dslc.cli.fp8_choice import record
+    from dslc.runtime.bundle import load
+
+    built = bench._bundle(NONE)
+    assert built is not None
+    target = tmp_path / "m.bundle"
+    target.write_bytes(built[0].read_bytes())
+    d = Decision(1.0, [OpTime(A, 1.1, False, "no faster", alike=ONLY_A | ONLY_B)], 1.0, 0.0, 0.05)
+    record(target, d, bench.tensors, bench.samples)
+    said = [s.reason for s in load(target).steps if "fp8 measured" in s.reason]
+    assert len(said) == 2 and all("with this op and 1 alike in fp8" in r for r in said)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslc.core.errors import RunnerError
+from dslc.core.types import FP8
+from dslc.ops import fp8
 
 TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i8": "int8",
                 "u8": "uint8", "i32": "int32", "i64": "int64", "bool": "bool",
@@ -141,7 +143,8 @@ def view(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str,
 
 # -- floating-point storage on the device: CuPy has no bf16, so bf16 lives as uint16 bits --------
 def round_to(cupy: Any, x: Any, dtype: str) -> Any:
-    """An f32 array rounded to the values `dtype` holds (round to nearest even), still f32."""
+    """An f32 array rounded to the values `dtype` holds (round to nearest even; fp8 saturating
+    as `ops.fp8` does), still f32. Integers and masks as they are."""
     if dtype == "f16":
         return x.astype(cupy.float16).astype(cupy.float32)
     if dtype == "bf16":
@@ -149,6 +152,8 @@ def round_to(cupy: Any, x: Any, dtype: str) -> Any:
         u = (u + cupy.uint32(0x7FFF) + ((u >> cupy.uint32(16)) & cupy.uint32(1))) \
             & cupy.uint32(0xFFFF0000)
         return u.view(cupy.float32)
+    if dtype in FP8:  # the tuner compares a quantising cast's output with this
+        return fp8.round_fp8(cupy, x, dtype)
     return x
 
 

@@ -68,8 +68,9 @@ def record(path: Path, decision: Decision, tensors: Mapping[str, np.ndarray],
     bundle = load(path)
     if decision.chosen:
         bundle = calibrated(bundle, calibrate(Schedule(bundle), tensors, samples))
+    measured = decision.measured  # every op of every kind, not only the one named for it
     steps = tuple(replace(s, reason="; ".join(filter(None, [s.reason, *(
-        decision.reason(op) for op in s.nodes if op in {o.op for o in decision.ops})])))
+        decision.reason(op) for op in s.nodes if op in measured)])))
         for s in bundle.steps)
     with paths.writing(path):
         fsutil.write_bytes(path, bundle_file.pack(replace(bundle, steps=steps)))
