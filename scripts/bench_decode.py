@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -167,6 +168,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--steps", type=int, default=6, help="steps compared from position 0")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--profile", action="store_true",
+                    help="then each step's time, summed over layers (CUDA events around each step, "
+                         "outside a CUDA graph: host launch costs included)")
     args = ap.parse_args()
 
     import torch
@@ -231,9 +235,24 @@ def main() -> int:
           f"{graph_ms:.3f} | {torch_ms:.3f} | {torch_ms / graph_ms:.2f} | "
           f"{report['steps']} ({report['kernel_steps']}) |")
     print(f"compiled and tuned in {compile_s:.0f} s; worst relative error {max(errors):.2e}")
+    if args.profile:
+        print_profile(model.profile(feed, repeats=20))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def print_profile(rows: list[dict[str, Any]]) -> None:
+    """Steps alike across layers (`model.layers.N.` dropped from the name) summed: where a
+    token's time goes, the largest first."""
+    total: dict[str, list[float]] = {}
+    for r in rows:
+        key = re.sub(r"model\.layers\.\d+", "L", r["step"]) + f" [{r['pattern']}]"
+        total.setdefault(key, []).append(r["ms"])
+    print(f"{'step (summed over layers)':<60} {'n':>3} {'ms':>8} {'ms each':>8}")
+    for key, ms in sorted(total.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{key[:60]:<60} {len(ms):>3} {sum(ms):>8.4f} {sum(ms) / len(ms):>8.4f}")
+    print(f"{'all steps':<60} {len(rows):>3} {sum(r['ms'] for r in rows):>8.4f}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,7 +131,7 @@ def test_every_op_running_alone_has_a_reason(name: str) -> None:
 
 
 def test_groups_are_in_dependency_order() -> None:
-    for name in ("resnet50", "unet", "encoder"):
+    for name in ("resnet50", "unet", "encoder", "llama_decode", "sd_down_block"):
         plan = _plan(name)
         produced = {n.name for n in plan.graph.nodes if n.op in ("input", "param", "scalar")}
         produced |= set(plan.load_time) | set(plan.views)
@@ -155,3 +156,67 @@ def test_pattern_table_takes_its_ops_from_the_op_table() -> None:
         "matmul_epilogue": {"matmul"},
         "norm_epilogue": {"layernorm", "rmsnorm", "instancenorm", "batchnorm"},
         "reduce_epilogue": reductions, "pointwise": EPILOGUE}
+
+
+def _snippet_plan(body: str, tmp_path: Path) -> FusionPlan:
+    from tests.helpers import check_source, model_snippet
+
+    model = check_source(model_snippet(body), tmp_path).model
+    assert model is not None
+    return lower_and_fuse(model)[1]
+
+
+def test_pointwise_values_computed_only_for_one_op_join_its_group(tmp_path: Path) -> None:
+    """`a * b + c * d` is one step: the product beside the chain joins it (before the add that
+    reads it); so do the values it alone reads (`-c`)."""
+    plan = _snippet_plan("""  input a: [4, 8]
+  input b: [4, 8]
+  input c: [4, 8]
+  output y = a * b + (-c) * relu(a)""", tmp_path)
+    [group] = plan.groups
+    nodes = plan.graph.by_name()
+    ops = [nodes[n].op for n in group.nodes]
+    assert sorted(ops) == ["add", "mul", "mul", "neg", "relu"] and ops[-1] == "add"
+    done: set[str] = set()
+    for n in group.nodes:  # each member after the members it reads
+        assert all(i in done or i not in group.nodes for i in nodes[n].inputs), group.nodes
+        done.add(n)
+    assert group.outputs == (group.nodes[-1],)
+
+
+@pytest.mark.parametrize(("body", "groups"), [
+    # the product is also an output: it is stored, and the add reads it
+    ("""  output p = a * b
+  output y = relu(a) + p""", 2),
+    # the product is read twice: it is stored once
+    ("""  let p = a * b
+  output y = relu(a) + p
+  output z = relu(p)""", 3),
+    # the product broadcasts to the add's shape: it keeps a step of its own
+    ("""  let p = a[0:1, :] * b[0:1, :]
+  output y = relu(a) + p""", 2),
+])
+def test_a_value_read_elsewhere_or_of_another_shape_keeps_its_own_step(
+        body: str, groups: int, tmp_path: Path) -> None:
+    plan = _snippet_plan("  input a: [4, 8]\n  input b: [4, 8]\n" + body, tmp_path)
+    assert len(plan.groups) == groups, [g.nodes for g in plan.groups]
+
+
+def test_a_matmul_keeps_its_chain() -> None:
+    """Only pointwise groups take values beside their chain: cuDNN's matmul and conv graphs
+    keep the epilogues they were measured with (the decoder's SwiGLU `silu(gate) * up`)."""
+    plan = _plan("llama_decode")
+    nodes = plan.graph.by_name()
+    for g in plan.groups:
+        if g.pattern in ("matmul_epilogue", "conv_epilogue"):
+            for a, b in zip(g.nodes, g.nodes[1:], strict=False):
+                assert a in nodes[b].inputs, g.nodes
+
+
+def test_rotary_products_are_one_step() -> None:
+    """`x * cos + rotate_half(x) * sin`: both products and the sum one step per rotary."""
+    plan = _plan("llama_decode")
+    nodes = plan.graph.by_name()
+    rotary = [g for g in plan.groups
+              if sorted(nodes[n].op for n in g.nodes) == ["add", "mul", "mul"]]
+    assert len(rotary) == 2 * _ops_of("llama_decode", "sdpa")  # q and k of each layer

@@ -45,9 +45,32 @@ class _Partition:
             if (user.op not in pattern.epilogue or user.name in self.grouped
                     or user.type.shape != value.type.shape):
                 break
+            if pattern.name == "pointwise":
+                members.extend(self.beside(user, set(members), pattern))
             members.append(user.name)
             value = user
         return members
+
+    def beside(self, user: Node, members: set[str], pattern: FusionPattern) -> list[str]:
+        """The pointwise values `user` reads beside the chain that nothing else reads, with
+        those they read alike, in an order that computes each before its reader: they join
+        the group (`x * cos + rotate_half(x) * sin` is one step, not one per product). Each
+        has `user`'s shape and memory order, as a chain's ops do. Only pointwise groups take
+        them (one cuDNN pointwise graph, or one generated kernel); a conv or a matmul graph
+        keeps a chain. A value computed only for `user` cannot depend on the group (each
+        member's one reader is the next member), so the group reads nothing it computes."""
+        out: list[str] = []
+        for name in dict.fromkeys(user.inputs):
+            p = self.nodes[name]
+            if (name in members or name in out or name in self.grouped or not self.runs(p)
+                    or p.op not in pattern.epilogue or name in self.outputs
+                    or {u.name for u in self.users[name]} != {user.name}
+                    or p.type.shape != user.type.shape or p.type.layout != user.type.layout
+                    or name in self.placement):
+                continue
+            out.extend(self.beside(p, members | set(out), pattern))
+            out.append(name)
+        return out
 
     def run(self) -> None:
         for pattern in PATTERNS:
