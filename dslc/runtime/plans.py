@@ -101,7 +101,7 @@ def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str,
     time them here, keep the fastest."""
     from dslc.backend import graphs as cbuild
     from dslc.backend.device import require
-    from dslc.backend.measure import TOLERANCE, Bench, check_and_time
+    from dslc.backend.measure import Bench, check_and_time, tolerance
 
     cupy, _ = require()
     start = time.perf_counter()
@@ -118,7 +118,7 @@ def retime(spec: GroupSpec, plan: PlanRecord, handle: Any, storage: Mapping[str,
             if not built.has_plan:
                 continue
             ms, _, workspace = check_and_time(built.graph, bench, want, handle,
-                                              TOLERANCE.get(spec.io, 2e-2), workspace)
+                                              tolerance(spec), workspace)
         except Exception:
             continue
         if ms < (best[0] if best else math.inf):

@@ -17,7 +17,7 @@ from typing import Any
 
 from dslc.backend import environment
 from dslc.backend.device import require
-from dslc.backend.measure import TOLERANCE, Bench, time_kernel, tune_spec
+from dslc.backend.measure import Bench, time_kernel, tolerance, tune_spec
 from dslc.backend.spec import GroupSpec
 from dslc.runtime.records import Bundle, Environment, PlanRecord, StepRecord
 from dslc.runtime.schedule import Schedule
@@ -199,7 +199,7 @@ def kernel_measurer(bundle: Bundle) -> Callable[[StepRecord, GroupSpec, Mapping[
         p = program.pointwise_kernel(step)
         assert p is not None, where
         ms, _ = time_kernel(p, Bench(spec, program.nodes, storage, cupy), step.outputs,
-                            TOLERANCE.get(spec.io, 2e-2))
+                            tolerance(spec))
         return ms if math.isfinite(ms) else None
 
     return measure
