@@ -168,6 +168,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--steps", type=int, default=6, help="steps compared from position 0")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--search", choices=("heuristics", "exhaustive"), default="heuristics",
+                    help="the candidates dslc's tuning measures (`dslc compile --search`)")
+    ap.add_argument("--budget", type=float, default=20.0,
+                    help="seconds of tuning per graph (`dslc compile --budget`)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="then the GPU kernels of one replay of each CUDA graph (torch.profiler)")
     ap.add_argument("--profile", action="store_true",
                     help="then each step's time, summed over layers (CUDA events around each step, "
                          "outside a CUDA graph: host launch costs included)")
@@ -185,7 +191,9 @@ def main() -> int:
     source.write_text(model_text(args.layers))
     start = time.monotonic()
     built = subprocess.run([sys.executable, "-m", "dslc", "compile", str(source), "-I",
-                            str(ROOT / "models"), "--target", "device", "-o", str(tmp), "-q"],
+                            str(ROOT / "models"), "--target", "device", "--search", args.search,
+                            "--budget", str(args.budget),
+                            "-o", str(tmp), "-q"],
                            capture_output=True, text=True, check=False)
     if built.returncode != 0:
         print(built.stderr[-3000:])
@@ -237,9 +245,35 @@ def main() -> int:
     print(f"compiled and tuned in {compile_s:.0f} s; worst relative error {max(errors):.2e}")
     if args.profile:
         print_profile(model.profile(feed, repeats=20))
+    if args.kernels:
+        for who, run, ms in (("dslc", lambda: fast(feed), graph_ms), ("torch", replay, torch_ms)):
+            print_kernels(who, run, ms)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def print_kernels(who: str, replay: Any, graph_ms: float, repeats: int = 10) -> None:
+    """The kernels a CUDA graph's replay runs (CUPTI through torch.profiler), by name: where a
+    token's time goes inside the graph, and how much of it no kernel runs (launch gaps)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            replay()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us:
+            rows.append((us / repeats, e.count // repeats, e.key))
+    busy = sum(r[0] for r in rows) / 1e3
+    print(f"{who}: kernels {busy:.3f} ms of the graph's {graph_ms:.3f} ms per replay "
+          f"({sum(r[1] for r in rows)} kernels)")
+    for us, n, name in sorted(rows, reverse=True)[:14]:
+        print(f"  {us / 1e3:8.4f} ms {n:>4}x  {name[:110]}")
 
 
 def print_profile(rows: list[dict[str, Any]]) -> None:

@@ -10,7 +10,8 @@ over the tensor where one does.
 
 fp8 values travel as their bytes (uint8: CuPy has no fp8 dtype) and bf16 as its uint16 bits;
 both are converted by the functions of `CONVERSIONS` and `cuda.PREAMBLE`, round to nearest
-even, e4m3 saturating at +-448 and e5m2 overflowing to infinity, as `ops.fp8` rounds. The
+even, e4m3 saturating at +-448 and e5m2 overflowing to infinity, as `ops.fp8` rounds (e4m3 by
+the GPU's own conversion instruction where it has one, sm_89 and later). The
 runtime knows each tensor's dslc dtype from the IR, so a uint8 array is never guessed at.
 `takes` decides which steps run here; compile and runtime both ask it.
 """
@@ -99,9 +100,27 @@ __device__ __forceinline__ float f16_round(float f) {
   return r;
 }
 #endif
+// On sm_89 and later the GPU converts e4m3 itself (PTX cvt with satfinite: round to nearest
+// even, saturating at +-448, as above; a NaN keeps its sign here, as ops.fp8 writes it): the
+// arithmetic above made a quantising cast's kernel compute-bound.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+__device__ __forceinline__ float e4m3_f(unsigned char b) {
+  unsigned int h2; float r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)b));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)(h2 & 0xffff)));
+  return r;
+}
+__device__ __forceinline__ unsigned char f_e4m3(float f) {
+  if (f != f) return ((__float_as_uint(f) >> 24) & 0x80) | 0x7f;
+  unsigned short h;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(f));
+  return (unsigned char)(h & 0xff);
+}
+#else
 __device__ __forceinline__ float e4m3_f(unsigned char b) { return fp8_f(b, 3, 7, true); }
-__device__ __forceinline__ float e5m2_f(unsigned char b) { return fp8_f(b, 2, 15, false); }
 __device__ __forceinline__ unsigned char f_e4m3(float f) { return f_fp8(f, 3, 7, true, 448.0f); }
+#endif
+__device__ __forceinline__ float e5m2_f(unsigned char b) { return fp8_f(b, 2, 15, false); }
 __device__ __forceinline__ unsigned char f_e5m2(float f) { return f_fp8(f, 2, 15, false, 57344.0f); }
 """
 

@@ -1,6 +1,7 @@
 """Measure the plans of one group graph on the GPU: every candidate built and timed with CUDA
-events (warm-up, then the median of several runs, stopping early once it settles, with the L2
-cache flushed before each run so it does not flatter), and its output checked against the
+events (warm-up, then the median of 15 runs queued behind a kernel that holds the GPU, so the
+host's launch time does not count, with the L2 cache flushed before each run so it does not
+flatter: `backend.timing.gpu_ms`), and its output checked against the
 reference before it may win. A candidate that fails to build, run or match counts as infinitely
 slow. The heuristics' choice is kept unless another plan beats it beyond noise.
 """
@@ -17,6 +18,7 @@ from typing import Any
 from dslc.backend.device import STORED_AS, decode, encode, require, run_reference
 from dslc.backend.fused import Plan, run
 from dslc.backend.spec import GroupSpec
+from dslc.backend.timing import gpu_ms
 from dslc.core.types import FP8
 from dslc.ir.graph import Node
 from dslc.ir.interp import ITEMSIZE
@@ -171,34 +173,17 @@ def relative_error(cupy: Any, got: Mapping[str, Any], want: Mapping[str, Any]) -
     return worst
 
 
-def time_plan(graph: Any, bench: Bench, workspace: Any, handle: Any, max_runs: int = 25) -> float:
-    """Median milliseconds of `graph.execute`, L2 flushed before each run; stops early when the
-    last five runs agree within 1%."""
+def time_plan(graph: Any, bench: Bench, workspace: Any, handle: Any, max_runs: int = 15) -> float:
+    """Median milliseconds of `graph.execute` on the GPU, L2 flushed before each run."""
     pack = bench.pack()
     ws = int(workspace.data.ptr)
     return _median_ms(lambda: graph.execute(pack, ws, handle=handle), bench, max_runs)
 
 
-def _median_ms(once: Callable[[], object], bench: Bench, max_runs: int = 25) -> float:
-    """Median milliseconds of `once()` after 3 warm-up runs, L2 flushed before each; stops
-    early when the last five runs agree within 1%."""
-    cupy = bench.cupy
-    for _ in range(3):
-        once()
-    samples: list[float] = []
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    for _ in range(max_runs):
-        bench.flush.fill(1)
-        start.record()
-        once()
-        end.record()
-        end.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, end))
-        if len(samples) >= 8:
-            last = sorted(samples[-5:])
-            if last[-1] - last[0] <= 0.01 * last[2]:
-                break
-    return statistics.median(samples)
+def _median_ms(once: Callable[[], object], bench: Bench, max_runs: int = 15) -> float:
+    """Median milliseconds the GPU spends in `once()` (`backend.timing.gpu_ms`: after 3
+    warm-up runs, the L2 flushed before each, the host's launch time not counted)."""
+    return statistics.median(gpu_ms(bench.cupy, once, lambda: bench.flush.fill(1), max_runs))
 
 
 def check_and_time(graph: Any, bench: Bench, want: Mapping[str, Any], handle: Any,

@@ -4,7 +4,9 @@ their declared memory layout (`dslc bench`)."""
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,53 @@ def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 5) -> float:
         end.synchronize()
         samples.append(float(cupy.cuda.get_elapsed_time(start, end)))
     return statistics.median(samples)
+
+
+HOLD = r"""
+extern "C" __global__ void dslc_hold(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) { }
+}
+"""
+
+
+@cache
+def _hold_kernel(cupy: Any) -> tuple[Any, int]:
+    """A one-thread kernel that keeps the GPU busy for a number of clock cycles, and the GPU's
+    clock in kHz (cycles per millisecond)."""
+    return (cupy.RawKernel(HOLD, "dslc_hold"),
+            int(cupy.cuda.Device().attributes["ClockRate"]))
+
+
+def gpu_ms(cupy: Any, once: Callable[[], object], before: Callable[[], object],
+           runs: int, warmup: int = 3) -> list[float]:
+    """Milliseconds the GPU spends in each of `runs` calls of `once()` (`before()` queued ahead
+    of each, untimed: an L2 flush), all queued behind a kernel that holds the GPU for longer than
+    Python takes to queue them: the events then time the GPU's work alone. Timed one by one, as
+    Python launches them, a small kernel's time was mostly the host's (a CuPy kernel's launch:
+    tens of microseconds), which a CUDA graph's replay does not pay: the one generated kernel of
+    a quantising cast timed 0.078 ms against cuDNN's graph at 0.030 ms (H200, 2026-12-03)."""
+    stream = cupy.cuda.get_current_stream()
+    before()
+    once()  # the first call may build what the others reuse
+    stream.synchronize()
+    started = time.perf_counter()
+    for _ in range(max(warmup - 1, 1)):
+        before()
+        once()
+    host_ms = (time.perf_counter() - started) * 1e3 / max(warmup - 1, 1)  # queueing them
+    stream.synchronize()
+    kernel, khz = _hold_kernel(cupy)
+    hold_ms = min(2.0 * host_ms * runs + 0.5, 2000.0)
+    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(runs)]
+    kernel((1,), (1,), (np.int64(hold_ms * khz),))
+    for start, end in events:
+        before()
+        start.record(stream)
+        once()
+        end.record(stream)
+    stream.synchronize()
+    return [float(cupy.cuda.get_elapsed_time(start, end)) for start, end in events]
 
 
 def synchronize() -> None:
