@@ -379,3 +379,74 @@ def test_a_quantising_multiply_and_cast_give_the_references_bytes_on_the_host(
     run_on_host(lib, 0, [x, np.full(x.shape, scale, np.float32), y])
     want = np.clip(x.astype(np.float32) * scale, -448, 448).astype(ml_dtypes.float8_e4m3fn)
     assert np.array_equal(y, want.view(np.uint8))
+
+
+# -- the vector kernel (Plan.vector_source), compiled on the host ---------------------------------
+_GRID = r"""
+#define __global__
+struct dim3_ { unsigned x; };
+static dim3_ blockIdx = {0}, threadIdx = {0}, gridDim = {1}, blockDim = {1};
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+"""
+
+
+def host_vector_kernels(plans: list[tuple[fused.Plan, tuple[bool, ...]]],
+                        folder: Path) -> ctypes.CDLL:
+    """The plans' vector kernels as host functions `vec{i}(pointers..., n)`: one block of one
+    thread, which walks every vector and then the tail."""
+    from dslc.backend.cuda import PREAMBLE
+
+    source = _SHIMS + _GRID + PREAMBLE + fused.CONVERSIONS + "".join(
+        p.vector_source(f"vec{k}", b) for k, (p, b) in enumerate(plans))
+    name = f"vector_{zlib.crc32(source.encode()):08x}"
+    (folder / f"{name}.cpp").write_text(source)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / f"{name}.so"),
+                    str(folder / f"{name}.cpp")], check=True)
+    return ctypes.CDLL(str(folder / f"{name}.so"))
+
+
+def run_vector_on_host(lib: ctypes.CDLL, k: int, arrays: list[np.ndarray], n: int) -> None:
+    fn = getattr(lib, f"vec{k}")
+    fn.argtypes = [ctypes.c_void_p] * len(arrays) + [ctypes.c_longlong]
+    fn(*[a.ctypes.data for a in arrays], n)
+
+
+@pytest.mark.parametrize("n", [4096, 4096 + 5, 3])  # whole vectors; a tail; only a tail
+def test_the_vector_kernel_computes_what_the_elementwise_kernel_does(
+        n: int, host_folder: Path) -> None:
+    """A quantising multiply by a scale of one element (f16 in, e4m3 out), and a chain reading
+    f16, bf16 and f32 operands into an f16 and a bool result: the vector kernel's bytes are the
+    elementwise kernel's (whose ops are checked against their references above), with the
+    one-element operand read once and the elements past the last whole vector computed too."""
+    g = rng("host vector", n)
+    quantise = fused.Plan(
+        (fused.Operand("x", "f16"), fused.Operand("s", "f32")),
+        (fused.Member("a * b", ("x0", "x1"), "f32"), fused.Member("a", ("v0",), "f8e4m3")),
+        (1,), ("f8e4m3",))
+    chain = fused.Plan(
+        (fused.Operand("a", "f16"), fused.Operand("b", "bf16"), fused.Operand("c", "f32")),
+        (fused.Member("a * b", ("x0", "x1"), "f32"),
+         fused.Member("a / (1.0f + expf(-a))", ("v0",), "f32"),
+         fused.Member("a + b", ("v1", "x2"), "f16"),
+         fused.Member("(a > b)", ("v2", "x2"), "bool")),
+        (2, 3), ("f16", "bool"))
+    lib = host_vector_kernels([(quantise, (False, True)), (chain, (False, False, False))],
+                              host_folder)
+    elementwise = host_kernels([quantise, chain], host_folder)
+    x = (g.standard_normal(n) * 3).astype(np.float16)
+    scale = np.array([40.0], np.float32)
+    got = np.zeros(n, np.uint8)
+    run_vector_on_host(lib, 0, [x, scale, got], n)
+    want = np.zeros(n, np.uint8)
+    run_on_host(elementwise, 0, [x, np.full(n, scale[0], np.float32), want])
+    assert np.array_equal(got, want) and np.unique(got).size > min(n, 20) // 2
+    a = g.standard_normal(n).astype(np.float16)
+    b = g.standard_normal(n).astype(ml_dtypes.bfloat16).view(np.uint16)
+    c = g.standard_normal(n).astype(np.float32)
+    outs = [np.zeros(n, np.float16), np.zeros(n, np.uint8)]
+    run_vector_on_host(lib, 1, [a, b, c, *outs], n)
+    wants = [np.zeros(n, np.float16), np.zeros(n, np.bool_)]
+    run_on_host(elementwise, 1, [a, b, c, *wants])
+    assert np.array_equal(outs[0].view(np.uint16), wants[0].view(np.uint16))
+    assert np.array_equal(outs[1].astype(bool), wants[1]) and 0 < outs[1].sum() < n

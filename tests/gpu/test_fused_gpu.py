@@ -184,3 +184,30 @@ def test_an_fp8_linear_equals_the_reference_with_its_quantising_cast_a_graph_or_
     err = rel_error(got.astype(np.float64), want.astype(np.float64))
     print(f"fp8 linear ({quantise}) against the fp8 reference: {err:.2e}")
     assert err < 2e-2
+
+
+def test_the_vector_kernel_runs_dense_steps_and_equals_the_elementwise_kernel() -> None:
+    """A quantising cast of 1M f16 values by a one-element scale (+5, a tail) runs as the
+    vector kernel and gives the elementwise kernel's bytes; a transposed operand falls back to
+    the elementwise kernel, with the same bytes."""
+    import cupy
+
+    from dslc.backend import fused
+
+    p = fused.Plan(
+        (fused.Operand("x", "f16"), fused.Operand("s", "f32")),
+        (fused.Member("a * b", ("x0", "x1"), "f32"), fused.Member("a", ("v0",), "f8e4m3")),
+        (1,), ("f8e4m3",))
+    g = cupy.random.default_rng(note_seed("vector kernel", 3))
+    x = (g.standard_normal((1024, 1029), dtype=cupy.float32) * 3).astype(cupy.float16)
+    s = cupy.asarray([40.0], dtype=cupy.float32)
+    assert fused._vectorizable(p, [x, s], [cupy.empty(x.shape, cupy.uint8)]) == [False, True]
+    y, want = cupy.empty(x.shape, cupy.uint8), cupy.empty(x.shape, cupy.uint8)
+    fused.run(p, [x, s], [y])
+    fused._kernel(*p.source())(x, s, want)
+    assert bool((y == want).all()) and int(cupy.unique(y).size) > 100
+    xt = x.T  # not dense: the elementwise kernel
+    assert fused._vectorizable(p, [xt, s], [cupy.empty(xt.shape, cupy.uint8)]) is None
+    yt = cupy.empty(xt.shape, cupy.uint8)
+    fused.run(p, [xt, s], [yt])
+    assert bool((yt == want.T).all())
