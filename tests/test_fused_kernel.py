@@ -450,3 +450,31 @@ def test_the_vector_kernel_computes_what_the_elementwise_kernel_does(
     run_on_host(elementwise, 1, [a, b, c, *wants])
     assert np.array_equal(outs[0].view(np.uint16), wants[0].view(np.uint16))
     assert np.array_equal(outs[1].astype(bool), wants[1]) and 0 < outs[1].sum() < n
+
+
+def test_the_vector_kernel_takes_dense_tensors_laid_out_alike() -> None:
+    """Which steps the vector kernel runs (NumPy arrays stand in for CuPy's: shapes, strides
+    and addresses are what is asked): dense operands and results of one memory order, row-major
+    or not (an attention's BSHD output), an operand of one element read once; not a small
+    step, a strided or a differently ordered operand, nor a misaligned one."""
+    quantise = fused.Plan(
+        (fused.Operand("x", "f16"), fused.Operand("s", "f32")),
+        (fused.Member("a * b", ("x0", "x1"), "f32"), fused.Member("a", ("v0",), "f8e4m3")),
+        (1,), ("f8e4m3",))
+    s = np.ones(1, np.float32)
+    x = np.zeros((8, 128, 12, 64), np.float16)
+    y = np.zeros(x.shape, np.uint8)
+    assert fused._vectorizable(quantise, [x, s], [y]) == [False, True]
+    bshd = np.zeros((8, 12, 128, 64), np.float16).transpose(0, 2, 1, 3)  # [B, S, H, D] in BHSD
+    y_bshd = np.zeros((8, 12, 128, 64), np.uint8).transpose(0, 2, 1, 3)
+    assert fused._vectorizable(quantise, [bshd, s], [y_bshd]) == [False, True]
+    assert fused._vectorizable(quantise, [bshd, s], [y]) is None  # orders differ
+    assert fused._vectorizable(quantise, [x[:, :, :, :32], s],
+                               [np.zeros((8, 128, 12, 32), np.uint8)]) is None  # gaps
+    small = np.zeros((4, 64), np.float16)
+    assert fused._vectorizable(quantise, [small, s], [np.zeros((4, 64), np.uint8)]) is None
+    raw = np.zeros(x.size * 2 + 16, np.uint8)
+    odd = raw[2:2 + x.size * 2].view(np.float16).reshape(x.shape)  # 2 bytes past 16
+    assert fused._vectorizable(quantise, [odd, s], [y]) is None
+    big_scale = np.ones(x.shape, np.float32)  # dense, not one element: read as a vector too
+    assert fused._vectorizable(quantise, [x, big_scale], [y]) == [False, False]

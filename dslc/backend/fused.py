@@ -357,8 +357,10 @@ VECTOR_AT_LEAST = 1 << 16  # elements: below, CuPy's elementwise kernel (launch 
 
 def _vectorizable(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> list[bool] | None:
     """Which operands the vector kernel reads as one element (None: it cannot run this step):
-    results dense, of one shape, of `VECTOR_AT_LEAST` elements or more, and each operand dense
-    of that shape or of one element; every dense array aligned to its words."""
+    results of one shape, of `VECTOR_AT_LEAST` elements or more, each operand of that shape
+    or of one element; every array not of one element dense and laid out alike (any memory
+    order: the attention's output is stored BSHD, read as [B, H, S, D]), and aligned to its
+    words. (NumPy arrays too: the host tests ask.)"""
     shape = ys[0].shape
     if ys[0].size < VECTOR_AT_LEAST or any(y.shape != shape for y in ys):
         return None
@@ -366,11 +368,27 @@ def _vectorizable(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> list[bool] |
     dense = [x for x, b in zip(xs, broadcast, strict=True) if not b] + list(ys)
     dtypes = [o.dtype for o, b in zip(p.operands, broadcast, strict=True) if not b]
     dtypes += list(p.output_dtypes)
+    order = _dense_order(ys[0])
     for a, dtype in zip(dense, dtypes, strict=True):
         word = 8 if _ITEMSIZE[dtype] == 1 else 16
-        if a.shape != shape or not a.flags.c_contiguous or a.data.ptr % word:
+        address = a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
+        if a.shape != shape or order is None or _dense_order(a) != order or address % word:
             return None
     return broadcast
+
+
+def _dense_order(a: Any) -> tuple[int, ...] | None:
+    """The array's strides in elements where its elements fill their span without gaps or
+    overlaps (so element i of the memory order is element i of every array laid out alike),
+    else None."""
+    strides = tuple(st // a.itemsize for st in a.strides)
+    expect = 1
+    for d, st in sorted(((d, st) for d, st in zip(a.shape, strides, strict=True) if d != 1),
+                        key=lambda t: t[1]):
+        if st != expect:
+            return None
+        expect *= d
+    return tuple(st if d != 1 else 0 for d, st in zip(a.shape, strides, strict=True))
 
 
 @cache
