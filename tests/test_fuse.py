@@ -213,10 +213,17 @@ def test_a_matmul_keeps_its_chain() -> None:
                 assert a in nodes[b].inputs, g.nodes
 
 
-def test_rotary_products_are_one_step() -> None:
-    """`x * cos + rotate_half(x) * sin`: both products and the sum one step per rotary."""
+def test_rotary_is_two_steps_writing_its_halves_in_place() -> None:
+    """`x * cos + rotate_half(x) * sin` per half of x (`lower/concat.py`): each half's products
+    and sum one step (the values beside the chain join it), written into the concatenation in
+    place, which then copies nothing."""
     plan = _plan("llama_decode")
     nodes = plan.graph.by_name()
-    rotary = [g for g in plan.groups
-              if sorted(nodes[n].op for n in g.nodes) == ["add", "mul", "mul"]]
-    assert len(rotary) == 2 * _ops_of("llama_decode", "sdpa")  # q and k of each layer
+    halves = [sorted(nodes[n].op for n in g.nodes) for g in plan.groups
+              if len(g.nodes) > 1 and all(nodes[n].op in EPILOGUE for n in g.nodes)]
+    layers = _ops_of("llama_decode", "sdpa")
+    assert sorted(halves) == sorted([["add", "mul", "mul"], ["add", "mul", "mul", "neg"]] * 2
+                                    * layers)
+    concats = [n for n in plan.graph.nodes if n.op == "concat" and n.name.endswith((".q", "k_new"))]
+    assert len(concats) == 2 * layers
+    assert all(set(c.inputs) <= set(plan.placement) for c in concats)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dslc.core.types import PrecisionSpec
@@ -341,3 +342,109 @@ def test_an_identity_is_kept_where_it_writes_the_memory_order_the_output_asks(
     produced = graph.by_name()[dict(graph.outputs)["y"]]
     assert produced.op != "input"
     assert produced.type.layout is not None and produced.type.layout.order == (0, 2, 3, 1)
+
+
+ROTARY = """model m {
+  input x: [2, 4, 3, 8]
+  input cos: [3, 8]
+  input sin: [3, 8]
+  let rotated = concat([-x[:, :, :, 4:8], x[:, :, :, 0:4]], axis=3)
+  output y = x * cos + rotated * sin
+}
+"""
+
+
+def test_a_rotary_runs_on_the_halves_of_its_concatenation(tmp_path: Path) -> None:
+    """`x * cos + rotate_half(x) * sin`: the product and the sum run on each half (x's halves,
+    cos's and sin's), written into the concatenation, which nothing computes from; two steps.
+    The values are the rotation written out in numpy (an oracle apart from the interpreter)."""
+    from dslc.ir import interp
+    from dslc.pipeline import lower_and_fuse
+
+    model = check_source(ROTARY, tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    assert nodes["y"].op == "concat"
+    assert not any(nodes[i].op == "concat" for n in lowered.nodes for i in n.inputs)
+    running = [g for g in plan.groups if nodes[g.nodes[0]].op != "concat"]
+    assert sorted(sorted(nodes[n].op for n in g.nodes) for g in running) == [
+        ["add", "mul", "mul"], ["add", "mul", "mul", "neg"]]
+    assert set(plan.placement) == {n for g in running for n in g.outputs}  # written in place
+    g = rng("rotary halves")
+    x, cos, sin = (g.standard_normal(s).astype(np.float32) for s in [(2, 4, 3, 8), (3, 8), (3, 8)])
+    x1, x2 = x[..., :4], x[..., 4:]
+    want = np.concatenate([x1 * cos[:, :4] - x2 * sin[:, :4], x2 * cos[:, 4:] + x1 * sin[:, 4:]],
+                          axis=3)
+    got = interp.run(lowered, {"x": x, "cos": cos, "sin": sin}, {}, model.env)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ("""  let c = concat([relu(x), x], axis=1)
+  output y = c * s
+  output z = c""", "the concatenation is read twice"),
+    ("""  output y = concat([x, x * 2.0, relu(x)], axis=1) * t""", "three parts"),
+    ("""  output y = concat([x, x], axis=1) * s""", "no part would take the op"),
+    ("""  let a = x * 2.0
+  output y = concat([a, matmul(x, w)], axis=1) * s""", "a part the concatenation would not copy"),
+])
+def test_a_concatenation_stays_where_running_on_its_parts_would_add_a_step(
+        body: str, why: str, tmp_path: Path) -> None:
+    from dslc.pipeline import lower_and_fuse
+
+    src = f"""model m {{
+  input x: [4, 6]
+  input s: [4, 12]
+  input t: [4, 18]
+  param w: [6, 6]
+{body}
+}}
+"""
+    lowered, _ = lower_and_fuse(check_source(src, tmp_path).model)
+    assert any(n.op == "mul" and any(lowered.by_name()[i].op == "concat" for i in n.inputs)
+               for n in lowered.nodes), why
+
+
+def test_an_operand_broadcast_along_the_axis_is_read_whole_by_each_part(tmp_path: Path) -> None:
+    from dslc.ir import interp
+    from dslc.pipeline import lower_and_fuse
+
+    model = check_source("""model m {
+  input x: [4, 6]
+  input s: [4, 1]
+  output y = concat([relu(x), -x], axis=1) * s
+}
+""", tmp_path).model
+    lowered, _ = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    assert nodes["y"].op == "concat"
+    assert [i for p in nodes["y"].inputs for i in nodes[p].inputs if i == "s"] == ["s", "s"]
+    g = rng("broadcast parts")
+    x, s = g.standard_normal((4, 6)).astype(np.float32), g.standard_normal((4, 1)).astype(np.float32)
+    got = interp.run(lowered, {"x": x, "s": s}, {}, model.env)["y"]
+    np.testing.assert_allclose(got, np.concatenate([np.maximum(x, 0), -x], axis=1) * s,
+                               rtol=1e-6)
+
+
+def test_a_scale_along_the_concatenated_axis_is_sliced_with_it(tmp_path: Path) -> None:
+    """With load-time angles (params), `rotated * sin` is a per-channel scale (`scale_mul`):
+    it runs on the halves too, each with its half of the vector (the generated programs'
+    rotary form)."""
+    from dslc.ir import interp
+    from dslc.pipeline import lower_and_fuse
+
+    model = check_source("""model m {
+  input x: [4, 8]
+  param a: [8]
+  output y = concat([-x[:, 4:8], x[:, 0:4]], axis=1) * sin(a)
+}
+""", tmp_path).model
+    lowered, _ = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    assert nodes["y"].op == "concat"
+    assert sorted(nodes[p].op for p in nodes["y"].inputs) == ["scale_mul", "scale_mul"]
+    g = rng("scaled halves")
+    x, a = g.standard_normal((4, 8)).astype(np.float32), g.standard_normal(8).astype(np.float32)
+    got = interp.run(lowered, {"x": x}, {"a": a}, model.env)["y"]
+    np.testing.assert_allclose(got, np.concatenate([-x[:, 4:], x[:, :4]], axis=1) * np.sin(a),
+                               rtol=1e-6)

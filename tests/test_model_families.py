@@ -213,8 +213,11 @@ FALLBACK_KERNELS = {
     "sd_down_block": {"groupnorm": 3, "gelu": 1},
     # cuDNN's sdpa reads the padding mask at full size, a copy (dslc.lower.views)
     "bert": {"gather": 3, "arange": 1}, "yolo_sppf": {"maxpool": 3, "concat": 1},
-    # rotary positions arange(S) at each size; the frequencies' arange (static) at load time
-    "llama_layer": {"arange": 1, "concat": 3},
+    # rotary positions arange(S) at each size; the frequencies' arange (static) at load time;
+    # each rotary's halves (`lower/concat.py`) read x's halves through gapped views, which
+    # cuDNN's pointwise graphs are not given (backend/spec.py): a kernel each, written into the
+    # concatenation in place (its step copies nothing)
+    "llama_layer": {"arange": 1, "concat": 3, "neg": 2, "mul": 2},
 }
 
 

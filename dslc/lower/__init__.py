@@ -12,6 +12,7 @@ from dslc.ir.graph import Graph
 from dslc.lower.attention import padding_mask_lengths
 from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
 from dslc.lower.canonical import expand_norm_reductions, fold_scalars, load_time, make_bias_rule, remove_dead
+from dslc.lower.concat import pointwise_through_concat
 from dslc.lower.packing import pack_sibling_matmuls
 from dslc.lower.quantize import quantize
 from dslc.lower.rewrite import Rule, rewrite
@@ -61,6 +62,9 @@ PASSES: list[Pass] = [
     quantize_fp8,
     # Projections of one activation (q, k, v) as one matmul by weights joined at load time.
     pack_sibling_matmuls,
+    # A pointwise op on a concatenation of two parts runs on each part, in its group, and no
+    # step reads the concatenation back (rotary embeddings' `rotate_half`).
+    _each(pointwise_through_concat),
     # Reshape / transpose / slice chains read their base in place: no copy, no kernel.
     _each(make_views),
     remove_dead,
