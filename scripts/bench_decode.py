@@ -253,27 +253,17 @@ def main() -> int:
     return 0
 
 
-def print_kernels(who: str, replay: Any, graph_ms: float, repeats: int = 10) -> None:
+def print_kernels(who: str, replay: Any, graph_ms: float) -> None:
     """The kernels a CUDA graph's replay runs (CUPTI through torch.profiler), by name: where a
     token's time goes inside the graph, and how much of it no kernel runs (launch gaps)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from probe_gpu import kernels
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            replay()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if us:
-            rows.append((us / repeats, e.count // repeats, e.key))
+    rows = kernels(replay, calls=10)
     busy = sum(r[0] for r in rows) / 1e3
     print(f"{who}: kernels {busy:.3f} ms of the graph's {graph_ms:.3f} ms per replay "
           f"({sum(r[1] for r in rows)} kernels)")
-    for us, n, name in sorted(rows, reverse=True)[:14]:
-        print(f"  {us / 1e3:8.4f} ms {n:>4}x  {name[:110]}")
+    for us, n, name in rows[:14]:
+        print(f"  {us / 1e3:8.4f} ms {n:>4}x  {name}")
 
 
 def print_profile(rows: list[dict[str, Any]]) -> None:
