@@ -1,6 +1,7 @@
 """Fusion: the lowered IR -> a `FusionPlan`. Patterns are tried in priority order; each grows a
-chain from an anchor through ops whose input nobody else reads, and a support check may refuse
-it. Every op not fused with its neighbours gets the reason in the plan."""
+chain from an anchor through ops whose input nobody else reads (a pointwise group also takes
+the pointwise values its ops read beside the chain, computed for them alone), and a support
+check may refuse it. Every op not fused with its neighbours gets the reason in the plan."""
 
 from __future__ import annotations
 
