@@ -448,3 +448,89 @@ def test_a_scale_along_the_concatenated_axis_is_sliced_with_it(tmp_path: Path) -
     got = interp.run(lowered, {"x": x}, {"a": a}, model.env)["y"]
     np.testing.assert_allclose(got, np.concatenate([-x[:, 4:], x[:, :4]], axis=1) * np.sin(a),
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize(("part", "inputs"), [
+    ("x", {}), ("w", {}), ("x2[:, 2:8]", {"x2": (4, 8)}), ("reshape(x3, [4, 6])", {"x3": (24,)}),
+    ("transpose(x4, [1, 0])", {"x4": (6, 4)}),
+])
+@pytest.mark.parametrize("form", ["s - c", "c / s", "relu(c * s)"])
+def test_each_part_computes_the_op_with_its_slice_whichever_side_the_concat_is(
+        part: str, inputs: dict[str, tuple[int, ...]], form: str, tmp_path: Path) -> None:
+    """The concatenation on either side of a subtraction or division, its second part an
+    input, a param or a view of one (each of which the concatenation would copy), concatenated
+    along the last axis written -1: the op runs on each part, with the result of numpy's own
+    concatenate-then-op."""
+    from dslc.ir import interp
+    from dslc.pipeline import lower_and_fuse
+
+    decls = "".join(f"  input {k}: {list(v)}\n" for k, v in inputs.items())
+    model = check_source(f"""model m {{
+  input x: [4, 6]
+  input s: [4, 12]
+  param w: [4, 6]
+{decls}  let c = concat([relu(x), {part}], axis=-1)
+  output y = {form}
+}}
+""", tmp_path).model
+    lowered, _ = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    concat = nodes["y.mul" if form.startswith("relu") else "y"]
+    assert concat.op == "concat", format_graph(lowered)
+    g = rng("parts", part, form)
+    values = {"x": g.standard_normal((4, 6)), "s": g.uniform(0.5, 2.0, (4, 12)),
+              "w": g.standard_normal((4, 6)),
+              **{k: g.standard_normal(v) for k, v in inputs.items()}}
+    values = {k: v.astype(np.float32) for k, v in values.items()}
+    second = {"x": values["x"], "w": values["w"], "x2[:, 2:8]": values.get("x2", values["x"])[:, 2:8],
+              "reshape(x3, [4, 6])": values.get("x3", np.zeros(24)).reshape(4, 6),
+              "transpose(x4, [1, 0])": values.get("x4", np.zeros((6, 4))).T}[part]
+    c = np.concatenate([np.maximum(values["x"], 0), second], axis=1)
+    s = values["s"]
+    want = {"s - c": s - c, "c / s": c / s, "relu(c * s)": np.maximum(c * s, 0)}[form]
+    got = interp.run(lowered, {k: v for k, v in values.items() if k != "w"}, {"w": values["w"]},
+                     model.env)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_vector_along_another_axis_than_the_concatenated_one_is_read_whole(
+        tmp_path: Path) -> None:
+    from dslc.ir import interp
+    from dslc.pipeline import lower_and_fuse
+
+    model = check_source("""model m {
+  input x: [2, 8]
+  param a: [8]
+  output y = concat([-x, relu(x)], axis=0) * sin(a)
+}
+""", tmp_path).model
+    lowered, _ = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    assert nodes["y"].op == "concat"
+    vectors = [nodes[p].inputs[1] for p in nodes["y"].inputs]
+    assert vectors[0] == vectors[1]  # the one vector, not slices of it
+    g = rng("vector along another axis")
+    x, a = g.standard_normal((2, 8)).astype(np.float32), g.standard_normal(8).astype(np.float32)
+    got = interp.run(lowered, {"x": x}, {"a": a}, model.env)["y"]
+    np.testing.assert_allclose(got, np.concatenate([-x, np.maximum(x, 0)]) * np.sin(a), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ("""  let c: [2, 4, 6, 6] @NHWC = concat([relu(v), -v], axis=1)
+  output y = c * t""", "the concatenation is stored in a chosen memory order"),
+    ("""  output y = concat([relu(x), -x], axis=1) * u""", "the op's result is larger"),
+])
+def test_a_concatenation_in_its_own_order_or_broadcast_stays(body: str, why: str,
+                                                             tmp_path: Path) -> None:
+    from dslc.pipeline import lower_and_fuse
+
+    src = f"""model m {{
+  input x: [4, 6]
+  input u: [3, 4, 12]
+  input v: [2, 2, 6, 6]
+  input t: [2, 4, 6, 6]
+{body}
+}}
+"""
+    lowered, _ = lower_and_fuse(check_source(src, tmp_path).model)
+    assert lowered.by_name()["y"].op != "concat", why

@@ -37,7 +37,7 @@ def pointwise_through_concat(rw: Rewriter, node: Node) -> str | None:
         other = rw.node(node.inputs[1 - side])
         if (c.op == "concat" and len(c.inputs) == 2 and c.type.layout is None
                 and c.type.shape == node.type.shape and rw.only_read_by_one(c.name)
-                and node.inputs[0] != node.inputs[1] and _pays(rw, c)):
+                and _pays(rw, c)):
             return _split(rw, node, c, other, side)
     return None
 
