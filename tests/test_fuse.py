@@ -186,20 +186,43 @@ def test_pointwise_values_computed_only_for_one_op_join_its_group(tmp_path: Path
 
 @pytest.mark.parametrize(("body", "groups"), [
     # the product is also an output: it is stored, and the add reads it
-    ("""  output p = a * b
-  output y = relu(a) + p""", 2),
+    ("""  let r = relu(a)
+  output p = a * b
+  output y = r + p""", [["relu", "add"], ["mul"]]),
     # the product is read twice: it is stored once
-    ("""  let p = a * b
-  output y = relu(a) + p
-  output z = relu(p)""", 3),
+    ("""  let r = relu(a)
+  let p = a * b
+  output y = r + p
+  output z = relu(p)""", [["relu", "add"], ["mul"], ["relu"]]),
     # the product broadcasts to the add's shape: it keeps a step of its own
-    ("""  let p = a[0:1, :] * b[0:1, :]
-  output y = relu(a) + p""", 2),
+    ("""  let r = relu(a)
+  let p = a[0:1, :] * b[0:1, :]
+  output y = r + p""", [["relu", "add"], ["mul"]]),
+    # the negation is stored column-major (it reads a transposed view), the sum row-major
+    ("""  let r = relu(a)
+  let p = -transpose(c, [1, 0])
+  output y = r + p""", [["relu", "add"], ["neg"]]),
+    # a concatenation is no pointwise op
+    ("""  let r = relu(a)
+  let p = concat([a[:, 0:4], b[:, 4:8]], axis=1)
+  output y = r + p""", [["relu", "add"], ["concat"]]),
+    # a value of the params alone is computed at load time
+    ("""  let r = relu(a)
+  output y = r + w * 2.0""", [["relu", "add"]]),
+    # the product comes first: its chain reaches the add and takes the relu beside it
+    ("""  let p = a * b
+  let r = relu(a)
+  output y = r + p""", [["mul", "relu", "add"]]),
 ])
-def test_a_value_read_elsewhere_or_of_another_shape_keeps_its_own_step(
-        body: str, groups: int, tmp_path: Path) -> None:
-    plan = _snippet_plan("  input a: [4, 8]\n  input b: [4, 8]\n" + body, tmp_path)
-    assert len(plan.groups) == groups, [g.nodes for g in plan.groups]
+def test_a_value_read_elsewhere_or_unlike_its_reader_keeps_its_own_step(
+        body: str, groups: list[list[str]], tmp_path: Path) -> None:
+    plan = _snippet_plan("  input a: [4, 8]\n  input b: [4, 8]\n  input c: [8, 4]\n"
+                         "  param w: [4, 8]\n" + body, tmp_path)
+    nodes = plan.graph.by_name()
+    got = sorted([nodes[n].op for n in g.nodes] for g in plan.groups)
+    assert got == sorted(groups), [g.nodes for g in plan.groups]
+    members = [n for g in plan.groups for n in g.nodes]
+    assert len(members) == len(set(members))  # each op in one group
 
 
 def test_a_matmul_keeps_its_chain() -> None:

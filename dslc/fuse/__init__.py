@@ -61,15 +61,14 @@ class _Partition:
         keeps a chain. A value computed only for `user` cannot depend on the group (each
         member's one reader is the next member), so the group reads nothing it computes."""
         out: list[str] = []
-        for name in dict.fromkeys(user.inputs):
+        for name in dict.fromkeys(user.inputs):  # an operand read twice is taken once
             p = self.nodes[name]
-            if (name in members or name in out or name in self.grouped or not self.runs(p)
+            if (name in members or name in self.grouped or not self.runs(p)
                     or p.op not in pattern.epilogue or name in self.outputs
                     or {u.name for u in self.users[name]} != {user.name}
-                    or p.type.shape != user.type.shape or p.type.layout != user.type.layout
-                    or name in self.placement):
+                    or p.type.shape != user.type.shape or p.type.layout != user.type.layout):
                 continue
-            out.extend(self.beside(p, members | set(out), pattern))
+            out.extend(self.beside(p, members, pattern))
             out.append(name)
         return out
 
