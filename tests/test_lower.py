@@ -344,6 +344,16 @@ def test_an_identity_is_kept_where_it_writes_the_memory_order_the_output_asks(
     assert produced.type.layout is not None and produced.type.layout.order == (0, 2, 3, 1)
 
 
+def _lower_checked(model):  # type: ignore[no-untyped-def]
+    """`lower_and_fuse`, the lowered graph verified (a slice whose steps disagree with its type
+    computes the same through its strides, but is no sound IR)."""
+    from dslc.pipeline import lower_and_fuse
+
+    lowered, plan = lower_and_fuse(model)
+    assert not verify(lowered, model.env), verify(lowered, model.env)[:3]
+    return lowered, plan
+
+
 ROTARY = """model m {
   input x: [2, 4, 3, 8]
   input cos: [3, 8]
@@ -359,10 +369,9 @@ def test_a_rotary_runs_on_the_halves_of_its_concatenation(tmp_path: Path) -> Non
     cos's and sin's), written into the concatenation, which nothing computes from; two steps.
     The values are the rotation written out in numpy (an oracle apart from the interpreter)."""
     from dslc.ir import interp
-    from dslc.pipeline import lower_and_fuse
 
     model = check_source(ROTARY, tmp_path).model
-    lowered, plan = lower_and_fuse(model)
+    lowered, plan = _lower_checked(model)
     nodes = lowered.by_name()
     assert nodes["y"].op == "concat"
     assert not any(nodes[i].op == "concat" for n in lowered.nodes for i in n.inputs)
@@ -390,7 +399,6 @@ def test_a_rotary_runs_on_the_halves_of_its_concatenation(tmp_path: Path) -> Non
 ])
 def test_a_concatenation_stays_where_running_on_its_parts_would_add_a_step(
         body: str, why: str, tmp_path: Path) -> None:
-    from dslc.pipeline import lower_and_fuse
 
     src = f"""model m {{
   input x: [4, 6]
@@ -400,14 +408,13 @@ def test_a_concatenation_stays_where_running_on_its_parts_would_add_a_step(
 {body}
 }}
 """
-    lowered, _ = lower_and_fuse(check_source(src, tmp_path).model)
+    lowered, _ = _lower_checked(check_source(src, tmp_path).model)
     assert any(n.op == "mul" and any(lowered.by_name()[i].op == "concat" for i in n.inputs)
                for n in lowered.nodes), why
 
 
 def test_an_operand_broadcast_along_the_axis_is_read_whole_by_each_part(tmp_path: Path) -> None:
     from dslc.ir import interp
-    from dslc.pipeline import lower_and_fuse
 
     model = check_source("""model m {
   input x: [4, 6]
@@ -415,7 +422,7 @@ def test_an_operand_broadcast_along_the_axis_is_read_whole_by_each_part(tmp_path
   output y = concat([relu(x), -x], axis=1) * s
 }
 """, tmp_path).model
-    lowered, _ = lower_and_fuse(model)
+    lowered, _ = _lower_checked(model)
     nodes = lowered.by_name()
     assert nodes["y"].op == "concat"
     assert [i for p in nodes["y"].inputs for i in nodes[p].inputs if i == "s"] == ["s", "s"]
@@ -431,7 +438,6 @@ def test_a_scale_along_the_concatenated_axis_is_sliced_with_it(tmp_path: Path) -
     it runs on the halves too, each with its half of the vector (the generated programs'
     rotary form)."""
     from dslc.ir import interp
-    from dslc.pipeline import lower_and_fuse
 
     model = check_source("""model m {
   input x: [4, 8]
@@ -439,7 +445,7 @@ def test_a_scale_along_the_concatenated_axis_is_sliced_with_it(tmp_path: Path) -
   output y = concat([-x[:, 4:8], x[:, 0:4]], axis=1) * sin(a)
 }
 """, tmp_path).model
-    lowered, _ = lower_and_fuse(model)
+    lowered, _ = _lower_checked(model)
     nodes = lowered.by_name()
     assert nodes["y"].op == "concat"
     assert sorted(nodes[p].op for p in nodes["y"].inputs) == ["scale_mul", "scale_mul"]
@@ -462,7 +468,6 @@ def test_each_part_computes_the_op_with_its_slice_whichever_side_the_concat_is(
     along the last axis written -1: the op runs on each part, with the result of numpy's own
     concatenate-then-op."""
     from dslc.ir import interp
-    from dslc.pipeline import lower_and_fuse
 
     decls = "".join(f"  input {k}: {list(v)}\n" for k, v in inputs.items())
     model = check_source(f"""model m {{
@@ -473,7 +478,7 @@ def test_each_part_computes_the_op_with_its_slice_whichever_side_the_concat_is(
   output y = {form}
 }}
 """, tmp_path).model
-    lowered, _ = lower_and_fuse(model)
+    lowered, _ = _lower_checked(model)
     nodes = lowered.by_name()
     concat = nodes["y.mul" if form.startswith("relu") else "y"]
     assert concat.op == "concat", format_graph(lowered)
@@ -496,7 +501,6 @@ def test_each_part_computes_the_op_with_its_slice_whichever_side_the_concat_is(
 def test_a_vector_along_another_axis_than_the_concatenated_one_is_read_whole(
         tmp_path: Path) -> None:
     from dslc.ir import interp
-    from dslc.pipeline import lower_and_fuse
 
     model = check_source("""model m {
   input x: [2, 8]
@@ -504,7 +508,7 @@ def test_a_vector_along_another_axis_than_the_concatenated_one_is_read_whole(
   output y = concat([-x, relu(x)], axis=0) * sin(a)
 }
 """, tmp_path).model
-    lowered, _ = lower_and_fuse(model)
+    lowered, _ = _lower_checked(model)
     nodes = lowered.by_name()
     assert nodes["y"].op == "concat"
     vectors = [nodes[p].inputs[1] for p in nodes["y"].inputs]
@@ -522,7 +526,6 @@ def test_a_vector_along_another_axis_than_the_concatenated_one_is_read_whole(
 ])
 def test_a_concatenation_in_its_own_order_or_broadcast_stays(body: str, why: str,
                                                              tmp_path: Path) -> None:
-    from dslc.pipeline import lower_and_fuse
 
     src = f"""model m {{
   input x: [4, 6]
@@ -532,5 +535,64 @@ def test_a_concatenation_in_its_own_order_or_broadcast_stays(body: str, why: str
 {body}
 }}
 """
-    lowered, _ = lower_and_fuse(check_source(src, tmp_path).model)
+    lowered, _ = _lower_checked(check_source(src, tmp_path).model)
+    assert lowered.by_name()["y"].op != "concat", why
+
+
+def test_a_value_read_elsewhere_is_sliced_and_what_it_reads_stays_whole(tmp_path: Path) -> None:
+    """The other operand is computed on the parts' slices only where the op alone reads it,
+    and only it (not what it reads, which other parts of the model may read); a concatenation
+    along the first axis slices a full-size operand there."""
+    from dslc.ir import interp
+
+    model = check_source("""model m {
+  input x: [4, 6]
+  input u: [8, 6]
+  input v: [8, 6]
+  let a = relu(u)
+  let b = a * v
+  output y = concat([relu(x), -x], axis=0) * b
+  output z = concat([relu(x), -x], axis=0) - (u * 2.0)
+  output w = relu(b)
+  output q = concat([relu(x), -x], axis=0) * (sigmoid(u) * v)
+}
+""", tmp_path).model
+    lowered, _ = _lower_checked(model)
+    nodes = lowered.by_name()
+    assert nodes["y"].op == "concat" and nodes["z"].op == "concat" and nodes["q"].op == "concat"
+    assert [n.inputs for n in lowered.nodes if n.op == "sigmoid"] == [("u",)]  # whole, once
+    assert sum(n.op == "relu" and n.inputs == ("u",) for n in lowered.nodes) == 1  # a, once
+    assert sum(n.op == "mul" and "v" in n.inputs for n in lowered.nodes) == 1  # b, once
+    assert sum(n.op == "mul" and nodes[n.inputs[0]].op == "view"
+               and nodes[n.inputs[0]].inputs == ("u",) for n in lowered.nodes) == 2  # u * 2.0
+    assert [nodes[i].op for p in nodes["y"].inputs for i in nodes[p].inputs[1:]] == ["view"] * 2
+    g = rng("read elsewhere")
+    x, u, v = (g.standard_normal(s).astype(np.float32) for s in [(4, 6), (8, 6), (8, 6)])
+    got = interp.run(lowered, {"x": x, "u": u, "v": v}, {}, model.env)
+    c = np.concatenate([np.maximum(x, 0), -x], axis=0)
+    b = np.maximum(u, 0) * v
+    np.testing.assert_allclose(got["y"], c * b, rtol=1e-6)
+    np.testing.assert_allclose(got["z"], c - u * 2, rtol=1e-6)
+    np.testing.assert_allclose(got["w"], np.maximum(b, 0), rtol=1e-6)
+    np.testing.assert_allclose(got["q"], c * (1 / (1 + np.exp(-u)) * v), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ("""  let p = relu(x)
+  output y = concat([p, x], axis=1) * s
+  output z = p * 2.0""", "a part another op reads too"),
+    ("""  output y: [2, 4, 6, 6] @NHWC = concat([relu(v), -v], axis=1) * t""",
+     "a result stored in another order than row-major"),
+])
+def test_a_concatenation_whose_part_is_shared_or_result_ordered_stays(
+        body: str, why: str, tmp_path: Path) -> None:
+    src = f"""model m {{
+  input x: [4, 6]
+  input s: [4, 12]
+  input v: [2, 2, 6, 6]
+  input t: [2, 4, 6, 6]
+{body}
+}}
+"""
+    lowered, _ = _lower_checked(check_source(src, tmp_path).model)
     assert lowered.by_name()["y"].op != "concat", why

@@ -97,7 +97,7 @@ def _sliced(rw: Rewriter, y: Node, like: Node, axis: int, start: Dim, end: Dim, 
                          for j, i in enumerate(y.inputs))
         shape = tuple(sub(end, start) if i == at else d for i, d in enumerate(y.type.shape))
         return rw.new(y.op, operands, dict(y.attrs), TensorType(y.type.dtype, shape), y,
-                      f"{name}.{y.name.rsplit('.', 1)[-1]}")
+                      f"{name}.{y.op}")
     starts = tuple(start if i == at else 0 for i in range(y.type.rank))
     ends = tuple(end if i == at else d for i, d in enumerate(y.type.shape))
     shape = tuple(sub(end, start) if i == at else d for i, d in enumerate(y.type.shape))
