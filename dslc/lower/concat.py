@@ -84,16 +84,16 @@ def _split(rw: Rewriter, node: Node, c: Node, other: Node, side: int) -> str:
 
 
 def _sliced(rw: Rewriter, y: Node, like: Node, axis: int, start: Dim, end: Dim, name: str,
-            rank: int, depth: int = 0) -> str:
+            rank: int, top: bool = True) -> str:
     """`y`'s values at [start, end) of the result's `axis` (`y` broadcast right-aligned to
     `rank`): `y` itself where it broadcasts along the axis; a pointwise `y` only `like` reads
     computed on its operands' slices (once: their operands are sliced); else a slice."""
     at = axis - (rank - y.type.rank)
     if at < 0 or y.type.shape[at] == 1:
         return y.name
-    if depth == 0 and y.op in POINTWISE and _only_for(rw, y.name, like.name) \
+    if top and y.op in POINTWISE and _only_for(rw, y.name, like.name) \
             and y.type.layout is None:
-        operands = tuple(_sliced(rw, rw.node(i), y, axis, start, end, f"{name}.{j}", rank, 1)
+        operands = tuple(_sliced(rw, rw.node(i), y, axis, start, end, f"{name}.{j}", rank, False)
                          for j, i in enumerate(y.inputs))
         shape = tuple(sub(end, start) if i == at else d for i, d in enumerate(y.type.shape))
         return rw.new(y.op, operands, dict(y.attrs), TensorType(y.type.dtype, shape), y,
