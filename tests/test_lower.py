@@ -596,3 +596,32 @@ def test_a_concatenation_whose_part_is_shared_or_result_ordered_stays(
 """
     lowered, _ = _lower_checked(check_source(src, tmp_path).model)
     assert lowered.by_name()["y"].op != "concat", why
+
+
+def test_a_scale_computed_only_for_the_op_keeps_its_vector_along_its_own_axis(
+        tmp_path: Path) -> None:
+    """The other operand a scale along the channels (`z * s` as `scale_mul` on axis 1),
+    computed per part of a concatenation along the last axis: each part's scale reads the
+    whole channel vector, not a slice of it taken as if it lay along the last axis (which
+    the first form of the rewrite did: an IR the verifier refused, E0301)."""
+    from dslc.ir import interp
+
+    model = check_source("""model m {
+  input x: [2, 8, 3, 8]
+  input z: [2, 8, 3, 8]
+  param s: [8]
+  output y = concat([relu(x[:, :, :, 0:4]), -x[:, :, :, 4:8]], axis=3) * (z * reshape(s, [1, 8, 1, 1]))
+}
+""", tmp_path).model
+    lowered, _ = _lower_checked(model)
+    nodes = lowered.by_name()
+    scales = [nodes[i] for p in nodes["y"].inputs for i in nodes[p].inputs
+              if nodes[i].op == "scale_mul"]
+    assert len(scales) == 2 and all(nodes[s.inputs[1]].type.shape == (8,) for s in scales)
+    g = rng("channel scale per part")
+    x, z = (g.standard_normal((2, 8, 3, 8)).astype(np.float32) for _ in range(2))
+    s = g.standard_normal(8).astype(np.float32)
+    got = interp.run(lowered, {"x": x, "z": z}, {"s": s}, model.env)["y"]
+    want = np.concatenate([np.maximum(x[..., :4], 0), -x[..., 4:]], axis=3) * (
+        z * s.reshape(1, 8, 1, 1))
+    np.testing.assert_allclose(got, want, rtol=1e-6)

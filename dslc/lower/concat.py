@@ -20,6 +20,7 @@ from dslc.core.dims import Dim, add, sub
 from dslc.core.types import TensorType
 from dslc.ir.graph import Node
 from dslc.lower.rewrite import Rewriter
+from dslc.lower.views import VIEW_OPS
 
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 ALONG = ("scale_mul", "bias_add")  # x op b, b a vector along the axis `axis` of x
@@ -46,8 +47,7 @@ def _pays(rw: Rewriter, c: Node) -> bool:
     """One part at least is a pointwise value only the concatenation reads; the other is one
     too, or not a computed value (a view or an input: the concatenation copies it)."""
     takes = [_only_for(rw, p, c.name) for p in c.inputs]
-    copied = [rw.node(p).op in ("slice", "reshape", "transpose", "input", "param")
-              for p in c.inputs]
+    copied = [rw.node(p).op in (*VIEW_OPS, "input", "param") for p in c.inputs]
     return any(takes) and all(t or k for t, k in zip(takes, copied, strict=True))
 
 
@@ -63,18 +63,13 @@ def _only_for(rw: Rewriter, name: str, reader: str) -> bool:
 
 
 def _split(rw: Rewriter, node: Node, c: Node, other: Node, side: int) -> str:
-    rank = node.type.rank
-    axis = int(c.attrs["axis"]) % rank
+    axis = int(c.attrs["axis"]) % node.type.rank
     parts = []
     start: Dim = 0
     for k, name in enumerate(c.inputs):
         part = rw.node(name)
-        width = part.type.shape[axis]
-        end = add(start, width)
-        if node.op in ALONG:
-            y = _along(rw, other, node, axis, start, end, f"{node.name}.part{k}")
-        else:
-            y = _sliced(rw, other, node, axis, start, end, f"{node.name}.part{k}", rank)
+        end = add(start, part.type.shape[axis])
+        y = _operand(rw, node, 1 - side, other, axis, start, end, f"{node.name}.part{k}")
         operands = (name, y) if side == 0 else (y, name)
         parts.append(rw.new(node.op, operands, dict(node.attrs),
                             TensorType(node.type.dtype, part.type.shape), node,
@@ -83,33 +78,41 @@ def _split(rw: Rewriter, node: Node, c: Node, other: Node, side: int) -> str:
     return rw.new("concat", tuple(parts), dict(c.attrs), node.type, node, node.name)
 
 
+def _operand(rw: Rewriter, reader: Node, k: int, y: Node, axis: int, start: Dim, end: Dim,
+             name: str, top: bool = True) -> str:
+    """Operand `k` of `reader`, `y`, where it meets [start, end) of the reader's `axis`: a bias
+    or scale vector by the axis it lies along (`_along`), any other operand broadcast
+    right-aligned (`_sliced`)."""
+    if reader.op in ALONG and k == 1:
+        return _along(rw, y, reader, axis, start, end, name)
+    return _sliced(rw, y, reader, axis, start, end, name, top)
+
+
 def _sliced(rw: Rewriter, y: Node, like: Node, axis: int, start: Dim, end: Dim, name: str,
-            rank: int, top: bool = True) -> str:
-    """`y`'s values at [start, end) of the result's `axis` (`y` broadcast right-aligned to
-    `rank`): `y` itself where it broadcasts along the axis; a pointwise `y` only `like` reads
-    computed on its operands' slices (once: their operands are sliced); else a slice."""
-    at = axis - (rank - y.type.rank)
+            top: bool) -> str:
+    """`y`'s values at [start, end) of `like`'s `axis` (`y` broadcast right-aligned to it):
+    `y` itself where it broadcasts along the axis; a pointwise `y` only `like` reads computed
+    on its operands' slices (once: their operands are sliced); else a slice."""
+    at = axis - (like.type.rank - y.type.rank)
     if at < 0 or y.type.shape[at] == 1:
         return y.name
+    shape = tuple(sub(end, start) if i == at else d for i, d in enumerate(y.type.shape))
     if top and y.op in POINTWISE and _only_for(rw, y.name, like.name) \
             and y.type.layout is None:
-        operands = tuple(_sliced(rw, rw.node(i), y, axis, start, end, f"{name}.{j}", rank, False)
+        operands = tuple(_operand(rw, y, j, rw.node(i), at, start, end, f"{name}.{j}", False)
                          for j, i in enumerate(y.inputs))
-        shape = tuple(sub(end, start) if i == at else d for i, d in enumerate(y.type.shape))
         return rw.new(y.op, operands, dict(y.attrs), TensorType(y.type.dtype, shape), y,
                       f"{name}.{y.op}")
     starts = tuple(start if i == at else 0 for i in range(y.type.rank))
     ends = tuple(end if i == at else d for i, d in enumerate(y.type.shape))
-    shape = tuple(sub(end, start) if i == at else d for i, d in enumerate(y.type.shape))
     return rw.new("slice", (y.name,), {"starts": starts, "ends": ends},
                   TensorType(y.type.dtype, shape), like, f"{name}.slice")
 
 
-
 def _along(rw: Rewriter, vector: Node, like: Node, axis: int, start: Dim, end: Dim,
            name: str) -> str:
-    """A bias or scale vector's entries for [start, end) of the concatenated axis: its slice
-    where it lies along that axis, else all of it."""
+    """A bias or scale vector's entries for [start, end) of `like`'s `axis`: its slice where it
+    lies along that axis, else all of it."""
     if int(like.attrs["axis"]) % like.type.rank != axis:
         return vector.name
     return rw.new("slice", (vector.name,), {"starts": (start,), "ends": (end,)},
