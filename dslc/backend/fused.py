@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from dslc.backend.cuda import PREAMBLE
+from dslc.backend.cuda import PREAMBLE, ceil_div, multiprocessors
 from dslc.ir.graph import Node, stored_dtype
+from dslc.ir.interp import ITEMSIZE
 
 # Each op's numpy reference (ops/pointwise.py) as a C expression over f32 operands a, b, c;
 # attributes as {name}.
@@ -152,7 +153,6 @@ _RAW_CTYPE = {"f32": "float", "f16": "unsigned short", "bf16": "unsigned short",
               "f8e4m3": "unsigned char", "f8e5m2": "unsigned char", "bool": "unsigned char"}
 _RAW_LOAD = {**_LOAD, "f16": "h_f({})", "bool": "({} != 0 ? 1.0f : 0.0f)"}
 _RAW_STORE = {**_STORE, "f16": "f_h({})", "bool": "(unsigned char)({} != 0.0f)"}
-_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "f8e4m3": 1, "f8e5m2": 1, "bool": 1}
 VECTOR = 8  # elements a thread of the vector kernel computes
 MOST_OPERANDS = 16  # CuPy builds a kernel's argument list per launch: keep it short
 
@@ -257,7 +257,7 @@ class Plan:
 
 def _word(dtype: str) -> tuple[str, int]:
     """The word a vector of `VECTOR` elements of `dtype` moves in, and how many of them."""
-    size = _ITEMSIZE[dtype] * VECTOR
+    size = ITEMSIZE[dtype] * VECTOR
     return ("uint2", 1) if size == 8 else ("uint4", size // 16)
 
 
@@ -344,8 +344,6 @@ def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     if broadcast is None:
         _kernel(*p.source())(*views, *ys)
         return
-    from dslc.backend.cuda import ceil_div, multiprocessors
-
     n = ys[0].size
     blocks = max(1, min(ceil_div(ceil_div(n, VECTOR), 256), 16 * multiprocessors()))
     kernel = _vector_kernel(p, tuple(broadcast))
@@ -370,7 +368,7 @@ def _vectorizable(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> list[bool] |
     dtypes += list(p.output_dtypes)
     order = _dense_order(ys[0])
     for a, dtype in zip(dense, dtypes, strict=True):
-        word = 8 if _ITEMSIZE[dtype] == 1 else 16
+        word = 8 if ITEMSIZE[dtype] == 1 else 16
         address = a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
         if a.shape != shape or order is None or _dense_order(a) != order or address % word:
             return None

@@ -35,6 +35,7 @@ NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to rep
 # some candidates (a runtime-compiled engine) build for a second each.
 FIRST = 6
 TOLERANCE = {"f32": 5e-3, "f16": 2e-2, "bf16": 4e-2}
+L2_FLUSH_BYTES = 128 << 20  # twice the H200's 60 MB L2
 # An fp8 output's: one unit in the last place at its largest value, relative to it (3 and 2
 # mantissa bits: at most 2^-3 and 2^-2). Engines computing a GELU or a norm before the
 # quantising cast differ by last bits in f32, and a value at a rounding boundary then lands one
@@ -48,7 +49,6 @@ def tolerance(spec: GroupSpec) -> float:
     value): the group's io dtype's, or an fp8 output's where it has one."""
     return max([TOLERANCE.get(spec.io, 2e-2), *(FP8_TOLERANCE[t.dtype] for t in spec.tensors
                                                  if t.role == "output" and t.dtype in FP8)])
-L2_FLUSH_BYTES = 128 << 20  # twice the H200's 60 MB L2
 
 
 @dataclass
