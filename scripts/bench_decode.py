@@ -172,6 +172,9 @@ def main() -> int:
                     help="the candidates dslc's tuning measures (`dslc compile --search`)")
     ap.add_argument("--budget", type=float, default=20.0,
                     help="seconds of tuning per graph (`dslc compile --budget`)")
+    ap.add_argument("--fusion", choices=("keep", "measure"), default="measure",
+                    help="`dslc tune --fusion`: measure also times each pointwise graph and "
+                         "the attention as one kernel against cuDNN's graph")
     ap.add_argument("--kernels", action="store_true",
                     help="then the GPU kernels of one replay of each CUDA graph (torch.profiler)")
     ap.add_argument("--profile", action="store_true",
@@ -198,8 +201,19 @@ def main() -> int:
     if built.returncode != 0:
         print(built.stderr[-3000:])
         return 1
-    compile_s = time.monotonic() - start
     bundle = tmp / "llama_decode_bench.bundle"
+    if args.fusion == "measure":
+        built = subprocess.run([sys.executable, "-m", "dslc", "tune", str(bundle), "--fusion",
+                                "measure", "--budget", str(args.budget), "-q"],
+                               capture_output=True, text=True, check=False)
+        lines = [line for line in built.stdout.splitlines() if "backend measured" in line]
+        taken = [line for line in lines if line.endswith(": one kernel")]
+        print(f"tune --fusion measure: {len(taken)} of {len(lines)} steps run as one kernel")
+        print("\n".join([line[:300] for line in lines if "sdpa" in line or "ctx" in line][:4]))
+        if built.returncode != 0:
+            print(built.stderr[-3000:])
+            return 1
+    compile_s = time.monotonic() - start
     w = random_weights(bundle, bundle.with_suffix(".safetensors"))
     weight_bytes = sum(t.numel() * t.element_size() for t in w.values())
     model = Model(bundle, bundle.with_suffix(".safetensors"))

@@ -7,6 +7,7 @@ the process's CUDA context was lost (2026-12-03); and what tuning does when that
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,50 @@ def test_a_plan_writing_fp8_may_be_one_fp8_step_off_and_no_more(tmp_path: Path) 
     one = {"y": np.array([1.0, 288.0, -3.5], np.float32)}
     two = {"y": np.array([1.0, 320.0, -3.5], np.float32)}
     assert relative_error(np, one, want) <= 0.13 < relative_error(np, two, want)
+
+
+def test_a_plan_writing_nan_or_infinity_where_the_reference_has_none_is_wrong() -> None:
+    """A NaN compares false with everything: the tuner's check once took a plan writing NaN as
+    exact. NaN or an infinity off the reference's places is an infinite error; where both have
+    them (a query with no key gives NaN) they agree, and the finite values are compared."""
+    from dslc.backend.measure import relative_error
+
+    want = {"y": np.array([1.0, 2.0, -4.0], np.float32)}
+    assert relative_error(np, {"y": np.array([1.0, np.nan, -4.0], np.float32)}, want) == math.inf
+    assert relative_error(np, {"y": np.array([1.0, np.inf, -4.0], np.float32)}, want) == math.inf
+    assert relative_error(np, {"y": np.array([1.0, 2.0, -3.0], np.float32)}, want) == 0.25
+    holes = {"y": np.array([np.nan, np.inf, -4.0, 2.0], np.float32)}
+    near = {"y": np.array([np.nan, np.inf, -4.0, 2.5], np.float32)}
+    assert relative_error(np, near, holes) == 0.125
+    assert relative_error(np, {"y": np.array([np.nan, -np.inf, -4.0, 2.0], np.float32)},
+                          holes) == math.inf
+
+
+DECODE = """
+model m {
+  precision io=f16
+  dim B = 1..4 tune [2]
+  input q: [B, 8, 1, 64]
+  input k: [B, 4, 96, 64]
+  input v: [B, 4, 96, 64]
+  input lens: i32[B]
+  output y = sdpa(q, k, v, causal=true, align="bottom_right", kv_len=lens)
+}
+"""
+
+
+def test_an_attention_is_measured_over_all_its_keys_not_none(tmp_path: Path) -> None:
+    """Integers are filled with zeros; a `kv_len` of zero left every query no key, and the
+    H200 timed cuDNN's attention at 5 us doing nothing (a decoder's takes 17). Its lengths are
+    the keys' extent (96) and the queries' (1), and the reference attends over them."""
+    _, program = deviceless_program(DECODE, tmp_path)
+    [bucket] = program.bundle.buckets
+    storage = program.memory_plan(dict(bucket.dims)).storage
+    [bench] = [Bench(GroupSpec.from_data(e.spec.to_data()), program.nodes, storage, np)
+               for e in bucket.graphs.values()]
+    [sdpa] = bench.spec.ops
+    named = dict(zip(sdpa.attrs["operands"], sdpa.inputs, strict=True))
+    assert bench.logical[named["kv_len"]].ravel().tolist() == [96, 96]
+    assert bench.logical[named["q_len"]].ravel().tolist() == [1, 1]
+    [y] = bench.reference().values()
+    assert y.shape == (2, 8, 1, 64) and np.isfinite(y).all()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from dslc.backend import depthwise, fused
+from dslc.backend import attention, depthwise, fused
 from dslc.backend.cuda import PREAMBLE, elementwise, flat, needs_int64, vector_width
 from dslc.backend.device import KERNEL_DTYPES
 from dslc.backend.groupnorm import groupnorm
@@ -365,10 +365,21 @@ def on_the_reference(op: str, shapes: list[tuple[Any, ...]], dtype: str,
     return op not in KERNELS
 
 
+def sdpa(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
+    """Attention of few queries over many keys as one kernel (`backend.attention`) where it
+    takes the operands, else the reference on CuPy."""
+    names = a.get("operands") or ("q", "k", "v")
+    shapes = {n: tuple(x.shape) for n, x in zip(names, xs, strict=True)}
+    if attention.takes(shapes, _DSLC.get(xs[0].dtype.name, "")):
+        attention.attend(xs, y, a)
+    else:
+        reference_kernel("sdpa", xs, y, a)
+
+
 KERNELS: dict[str, KernelFn] = {"conv": conv, "maxpool": maxpool, "avgpool": avgpool, "upsample": upsample,
                                 "concat": concat, "arange": arange, "full": full,
                                 "cache_write": cache_write, "gather": gather,
-                                "groupnorm": groupnorm,
+                                "groupnorm": groupnorm, "sdpa": sdpa,
                                 **{op: _reduction(op) for op in ("reduce_sum", "reduce_mean",
                                                                  "reduce_max", "reduce_min")}}
 DTYPES = ("f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool")  # bf16 as its uint16 bits

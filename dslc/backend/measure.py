@@ -105,6 +105,7 @@ class Bench:
         self.nodes = nodes
         self.storage = storage
         rng = cupy.random.default_rng(seed)
+        lengths = sequence_lengths(spec)
         self.buffers: dict[str, Any] = {}  # raw device memory by tensor name
         self.logical: dict[str, Any] = {}  # f32 logical views of the inputs (reference operands)
         for t in spec.tensors:
@@ -118,6 +119,8 @@ class Bench:
             if t.role == "input":
                 values = rng.standard_normal(span, dtype=cupy.float32) * 0.5
                 self._fill(buf, values, s.dtype)
+                if t.name in lengths:
+                    buf.view(cupy.int32)[...] = lengths[t.name]
                 self.logical[t.name] = self._read(t.name)
         self.flush = cupy.empty(L2_FLUSH_BYTES, dtype=cupy.uint8)
 
@@ -163,12 +166,37 @@ class Bench:
         return {t.name: self._read(t.name) for t in self.spec.tensors if t.role == "output"}
 
 
+def sequence_lengths(spec: GroupSpec) -> dict[str, int]:
+    """The sequence lengths an sdpa of the group reads (`kv_len`, `q_len`), each at its full
+    extent: the keys' or queries' length. (Zeros, as other integers are filled, left every
+    query no key: the attention was timed doing nothing, and checked on NaN.)"""
+    out = {}
+    for op in spec.ops:
+        if op.op == "sdpa":
+            named = dict(zip(op.attrs.get("operands") or ("q", "k", "v"), op.inputs, strict=True))
+            for length, of in (("kv_len", "k"), ("q_len", "q")):
+                if length in named:
+                    out[named[length]] = int(spec.tensor(named[of]).dims[2])
+    return out
+
+
 def relative_error(cupy: Any, got: Mapping[str, Any], want: Mapping[str, Any]) -> float:
+    """The largest difference of each output from the reference, relative to the reference's
+    largest magnitude, worst over the outputs. NaN and infinities must fall where the
+    reference's do (a NaN compares false: a plan writing NaN was once counted exact), and are
+    then left out of both."""
     worst = 0.0
     for name, w in want.items():
-        g = got[name]
-        scale = float(cupy.abs(w).max()) if w.size else 0.0
-        diff = float(cupy.abs(g.astype(cupy.float32) - w.astype(cupy.float32)).max()) if w.size else 0.0
+        if not w.size:
+            continue
+        g, w = got[name].astype(cupy.float32), w.astype(cupy.float32)
+        same = g == w  # equal infinities too
+        if bool(((cupy.isnan(g) != cupy.isnan(w)) | (cupy.isinf(w) & ~same)).any()):
+            return math.inf
+        finite = cupy.isfinite(w)
+        differ = finite & ~same
+        scale = float(cupy.abs(cupy.where(finite, w, 0)).max())
+        diff = float(cupy.abs(cupy.where(differ, g, 0) - cupy.where(differ, w, 0)).max())
         worst = max(worst, diff / max(scale, 1e-30))
     return worst
 
@@ -209,6 +237,14 @@ def time_kernel(p: Plan, bench: Bench, outputs: Sequence[str],
     in: its outputs checked against the reference as a plan's are, then timed as a plan is (L2
     flushed before each run, the median): (milliseconds, or infinity when wrong; relative
     error)."""
+    return time_launch(lambda xs, ys: run(p, xs, ys), [o.name for o in p.operands], bench,
+                       outputs, tolerance)
+
+
+def time_launch(launch: Callable[[list[Any], list[Any]], None], operands: Sequence[str],
+                bench: Bench, outputs: Sequence[str], tolerance: float) -> tuple[float, float]:
+    """`launch(inputs, outputs)` (a fallback kernel: views of the named buffers) checked and
+    timed as `time_kernel`'s kernel is."""
     cupy = bench.cupy
 
     def view(name: str) -> Any:
@@ -217,15 +253,15 @@ def time_kernel(p: Plan, bench: Bench, outputs: Sequence[str],
         return cupy.ndarray(s.shape, dt, memptr=bench.buffers[name].data,
                             strides=tuple(st * dt.itemsize for st in s.strides))
 
-    xs = [view(o.name) for o in p.operands]  # a step's scalars are constants of the kernel
+    xs = [view(name) for name in operands]  # a step's scalars are constants of the kernel
     ys = [view(n) for n in outputs]
     want = bench.reference()
-    run(p, xs, ys)
+    launch(xs, ys)
     cupy.cuda.get_current_stream().synchronize()
     error = relative_error(cupy, bench.outputs(), want)
     if not error <= tolerance:
         return math.inf, error
-    return _median_ms(lambda: run(p, xs, ys), bench), error
+    return _median_ms(lambda: launch(xs, ys), bench), error
 
 
 def tune_graph(make: Any, spec: GroupSpec, bench: Bench, handle: Any, budget_s: float,

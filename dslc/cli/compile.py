@@ -333,7 +333,8 @@ def add_commands(sub: Any, diag_options: Any) -> None:
     p.add_argument("--fusion", choices=("keep", "measure"), default="keep",
                    help="keep: the compiled partition (default); measure: also time each conv "
                         "or matmul group split after its bias, and each graph of pointwise ops "
-                        "as one fallback kernel, and keep what is faster over the buckets (the "
+                        "(or attention of few queries over many keys) as one fallback kernel, "
+                        "and keep what is faster over the buckets (the "
                         "bundle's schedule is rewritten)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=cmd_tune)

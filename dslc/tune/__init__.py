@@ -17,7 +17,8 @@ from typing import Any
 
 from dslc.backend import environment
 from dslc.backend.device import require
-from dslc.backend.measure import Bench, time_kernel, tolerance, tune_spec
+from dslc.backend.kernels import run_kernel
+from dslc.backend.measure import Bench, time_kernel, time_launch, tolerance, tune_spec
 from dslc.backend.spec import GroupSpec
 from dslc.runtime.records import Bundle, Environment, PlanRecord, StepRecord
 from dslc.runtime.schedule import Schedule
@@ -188,18 +189,23 @@ def group_measurer(bundle: Bundle, db: TuningStore | None, budget_s: float = 20.
 
 def kernel_measurer(bundle: Bundle) -> Callable[[StepRecord, GroupSpec, Mapping[str, Any], str],
                                                 float | None]:
-    """A function measuring the one pointwise kernel of a graph step on this GPU, in the buffers
-    its graph is measured in and checked against the reference as a plan is: milliseconds, or
-    None where it failed the check (`dslc.tune.fusion`)."""
+    """A function measuring the one kernel of a graph step on this GPU (a pointwise group's,
+    or an op's own: `tune.fusion.kernel_steps`), in the buffers its graph is measured in and
+    checked against the reference as a plan is: milliseconds, or None where it failed the
+    check (`dslc.tune.fusion`)."""
     cupy, _ = require()
     program = Schedule(bundle)
 
     def measure(step: StepRecord, spec: GroupSpec, storage: Mapping[str, Any],
                 where: str) -> float | None:
+        bench = Bench(spec, program.nodes, storage, cupy)
         p = program.pointwise_kernel(step)
-        assert p is not None, where
-        ms, _ = time_kernel(p, Bench(spec, program.nodes, storage, cupy), step.outputs,
-                            tolerance(spec))
+        if p is not None:
+            ms, _ = time_kernel(p, bench, step.outputs, tolerance(spec))
+        else:
+            [op] = spec.ops
+            ms, _ = time_launch(lambda xs, ys: run_kernel(op.op, xs, ys[0], op.attrs),
+                                op.inputs, bench, step.outputs, tolerance(spec))
         return ms if math.isfinite(ms) else None
 
     return measure

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dslc.backend import fused
+from dslc.backend import attention, fused
 from dslc.backend.measure import NOISE
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.ir.graph import Node
@@ -104,14 +104,27 @@ class KernelMeasured:
 
 
 def kernel_steps(program: Schedule) -> list[StepRecord]:
-    """The graph steps one pointwise fallback kernel also computes. Not those that read or
-    write a mask: cuDNN stores a mask as bits, a kernel as bytes, and which masks stay bits was
-    settled at compile time (`compile.stage.masks_as_bytes`)."""
+    """The graph steps one fallback kernel also computes: a pointwise group's, or attention's
+    where its kernel takes the operands at the first bucket (`backend.attention`: a decoder's
+    few queries over a long cache). Not those that read or write a mask: cuDNN stores a mask
+    as bits, a kernel as bytes, and which masks stay bits was settled at compile time
+    (`compile.stage.masks_as_bytes`)."""
     def touches_a_mask(s: StepRecord) -> bool:
         return any(program.nodes[n].type.dtype == "bool" for n in (*s.inputs, *s.nodes))
 
-    return [s for s in program.steps if s.kind == "graph" and not touches_a_mask(s) and
-            isinstance(fused.plan_of(program.nodes, s.nodes, s.inputs, s.outputs), fused.Plan)]
+    return [s for s in program.steps if s.kind == "graph" and not touches_a_mask(s) and (
+        isinstance(fused.plan_of(program.nodes, s.nodes, s.inputs, s.outputs), fused.Plan)
+        or _attention_kernel(program, s))]
+
+
+def _attention_kernel(program: Schedule, step: StepRecord) -> bool:
+    node = program.nodes[step.nodes[0]]
+    if len(step.nodes) != 1 or node.op != "sdpa":
+        return False
+    dims = dict(program.bundle.buckets[0].dims)
+    names = node.attrs.get("operands") or ("q", "k", "v")
+    shapes = {n: program.storage(i, dims).shape for n, i in zip(names, node.inputs, strict=True)}
+    return attention.takes(shapes, program.nodes[node.inputs[0]].type.dtype)
 
 
 MeasureKernel = Callable[[StepRecord, GroupSpec, Mapping[str, Any], str], float | None]

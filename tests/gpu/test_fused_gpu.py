@@ -211,3 +211,26 @@ def test_the_vector_kernel_runs_dense_steps_and_equals_the_elementwise_kernel() 
     yt = cupy.empty(xt.shape, cupy.uint8)
     fused.run(p, [xt, s], [yt])
     assert bool((yt == want.T).all())
+
+
+def test_the_vector_kernel_runs_arrays_dense_in_another_order_alike() -> None:
+    """Operand and result both dense in column-major order (a BSHD-stored attention output read
+    as BHSD is this case): the vector kernel runs them in memory order and gives the
+    elementwise kernel's bytes, element for element in the logical order."""
+    import cupy
+
+    from dslc.backend import fused
+
+    p = fused.Plan(
+        (fused.Operand("x", "f16"), fused.Operand("s", "f32")),
+        (fused.Member("a * b", ("x0", "x1"), "f32"), fused.Member("a", ("v0",), "f8e4m3")),
+        (1,), ("f8e4m3",))
+    g = cupy.random.default_rng(note_seed("vector kernel order", 5))
+    x = ((g.standard_normal((1029, 1024), dtype=cupy.float32) * 3).astype(cupy.float16)).T
+    s = cupy.asarray([40.0], dtype=cupy.float32)
+    y = cupy.empty((1029, 1024), cupy.uint8).T
+    assert fused._vectorizable(p, [x, s], [y]) == [False, True]
+    fused.run(p, [x, s], [y])
+    want = cupy.empty(x.shape, cupy.uint8)
+    fused._kernel(*p.source())(cupy.ascontiguousarray(x), s, want)
+    assert bool((y == want).all()) and int(cupy.unique(y).size) > 100
