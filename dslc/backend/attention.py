@@ -31,7 +31,7 @@ from dslc.backend.cuda import LOAD_STORE, ceil_div, multiprocessors
 
 THREADS = 128
 CHUNK = 128  # keys a pass scores: one a thread
-KEYS_AT_LEAST = 32  # a block's keys: fewer, and the combining costs more than it saves
+KEYS_AT_LEAST = CHUNK  # a block's keys: one pass (fewer: the combining costs more than it saves)
 MAX_SPLITS = 64  # blocks a query row's keys split over, at most
 MAX_GROUP = 8  # query heads a KV head serves (registers: 8 dims of each a thread)
 HEAD_DIMS = (16, 32, 64, 128, 256)  # 8 dims a thread, a power of two threads a row (shuffles)
@@ -48,13 +48,15 @@ typedef {storage} S;
 #define WARPS (THREADS / 32)
 #define SLOTS (D / 8)
 #define ROWS (THREADS / SLOTS)
-#define BATCH 4
-#define MAX_SPLITS {max_splits}
 __device__ __forceinline__ float load(S v) {{ {load} }}
 __device__ __forceinline__ S store(float f) {{ {store} }}
 struct __align__(16) Pack {{ S v[8]; }};
 
-#define KPACKS (D / 8 < 4 ? D / 8 : 4)  // a key row's loads issued together: 64 bytes (8: spills)
+// packs of a key row and value rows a thread loads at once, as registers allow (powers of two:
+// they divide a row's packs and a pass's rows)
+#define GPOW ((G <= 4 ? 8 : 4) / (VEC == 8 ? 1 : 2))  // scalar loads: a register an element
+#define KPRE (D / 8 < GPOW ? D / 8 : GPOW)
+#define VPRE (CHUNK / ROWS < GPOW ? CHUNK / ROWS : GPOW)
 
 // 8 elements from p on: one 16-byte load where the row is contiguous and aligned. Raw (four
 // registers), converted where used: loads issued together need their registers at once.
@@ -83,8 +85,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) dslc_attend(
   __shared__ float ps[G][CHUNK];
   __shared__ float red[WARPS][G][D];
   __shared__ float run_max[G], run_sum[G], factor[G];
-  __shared__ float split_factor[G][MAX_SPLITS];
-  __shared__ float total[G];
   __shared__ bool last;
   const int row = blockIdx.y;  // (b * KVH + kh) * SQ + i
   const int i = row % SQ, kh = (row / SQ) % KVH, b = row / (SQ * KVH);
@@ -97,56 +97,68 @@ extern "C" __global__ void __launch_bounds__(THREADS) dslc_attend(
   const int span = (hi - lo + gridDim.x - 1) / gridDim.x;
   const int begin = lo + blockIdx.x * span;
   const int end = begin + span < hi ? begin + span : hi;
+  const int slot = threadIdx.x % SLOTS, r0 = threadIdx.x / SLOTS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const S* kb = k + b * k0 + kh * k1;
+  const S* vb = v + b * v0 + kh * v1;
 
+  // A block's time is its chain of memory latencies (about 0.8 us each on the H200): a pass's
+  // key row and first value rows are loaded at once, before the queries are, and a row past
+  // the pass's keys reads the first key's instead (its weight is 0).
+  Pack kx[KPRE], vx[VPRE];
+#define ISSUE(base_, n_) \
+  _Pragma("unroll") for (int u = 0; u < KPRE; ++u) \
+    kx[u] = load8(kb + ((int)threadIdx.x < (n_) ? (base_) + (int)threadIdx.x : begin) * k2 \
+                  + 8 * u * k3, k3); \
+  _Pragma("unroll") for (int u = 0; u < VPRE; ++u) \
+    vx[u] = load8(vb + (r0 + u * ROWS < (n_) ? (base_) + r0 + u * ROWS : begin) * v2 \
+                  + slot * 8 * v3, v3);
+  if (begin < end) {{ ISSUE(begin, end - begin < CHUNK ? end - begin : CHUNK) }}
   for (int t = threadIdx.x; t < G * D; t += THREADS) {{
     const int g = t / D, d = t % D;
     qs[g][d] = load(q[b * q0 + (kh * G + g) * q1 + i * q2 + d * q3]) * scale * 1.4426950408889634f;
   }}
   if (threadIdx.x < G) {{ run_max[threadIdx.x] = -INFINITY; run_sum[threadIdx.x] = 0.0f; }}
-  const int slot = threadIdx.x % SLOTS, r0 = threadIdx.x / SLOTS;
   float acc[G][8];
 #pragma unroll
   for (int g = 0; g < G; ++g)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
-  const S* kb = k + b * k0 + kh * k1;
-  const S* vb = v + b * v0 + kh * v1;
   __syncthreads();
 
   for (int base = begin; base < end; base += CHUNK) {{
-    // scores: one key a thread against the G queries
-    for (int t = threadIdx.x; t < CHUNK; t += THREADS) {{
-      const int j = base + t;
+    const int n = end - base < CHUNK ? end - base : CHUNK;
+    // scores: one key a thread (CHUNK == THREADS) against the G queries
+    {{
       float s[G];
 #pragma unroll
-      for (int g = 0; g < G; ++g) s[g] = -INFINITY;
-      if (j < end) {{
+      for (int g = 0; g < G; ++g) s[g] = 0.0f;
 #pragma unroll
-        for (int g = 0; g < G; ++g) s[g] = 0.0f;
-        for (int d0 = 0; d0 < D; d0 += 8 * KPACKS) {{
-          Pack x[KPACKS];
+      for (int d0 = 0; d0 < D; d0 += 8 * KPRE) {{
+        if (d0 > 0) {{
 #pragma unroll
-          for (int u = 0; u < KPACKS; ++u) x[u] = load8(kb + j * k2 + (d0 + 8 * u) * k3, k3);
-#pragma unroll
-          for (int u = 0; u < KPACKS; ++u)
-#pragma unroll
-            for (int e = 0; e < 8; e += 4) {{
-              const float a0 = load(x[u].v[e]), a1 = load(x[u].v[e + 1]);
-              const float a2 = load(x[u].v[e + 2]), a3 = load(x[u].v[e + 3]);
-#pragma unroll
-              for (int g = 0; g < G; ++g) {{
-                const float4 w = *reinterpret_cast<const float4*>(&qs[g][d0 + 8 * u + e]);
-                s[g] += w.x * a0 + w.y * a1 + w.z * a2 + w.w * a3;
-              }}
-            }}
+          for (int u = 0; u < KPRE; ++u)
+            kx[u] = load8(kb + ((int)threadIdx.x < n ? base + (int)threadIdx.x : begin) * k2
+                          + (d0 + 8 * u) * k3, k3);
         }}
+#pragma unroll
+        for (int u = 0; u < KPRE; ++u)
+#pragma unroll
+          for (int e = 0; e < 8; e += 4) {{
+            const float a0 = load(kx[u].v[e]), a1 = load(kx[u].v[e + 1]);
+            const float a2 = load(kx[u].v[e + 2]), a3 = load(kx[u].v[e + 3]);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {{
+              const float4 w = *reinterpret_cast<const float4*>(&qs[g][d0 + 8 * u + e]);
+              s[g] += w.x * a0 + w.y * a1 + w.z * a2 + w.w * a3;
+            }}
+          }}
       }}
 #pragma unroll
-      for (int g = 0; g < G; ++g) ps[g][t] = s[g];
+      for (int g = 0; g < G; ++g) ps[g][threadIdx.x] = (int)threadIdx.x < n ? s[g] : -INFINITY;
     }}
     __syncthreads();
     // the running max and sum of each head's scores, a warp a head
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int g = warp; g < G; g += WARPS) {{
       float m = -INFINITY;
       for (int t = lane; t < CHUNK; t += 32) m = fmaxf(m, ps[g][t]);
@@ -168,42 +180,43 @@ extern "C" __global__ void __launch_bounds__(THREADS) dslc_attend(
       }}
     }}
     __syncthreads();
-    // the values' sum: 8 dims a thread, ROWS keys at once
+    // the values' sum: 8 dims a thread, ROWS keys at once; the first VPRE rows loaded already
 #pragma unroll
     for (int g = 0; g < G; ++g) {{
       const float f = factor[g];
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[g][e] *= f;
     }}
-    // BATCH rows' loads issued together (one memory latency, not BATCH): a row past the
-    // pass's keys reads the first key's instead, with weight 0
-    const int n = end - base < CHUNK ? end - base : CHUNK;
 #pragma unroll 1
-    for (int t0 = r0; t0 < n; t0 += BATCH * ROWS) {{
-      Pack x[BATCH];
+    for (int t0 = r0; t0 < n; t0 += VPRE * ROWS) {{
+      if (t0 > r0) {{
 #pragma unroll
-      for (int u = 0; u < BATCH; ++u) {{
-        const int t = t0 + u * ROWS;
-        x[u] = load8(vb + (t < n ? base + t : begin) * v2 + slot * 8 * v3, v3);
+        for (int u = 0; u < VPRE; ++u) {{
+          const int t = t0 + u * ROWS;
+          vx[u] = load8(vb + (t < n ? base + t : begin) * v2 + slot * 8 * v3, v3);
+        }}
       }}
 #pragma unroll
-      for (int u = 0; u < BATCH; ++u) {{
+      for (int u = 0; u < VPRE; ++u) {{
         const int t = t0 + u * ROWS;
         if (t < n) {{
 #pragma unroll
           for (int g = 0; g < G; ++g) {{
             const float p = ps[g][t];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] += p * load(x[u].v[e]);
+            for (int e = 0; e < 8; ++e) acc[g][e] += p * load(vx[u].v[e]);
           }}
         }}
       }}
     }}
     __syncthreads();  // before the next pass writes ps
+    if (base + CHUNK < end) {{
+      const int next = end - base - CHUNK < CHUNK ? end - base - CHUNK : CHUNK;
+      ISSUE(base + CHUNK, next)
+    }}
   }}
 
   // reduce over the rows: within a warp by shuffles, across warps in shared memory
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -230,34 +243,32 @@ extern "C" __global__ void __launch_bounds__(THREADS) dslc_attend(
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // each split's weight: exp(its max - the max of all), the sum of weights' sums per head
-  for (int t = threadIdx.x; t < G * splits; t += THREADS) {{
-    const int g = t / splits, s = t % splits;
-    split_factor[g][s] = __ldcg(part + ((long long)(row * G + g) * splits + s) * (D + 2) + D);
-  }}
-  __syncthreads();
-  for (int g = warp; g < G; g += WARPS) {{
-    float top = -INFINITY;
-    for (int s = lane; s < splits; s += 32) top = fmaxf(top, split_factor[g][s]);
-    for (int off = 16; off > 0; off >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
-    float sum = 0.0f;
-    for (int s = lane; s < splits; s += 32) {{
-      const float m = split_factor[g][s];
-      const float f = m == -INFINITY ? 0.0f : exp2f(m - top);
-      split_factor[g][s] = f;
-      sum += f * __ldcg(part + ((long long)(row * G + g) * splits + s) * (D + 2) + D + 1);
-    }}
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) total[g] = sum;
-  }}
-  __syncthreads();
+  // online over the splits, 8 splits' loads at once (one latency, not three a split)
   for (int t = threadIdx.x; t < G * D; t += THREADS) {{
     const int g = t / D, d = t % D;
-    const float* p = part + (long long)(row * G + g) * splits * (D + 2) + d;
-    float a = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) a += __ldcg(p + s * (D + 2)) * split_factor[g][s];
-    o[b * o0 + (kh * G + g) * o1 + i * o2 + d * o3] = store(a / total[g]);
+    const float* p = part + (long long)(row * G + g) * splits * (D + 2);
+    float top = -INFINITY, sum = 0.0f, a = 0.0f;
+    for (int s0 = 0; s0 < splits; s0 += 8) {{
+      float m[8], l[8], x[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {{
+        const bool in = s0 + u < splits;
+        const float* ps_ = p + (in ? s0 + u : 0) * (D + 2);
+        m[u] = in ? __ldcg(ps_ + D) : -INFINITY;
+        l[u] = __ldcg(ps_ + D + 1);
+        x[u] = __ldcg(ps_ + d);
+      }}
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {{
+        const float top2 = fmaxf(top, m[u]);
+        if (top2 == -INFINITY) continue;
+        const float f_old = exp2f(top - top2), f = exp2f(m[u] - top2);
+        sum = sum * f_old + l[u] * f;
+        a = a * f_old + x[u] * f;
+        top = top2;
+      }}
+    }}
+    o[b * o0 + (kh * G + g) * o1 + i * o2 + d * o3] = store(a / sum);
   }}
   if (threadIdx.x == 0) done[row] = 0u;
 }}
@@ -348,6 +359,6 @@ def _kernel(storage: str, group: int, head_dim: int, vec: int) -> Any:
 
     kind, load, store = LOAD_STORE[storage]
     source = _SOURCE.format(storage=kind, group=group, head_dim=head_dim, vec=vec,
-                            threads=THREADS, chunk=CHUNK, max_splits=MAX_SPLITS, load=load,
+                            threads=THREADS, chunk=CHUNK, load=load,
                             store=store)
     return cupy.RawKernel(source, "dslc_attend")
