@@ -2,11 +2,14 @@
 cache) as one CUDA kernel: split over the keys, as flash-decoding does. cuDNN's flash engines
 tile the queries (64 or 128 a block), so one query a head fills 32 blocks at batch 1 (of the
 H200's 132 multiprocessors), each reading its head's whole cache alone: 17 to 29 us a layer for
-keys a kernel reads in about 1 (2 MB of a 1,024-token bf16 cache). The tuner measures this kernel
-against the cuDNN graph (`tune.fusion.kernel_steps`) and keeps the faster.
+2 MB (a 1,024-token bf16 cache of 8 KV heads of 64 dims), which this kernel reads in 7.8 (a
+block's time is its chain of memory latencies, not bandwidth: see the kernel's comments). The
+tuner measures it against the cuDNN graph (`tune.fusion.kernel_steps`) and keeps the faster.
 
 A block takes one query row of one KV head with its G query heads (GQA: the keys and values
-are read once for all of them) over one span of the valid keys, in passes of CHUNK keys: each
+are read once for all of them) over one span of the valid keys (the spans split the keys
+evenly, computed on the GPU from `kv_len`, so a short cache wastes no block), in passes of CHUNK
+keys: each
 thread scores one key against the G queries (queries in shared memory, pre-scaled by
 scale * log2(e)), each warp keeps the running max and sum of its heads' scores (online softmax),
 and the values are summed by threads that each own 8 dims of a row, reduced across rows by warp

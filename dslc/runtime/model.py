@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dslc import fsutil
-from dslc.backend import device, environment, fused
+from dslc.backend import device, environment, fused, gemv
 from dslc.backend.kernels import run_kernel
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.core.dims import bucket_key
@@ -475,6 +475,11 @@ class Model:
         if p is not None:
             fused.run(p, [self._view(exe, o.name, refs, outputs) for o in p.operands],
                       [self._view(exe, v, refs, outputs) for v in step.outputs])
+            return
+        g = self.program.matmul_kernel(step)
+        if g is not None:
+            gemv.run(g, [self._view(exe, name, refs, outputs) for name in g.operands],
+                     [self._view(exe, v, refs, outputs) for v in step.outputs])
             return
         node = self.program.nodes[step.nodes[0]]
         xs = [self._view(exe, v, refs, outputs) for v in node.inputs]

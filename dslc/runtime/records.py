@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from dslc.backend import fused
+from dslc.backend import fused, gemv
 from dslc.core.dims import bucket_key
 from dslc.core.types import DTYPES
 from dslc.ir.graph import SOURCES
@@ -303,7 +303,9 @@ class StepRecord:
         if list(step.inputs) != reads:
             f.wrong(f"{path}.inputs", "not what the step's nodes read, in order")
         if kind == "kernel" and len(members) > 1:
-            why = fused.plan_of(nodes, members, step.inputs, step.outputs)
+            why: object = fused.plan_of(nodes, members, step.inputs, step.outputs)
+            if isinstance(why, str) and nodes[members[0]].op == "matmul":
+                why = gemv.plan_of(nodes, members, step.inputs, step.outputs)
             if isinstance(why, str):
                 f.wrong(f"{path}.nodes", f"not ops one fallback kernel computes: {why}")
         return step

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dslc.backend import fused
+from dslc.backend import fused, gemv
 from dslc.core.dims import DimEnv
 from dslc.ir.graph import IN_PLACE, Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
@@ -57,6 +57,7 @@ class Schedule:
         # bundle is read), found once: every plain call's replay asks.
         self._written = frozenset(w.input for w in self.bundle.manifest.written)
         self._pointwise: dict[str, fused.Plan | None] = {}
+        self._matmul: dict[str, gemv.Gemv | None] = {}
 
     def pointwise_kernel(self, step: StepRecord) -> fused.Plan | None:
         """The one pointwise kernel that runs a fallback-kernel step (`backend.fused`), or None
@@ -66,6 +67,16 @@ class Schedule:
             p = fused.plan_of(self.nodes, step.nodes, step.inputs, step.outputs)
             self._pointwise[step.name] = p if isinstance(p, fused.Plan) else None
         return self._pointwise[step.name]
+
+    def matmul_kernel(self, step: StepRecord) -> gemv.Gemv | None:
+        """The matmul kernel with its epilogue (`backend.gemv`) that runs a step of a matmul and
+        pointwise ops, or None (a matmul alone: unless `gemv.experimental()`)."""
+        if step.name not in self._matmul:
+            g = gemv.plan_of(self.nodes, step.nodes, step.inputs, step.outputs)
+            if len(step.nodes) == 1 and not gemv.experimental():
+                g = "not yet run on a GPU"
+            self._matmul[step.name] = g if isinstance(g, gemv.Gemv) else None
+        return self._matmul[step.name]
 
     def virtual(self) -> set[str]:
         """The values that stay inside their step (a cuDNN graph's virtual tensors, a fused

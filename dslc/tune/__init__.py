@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dslc.backend import environment
+from dslc.backend import environment, gemv
 from dslc.backend.device import require
 from dslc.backend.kernels import run_kernel
 from dslc.backend.measure import Bench, time_kernel, time_launch, tolerance, tune_spec
@@ -200,8 +200,12 @@ def kernel_measurer(bundle: Bundle) -> Callable[[StepRecord, GroupSpec, Mapping[
                 where: str) -> float | None:
         bench = Bench(spec, program.nodes, storage, cupy)
         p = program.pointwise_kernel(step)
+        g = program.matmul_kernel(step)
         if p is not None:
             ms, _ = time_kernel(p, bench, step.outputs, tolerance(spec))
+        elif g is not None:
+            ms, _ = time_launch(lambda xs, ys: gemv.run(g, xs, ys), g.operands, bench,
+                                step.outputs, tolerance(spec))
         else:
             [op] = spec.ops
             ms, _ = time_launch(lambda xs, ys: run_kernel(op.op, xs, ys[0], op.attrs),

@@ -10,8 +10,10 @@ was measured either way (`dslc inspect` shows it).
 
 A graph of pointwise ops alone is also measured against the one fallback kernel that computes
 it (`backend.fused`): on tiny tensors (a decoder's `[1, 32, 1, 64]` at one token) a CUDA kernel
-of one expression beat cuDNN's generated one on the H200. The kernel is taken where, summed over
-the buckets, it is faster than the graph by more than `measure.NOISE`.
+of one expression beat cuDNN's generated one on the H200. So is an attention the split-key
+kernel takes (`backend.attention`: a decoder's step over its cache, 7.8 us a layer against
+cuDNN's 17 or more). The kernel is taken where, summed over the buckets, it is faster than the
+graph by more than `measure.NOISE`.
 
 The bundle's schedule is rewritten for a split (its steps, the graphs of every bucket, their
 memory plans) or a kernel (the step's kind, the graphs no step uses dropped): the runtime runs
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dslc.backend import attention, fused
+from dslc.backend import attention, fused, gemv
 from dslc.backend.measure import NOISE
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.ir.graph import Node
@@ -82,7 +84,8 @@ class Measured:
 
 @dataclass
 class KernelMeasured:
-    """A graph step of pointwise ops: the graph's time and one fallback kernel's, per bucket."""
+    """A graph step one fallback kernel also computes (`kernel_steps`): the graph's time and
+    the kernel's, per bucket."""
 
     step: StepRecord
     graph_ms: dict[str, float | None] = field(default_factory=dict)
@@ -114,7 +117,19 @@ def kernel_steps(program: Schedule) -> list[StepRecord]:
 
     return [s for s in program.steps if s.kind == "graph" and not touches_a_mask(s) and (
         isinstance(fused.plan_of(program.nodes, s.nodes, s.inputs, s.outputs), fused.Plan)
-        or _attention_kernel(program, s))]
+        or _attention_kernel(program, s) or _matmul_kernel(program, s))]
+
+
+def _matmul_kernel(program: Schedule, step: StepRecord) -> bool:
+    """A matmul of at most `gemv.MOST_ROWS` rows at the first bucket, its weight's K
+    contiguous (a PyTorch linear's [N, K] read transposed), with its epilogue (where
+    `gemv.experimental()`)."""
+    g = program.matmul_kernel(step)
+    if g is None or not gemv.experimental():
+        return False
+    dims = dict(program.bundle.buckets[0].dims)
+    x, w = program.storage(g.x, dims), program.storage(g.w, dims)
+    return math.prod(x.shape[:-1]) <= gemv.MOST_ROWS and w.strides[0] == 1
 
 
 def _attention_kernel(program: Schedule, step: StepRecord) -> bool:
