@@ -147,3 +147,18 @@ def rel_error(a: Any, b: Any) -> float:
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert a64.shape == b64.shape, (a64.shape, b64.shape)
     return float(np.abs(a64 - b64).max() / max(np.abs(b64).max(), 1e-30))
+
+
+def nvrtc_compile(source: str, arch: str = "sm_90") -> tuple[bool, str]:
+    """A CUDA source compiled by NVRTC for `arch` (no GPU needed) with ptxas's resource report:
+    (whether it compiled, the log)."""
+    from cuda.bindings import nvrtc
+
+    _, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], [])
+    options = [f"--gpu-architecture={arch}".encode(), b"--ptxas-options=-v"]
+    (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    nvrtc.nvrtcDestroyProgram(prog)
+    return result == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")

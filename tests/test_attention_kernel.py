@@ -14,20 +14,7 @@ import pytest
 from dslc.backend import attention
 from dslc.backend.cuda import LOAD_STORE
 from dslc.tune.fusion import kernel_steps
-from tests.helpers import deviceless_program
-
-
-def _compile(source: str) -> tuple[bool, str]:
-    from cuda.bindings import nvrtc
-
-    _, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"attention.cu", 0, [], [])
-    options = [b"--gpu-architecture=sm_90", b"--ptxas-options=-v"]
-    (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
-    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * size
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    nvrtc.nvrtcDestroyProgram(prog)
-    return result == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
+from tests.helpers import deviceless_program, nvrtc_compile
 
 
 @pytest.mark.parametrize("storage", ["float16", "bfloat16"])
@@ -40,7 +27,7 @@ def test_every_variant_of_the_attention_kernel_compiles_without_a_warning_or_a_s
             source = attention._SOURCE.format(
                 storage=kind, group=group, head_dim=head_dim, vec=vec, threads=attention.THREADS,
                 chunk=attention.CHUNK, load=load, store=store)
-            ok, log = _compile(source)
+            ok, log = nvrtc_compile(source)
             assert ok and "warning" not in log, (head_dim, vec, log[:2000])
             # registers spilled to local memory: loads issued together beyond what registers
             # hold spilled 0.2 to 7.5 KB a thread; a few words, where ptxas keeps to 128
@@ -51,7 +38,7 @@ def test_every_variant_of_the_attention_kernel_compiles_without_a_warning_or_a_s
 
 def test_a_syntax_error_in_a_kernel_source_is_seen() -> None:
     """The compile check above can fail."""
-    ok, log = _compile("extern \"C\" __global__ void k() { undefined_name; }")
+    ok, log = nvrtc_compile("extern \"C\" __global__ void k() { undefined_name; }")
     assert not ok and "undefined" in log
 
 

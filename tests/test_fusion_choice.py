@@ -21,6 +21,7 @@ from dslc.runtime.schedule import Schedule
 from dslc.tune.fusion import (
     KernelMeasured,
     Measured,
+    every_kernel,
     kernel_steps,
     split_is_faster,
     splits,
@@ -203,3 +204,44 @@ def test_a_pointwise_step_becomes_one_kernel_where_it_is_faster_and_computes_the
         want = arena.run(program, dims, inputs, {})["y"]
         got = arena.run(Schedule(out), dims, inputs, {})["y"]
         assert relative_error(got, want) < 1e-6, bucket.key
+
+
+ATTENTION_AND_POINTWISE = """model m {
+  precision io=f16
+  dim B = 1..4 tune [1, 2]
+  input q: [B, 8, 1, 64]
+  input k: [B, 4, 96, 64]
+  input v: [B, 4, 96, 64]
+  input lens: i32[B]
+  let a = sdpa(q, k, v, causal=true, align="bottom_right", kv_len=lens)
+  output y = sigmoid(a * 2.0 + 1.0) as "tail"
+}
+"""
+
+
+def test_every_kernel_makes_each_step_a_kernel_computes_that_kernel(tmp_path: Path) -> None:
+    """The generated programs' check of the kernels (`fuzz.gpu`) runs a bundle with every step
+    a fallback kernel computes made it: here the attention and the pointwise tail, whatever
+    they would measure; the bundle valid (read back), their graphs dropped, and its schedule
+    computing what the compiled one computes."""
+    _, program = deviceless_program(ATTENTION_AND_POINTWISE, tmp_path)
+    offered = {s.name for s in kernel_steps(program)}
+    ops = {s.name: [program.nodes[n].op for n in s.nodes] for s in program.steps}
+    assert sorted(ops[name] for name in offered) == [["mul", "add", "sigmoid"], ["sdpa"]]
+    out = Bundle.from_data(every_kernel(program.bundle).to_data())
+    before = {s.name: s.kind for s in program.steps}
+    for step in out.steps:
+        assert step.kind == ("kernel" if step.name in offered else before[step.name]), step.name
+        if step.name in offered:
+            assert "made its fallback kernel to check it" in step.reason
+            assert all(step.signature not in b.graphs for b in out.buckets)
+    for bucket in out.buckets:
+        dims = dict(bucket.dims)
+        g = rng("every kernel", bucket.key)
+        inputs = {"q": g.standard_normal((dims["B"], 8, 1, 64)).astype(np.float16),
+                  "k": g.standard_normal((dims["B"], 4, 96, 64)).astype(np.float16),
+                  "v": g.standard_normal((dims["B"], 4, 96, 64)).astype(np.float16),
+                  "lens": np.full(dims["B"], 70, np.int32)}
+        want = arena.run(program, dims, inputs, {})["y"]
+        got = arena.run(Schedule(out), dims, inputs, {})["y"]
+        assert np.isfinite(want).all() and relative_error(got, want) < 1e-6, bucket.key

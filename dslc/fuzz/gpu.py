@@ -6,7 +6,10 @@
 - a CUDA-graph replay of it equals the plain run, bit for bit;
 - a bundle written and read back runs the same plans: the reloaded model's outputs equal the
   first run's, bit for bit;
-- the deviceless compile for the H200 profile makes the same fusion plan and the same groups.
+- the deviceless compile for the H200 profile makes the same fusion plan and the same groups;
+- the program with every step a fallback kernel also computes made that kernel (attention over
+  a long cache, pointwise groups; few-row matmuls under `DSLC_EXPERIMENTAL_GEMV=1`:
+  `tune.fusion.every_kernel`, what tuning may choose) equals the reference too.
 """
 
 from __future__ import annotations
@@ -163,7 +166,34 @@ def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
     reloaded.close()
     _identical(plain, again, "reload", "a model reloaded from the bundle computes other bits",
                varies, TOLERANCE[dtype])
+    _kernels_equal(bundle, tmp, device_inputs, want, TOLERANCE[dtype])
     return Outcome("ok", errors=errors, skipped=skipped)
+
+
+def _kernels_equal(bundle: Path, tmp: Path, device_inputs: dict[str, Any],
+                   want: dict[str, np.ndarray], tolerance: float) -> None:
+    """The bundle with every step its fallback kernel (`tune.fusion.every_kernel`) computes
+    the reference's values; nothing to run where no step has one."""
+    from dslc.emit import bundle as emit_bundle
+    from dslc.runtime import Model
+    from dslc.runtime.bundle import load
+    from dslc.tune.fusion import every_kernel
+
+    records = load(bundle)
+    forced = every_kernel(records)
+    if [s.kind for s in forced.steps] == [s.kind for s in records.steps]:
+        return
+    path = tmp / "kernels.bundle"
+    emit_bundle.write(path, forced)
+    model = Model(path, tmp / "fuzz.safetensors", plan_cache=None)
+    got = to_host(model.run(device_inputs))
+    model.close()
+    for name, value in want.items():
+        err = relative_error(np.asarray(got[name], np.float64), np.asarray(value, np.float64))
+        if not err <= tolerance:
+            raise Failure(Outcome("mismatch", "kernels", f"output {name}: with every step a "
+                                  f"fallback kernel computes made it, relative error "
+                                  f"{err:.3e} > {tolerance}"))
 
 
 def _calibrated(bundle: Path, inputs: dict[str, np.ndarray],

@@ -295,6 +295,17 @@ def with_fusion(bundle: Bundle, measured: list[Measured],
     return replace(out, buckets=tuple(_memory(program, b) for b in out.buckets))
 
 
+def every_kernel(bundle: Bundle) -> Bundle:
+    """The bundle with every step a fallback kernel also computes (`kernel_steps`) made that
+    kernel, whatever it measures: the generated programs' check of the kernels against the
+    reference (`fuzz.gpu`), where tuning would take a kernel only where it is faster."""
+    names = {s.name for s in kernel_steps(Schedule(bundle))}
+    steps = tuple(replace(s, kind="kernel", reason=_joined(s.reason, "made its fallback kernel "
+                                                                     "to check it"))
+                  if s.name in names else s for s in bundle.steps)
+    return with_fusion(replace(bundle, steps=steps), [])
+
+
 def _kernel_or_graph(step: StepRecord, m: KernelMeasured | None) -> StepRecord:
     if m is None:
         return step
