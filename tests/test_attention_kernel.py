@@ -59,6 +59,9 @@ GQA = {"q": (1, 32, 1, 64), "k": (1, 8, 1024, 64), "v": (1, 8, 1024, 64), "kv_le
     ({"v": (1, 8, 1000, 64)}, False),  # keys and values of two lengths
     ({"bias": (1, 32, 1, 1024)}, False),
     ({"descale_q": (1,)}, False),
+    ({"q": (16, 32, 511, 64), "k": (16, 8, 1024, 64), "v": (16, 8, 1024, 64)}, True),
+    ({"q": (16, 32, 512, 64), "k": (16, 8, 1024, 64), "v": (16, 8, 1024, 64)}, False),  # grid
+    ({"q": (0, 32, 1, 64)}, False),  # nothing to launch
 ])
 def test_the_kernel_takes_gqa_attention_of_power_of_two_head_dims_without_a_bias(
         change: dict[str, tuple[int, ...]], taken: bool) -> None:

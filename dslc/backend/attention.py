@@ -39,6 +39,7 @@ MAX_SPLITS = 64  # blocks a query row's keys split over, at most
 MAX_GROUP = 8  # query heads a KV head serves (registers: 8 dims of each a thread)
 HEAD_DIMS = (16, 32, 64, 128, 256)  # 8 dims a thread, a power of two threads a row (shuffles)
 OPERANDS = ("q", "k", "v", "kv_len", "q_len")  # no bias, no fp8 descales
+MOST_ROWS = 65535  # query rows of KV heads (B * Hk * Sq): a block row each, CUDA's grid limit
 
 _SOURCE = r"""
 typedef {storage} S;
@@ -281,12 +282,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) dslc_attend(
 def takes(shapes: Mapping[str, Sequence[int]], dtype: str) -> bool:
     """Whether the kernel computes an sdpa of these operands (by name: `q`, `k`, `v`, maybe
     `kv_len` and `q_len`; their shapes) and dtype: f16 or bf16, one head dim for keys and
-    values of HEAD_DIMS, at most MAX_GROUP query heads a KV head."""
+    values of HEAD_DIMS, at most MAX_GROUP query heads a KV head (`fits`), at most MOST_ROWS
+    query rows of KV heads."""
     if dtype not in ("f16", "bf16") or not {"q", "k", "v"} <= set(shapes) <= set(OPERANDS):
         return False
     q, k, v = shapes["q"], shapes["k"], shapes["v"]
     return (len(q) == 4 and q[3] == k[3] == v[3] and k[2] == v[2] and k[1] > 0
-            and q[1] % k[1] == 0 and fits(q[1] // k[1], q[3]))
+            and q[1] % k[1] == 0 and fits(q[1] // k[1], q[3])
+            and 0 < q[0] * k[1] * q[2] <= MOST_ROWS)
 
 
 def fits(group: int, head_dim: int) -> bool:
