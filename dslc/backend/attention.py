@@ -9,8 +9,7 @@ tuner measures it against the cuDNN graph (`tune.fusion.kernel_steps`) and keeps
 A block takes one query row of one KV head with its G query heads (GQA: the keys and values
 are read once for all of them) over one span of the valid keys (the spans split the keys
 evenly, computed on the GPU from `kv_len`, so a short cache wastes no block), in passes of CHUNK
-keys: each
-thread scores one key against the G queries (queries in shared memory, pre-scaled by
+keys: each thread scores one key against the G queries (queries in shared memory, pre-scaled by
 scale * log2(e)), each warp keeps the running max and sum of its heads' scores (online softmax),
 and the values are summed by threads that each own 8 dims of a row, reduced across rows by warp
 shuffles and across warps in shared memory. The partial results (unnormalised sums, max, sum)
@@ -365,6 +364,5 @@ def _kernel(storage: str, group: int, head_dim: int, vec: int) -> Any:
 
     kind, load, store = LOAD_STORE[storage]
     source = _SOURCE.format(storage=kind, group=group, head_dim=head_dim, vec=vec,
-                            threads=THREADS, chunk=CHUNK, load=load,
-                            store=store)
+                            threads=THREADS, chunk=CHUNK, load=load, store=store)
     return cupy.RawKernel(source, "dslc_attend")
