@@ -3,10 +3,11 @@ start (imports, context, plan restore sequential against threaded), the kernels 
 encoder layer in dslc and in PyTorch (CUPTI, through torch.profiler), and which forms of a
 standalone pointwise graph with a broadcast operand get a cuDNN engine (and a matrix of
 operand shapes, memory orders and dtypes, checked against numpy), and the depthwise convs of
-the model families in dslc's kernel, in cuDNN and in PyTorch. Diagnostics for the
+the model families in dslc's kernel, in cuDNN and in PyTorch, and the split-key attention
+kernel at several splits and cache lengths against PyTorch's attention. Diagnostics for the
 benchmarks in docs/benchmarks.md, not a benchmark itself.
 
-    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer,broadcast,matrix,depthwise]
+    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer,broadcast,matrix,depthwise,attention]
 """
 
 from __future__ import annotations
@@ -423,6 +424,62 @@ def _cudnn_ms(handle: Any, n: int, c: int, h: int, k: int, ho: int, attrs: dict[
     return times
 
 
+def attention(out: Path) -> dict[str, Any]:
+    """The split-key attention kernel (backend/attention.py) alone, one query of 32 heads over
+    8 KV heads of 64 dims (f16, the cache's valid rows 3 short of its length), at several
+    splits and cache lengths, against PyTorch's attention over the valid rows (cuDNN): kernel
+    microseconds per call (CUPTI), and the kernel checked against PyTorch."""
+    rows: dict[str, Any] = {}
+    for keys in (64, 256, 1024, 4096):
+        rows.update(_attention_at(keys))
+    return rows
+
+
+def _attention_at(keys: int) -> dict[str, Any]:
+    import cupy
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from dslc.backend import attention as kernel
+
+    g = cupy.random.default_rng(keys)
+    q = g.standard_normal((1, 1, 32, 64), dtype=cupy.float32).astype(cupy.float16)
+    q = q.transpose(0, 2, 1, 3)  # stored BSHD, as a decoder's
+    k, v = (g.standard_normal((1, 8, keys, 64), dtype=cupy.float32).astype(cupy.float16)
+            for _ in range(2))
+    lens = cupy.asarray(np.array([keys - 3], np.int32))
+    y = cupy.empty((1, 1, 32, 64), cupy.float16).transpose(0, 2, 1, 3)
+    a = {"operands": ("q", "k", "v", "kv_len"), "scale": None, "causal": True,
+         "align": "bottom_right", "window": None}
+    chosen = kernel.splits
+    rows: dict[str, Any] = {}
+    try:
+        for n in (4, 8, 16, 32):
+            kernel.splits = lambda _rows, _keys, n=n: n  # type: ignore[assignment]
+            us = kernels(lambda: kernel.attend([q, k, v, lens], y, a), 50)[0][0]
+            rows[f"keys {keys} splits {n}"] = us
+            print(f"keys {keys}, splits {n}: {us:.2f} us", flush=True)
+    finally:
+        kernel.splits = chosen
+    tq, tk, tv = (torch.as_tensor(t, device="cuda") for t in (q, k, v))
+
+    def reference() -> Any:
+        return F.scaled_dot_product_attention(tq, tk[:, :, :keys - 3], tv[:, :, :keys - 3],
+                                              enable_gqa=True)
+
+    kernel.attend([q, k, v, lens], y, a)
+    want = reference().float()
+    err = float((torch.as_tensor(y, device="cuda").float() - want).abs().max()
+                / want.abs().max())
+    torch_us = sum(us for us, _, _ in kernels(reference, 50))
+    rows[f"keys {keys} torch"] = torch_us
+    rows[f"keys {keys} error"] = err
+    print(f"keys {keys}: splits chosen {chosen(8, keys)}; PyTorch {torch_us:.2f} us; "
+          f"relative error {err:.2e}", flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-out"))
@@ -431,7 +488,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     for name, fn in (("pool", pool), ("cold", cold), ("layer", layer), ("broadcast", broadcast),
-                     ("matrix", matrix), ("depthwise", depthwise)):
+                     ("matrix", matrix), ("depthwise", depthwise), ("attention", attention)):
         if name in args.skip.split(","):
             continue
         print(f"== {name}", flush=True)
