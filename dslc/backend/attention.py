@@ -30,6 +30,7 @@ from functools import cache
 from typing import Any
 
 from dslc.backend.cuda import LOAD_STORE, ceil_div, multiprocessors
+from dslc.ops.attention import named_operands
 
 THREADS = 128
 CHUNK = 128  # keys a pass scores: one a thread
@@ -312,7 +313,7 @@ def attend(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     import cupy
     import numpy as np
 
-    named = dict(zip(a.get("operands") or ("q", "k", "v"), xs, strict=True))
+    named = named_operands(a, xs)
     q, k, v = named["q"], named["k"], named["v"]
     storage = "float16" if q.dtype == cupy.float16 else "bfloat16"
     q, k, v, o = (t.view(cupy.uint16) for t in (q, k, v, y))
@@ -350,7 +351,8 @@ def _scratch(floats: int, rows: int) -> tuple[Any, Any]:
     if have is None or have[0].size < floats or have[1].size < rows:
         grown = (cupy.empty(max(floats, 0 if have is None else have[0].size), cupy.float32),
                  cupy.zeros(max(rows, 0 if have is None else have[1].size), cupy.uint32))
-        _RETIRED.extend([] if have is None else [have])
+        if have is not None:
+            _RETIRED.append(have)
         _SCRATCH[key] = have = grown
     return have
 

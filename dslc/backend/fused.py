@@ -333,12 +333,7 @@ def plan(members: Sequence[Node], inputs: Sequence[Node], outputs: Sequence[str]
 def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     """The kernel over its operands (CuPy arrays in the order of `p.operands`; a step's scalars
     are constants of the source) into its results (arrays of one shape, any strides)."""
-    views = []
-    for x, o in zip(xs, p.operands, strict=True):
-        if o.along is not None:  # a vector [C] as [1, .., C, .., 1] at the op's rank
-            axis, rank = o.along
-            x = x.reshape((1,) * axis + (x.shape[0],) + (1,) * (rank - axis - 1))
-        views.append(x)
+    views = [operand_view(x, o) for x, o in zip(xs, p.operands, strict=True)]
     views = [x.copy() if any(_overlaps(x, y) for y in ys) else x for x in views]
     broadcast = _vectorizable(p, views, ys)
     if broadcast is None:
@@ -348,6 +343,15 @@ def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     blocks = max(1, min(ceil_div(ceil_div(n, VECTOR), 256), 16 * multiprocessors()))
     kernel = _vector_kernel(p, tuple(broadcast))
     kernel((blocks,), (256,), (*views, *ys, np.int64(n)))
+
+
+def operand_view(x: Any, o: Operand) -> Any:
+    """An operand's array as the kernel reads it: a vector an op reads along an axis, [C], as
+    [1, .., C, .., 1] at the op's rank (broadcasting lines it up); any other as it is."""
+    if o.along is None:
+        return x
+    axis, rank = o.along
+    return x.reshape((1,) * axis + (x.shape[0],) + (1,) * (rank - axis - 1))
 
 
 VECTOR_AT_LEAST = 1 << 16  # elements: below, CuPy's elementwise kernel (launch costs alike)

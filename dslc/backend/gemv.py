@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from dslc.backend import fused
-from dslc.backend.cuda import PREAMBLE, ceil_div
+from dslc.backend.cuda import LOAD_STORE, PREAMBLE, ceil_div
 from dslc.ir.graph import Node, stored_dtype
 
 # Built and checked on the CPU (NVRTC compiles it; its plans and bundles are tested) but not yet
@@ -83,9 +83,7 @@ def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[
                               (fused.Member("a", ("x0",), first.type.dtype),), (0,),
                               (first.type.dtype,))
     else:
-        given = [first, *(nodes[i] for i in inputs if i not in first.inputs)]
-        given += [nodes[i] for i in inputs if i in first.inputs and
-                  any(i in r.inputs for r in rest)]
+        given = [first, *(nodes[i] for i in inputs)]  # the epilogue reads the ones it names
         p = fused.plan(rest, given, outputs, {n.name: n.attrs for n in rest})
         if isinstance(p, str):
             return p
@@ -124,19 +122,10 @@ def run(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
         return
     out = ys[0].shape
     rows, n, k = math.prod(out[:-1]), out[-1], x.shape[-1]
-    arrays, strides = [], []
-    it = iter(others)
-    for i, o in enumerate(g.epilogue.operands):
-        if i == g.anchor:
-            continue
-        a = next(it)
-        if o.along is not None:  # a vector [C] as [1, .., C, .., 1] at the op's rank
-            axis, rank = o.along
-            a = a.reshape((1,) * axis + (a.shape[0],) + (1,) * (rank - axis - 1))
-        arrays.append(a)
-        strides.append(_row_column(cupy.broadcast_to(a, out)))
-    for y in ys:
-        strides.append(_row_column(y))
+    read = [o for i, o in enumerate(g.epilogue.operands) if i != g.anchor]
+    arrays = [fused.operand_view(a, o) for a, o in zip(others, read, strict=True)]
+    strides = [_row_column(cupy.broadcast_to(a, out)) for a in arrays]
+    strides += [_row_column(y) for y in ys]
     x_row = _row_column(x)[0]  # elements
     blocks = ceil_div(n, WARPS * COLUMNS)
     bits = [a.view(cupy.uint16) if a.dtype == cupy.float16 else a for a in (x, w, *arrays, *ys)]
@@ -257,8 +246,7 @@ def _kernel(g: Gemv, rows: int) -> Any:
     outs = "\n".join(f"  {_RAW_CTYPE[d]} y{j};" for j, d in enumerate(p.output_dtypes))
     stores = "\n".join(f"  q{j}[m * t{j}m + n * t{j}n] = y{j};"
                        for j in range(len(p.output_dtypes)))
-    load = "return __uint_as_float(((unsigned int)v) << 16);" if g.dtype == "bf16" else \
-        "float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(v)); return f;"
+    load = LOAD_STORE["bfloat16" if g.dtype == "bf16" else "float16"][1]
     unroll = 4 if rows <= 2 else 2 if rows <= 4 else 1
     source = _SOURCE.format(rows=rows, columns=COLUMNS, unroll=unroll, threads=32 * WARPS,
                             warps=WARPS, load=load, params=params, strides=strides,

@@ -22,6 +22,7 @@ from dslc.backend import attention, depthwise, fused
 from dslc.backend.cuda import PREAMBLE, elementwise, flat, needs_int64, vector_width
 from dslc.backend.device import KERNEL_DTYPES
 from dslc.backend.groupnorm import groupnorm
+from dslc.ops.attention import named_operands
 from dslc.ops.conv import depthwise_taps
 
 KernelFn = Callable[[list[Any], Any, Mapping[str, Any]], None]
@@ -368,8 +369,7 @@ def on_the_reference(op: str, shapes: list[tuple[Any, ...]], dtype: str,
 def sdpa(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     """Attention of few queries over many keys as one kernel (`backend.attention`) where it
     takes the operands, else the reference on CuPy."""
-    names = a.get("operands") or ("q", "k", "v")
-    shapes = {n: tuple(x.shape) for n, x in zip(names, xs, strict=True)}
+    shapes = {n: tuple(x.shape) for n, x in named_operands(a, xs).items()}
     if attention.takes(shapes, _DSLC.get(xs[0].dtype.name, "")):
         attention.attend(xs, y, a)
     else:

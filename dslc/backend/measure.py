@@ -24,6 +24,7 @@ from dslc.ir.graph import Node
 from dslc.ir.interp import ITEMSIZE
 from dslc.ir.storage import Storage
 from dslc.ops import fp8
+from dslc.ops.attention import named_operands
 
 NOISE = 0.03  # a plan must beat the heuristics' choice by more than this to replace it
 # Candidates timed of the heuristics' list (past these, only until one is valid). Measured on
@@ -173,7 +174,7 @@ def sequence_lengths(spec: GroupSpec) -> dict[str, int]:
     out = {}
     for op in spec.ops:
         if op.op == "sdpa":
-            named = dict(zip(op.attrs.get("operands") or ("q", "k", "v"), op.inputs, strict=True))
+            named = named_operands(op.attrs, op.inputs)
             for length, of in (("kv_len", "k"), ("q_len", "q")):
                 if length in named:
                     out[named[length]] = int(spec.tensor(named[of]).dims[2])

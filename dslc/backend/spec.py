@@ -26,6 +26,7 @@ from dslc.ir.placement import Placement, slice_of
 from dslc.ir.serial import plain
 from dslc.ir.views import layout_strides
 from dslc.ops import OPS
+from dslc.ops.attention import named_operands
 
 ROWS_OPS = ("layernorm", "rmsnorm")
 NORM_OPS = ("layernorm", "rmsnorm", "instancenorm", "batchnorm")
@@ -242,8 +243,8 @@ class _Shaper:
 
 def _lengths_of(sdpa: Node) -> set[str]:
     """The values an sdpa reads as sequence lengths (`kv_len`, and the `q_len` lowering adds)."""
-    operands = sdpa.attrs.get("operands") or ("q", "k", "v")
-    return {i for n, i in zip(operands, sdpa.inputs, strict=True) if n in ("kv_len", "q_len")}
+    return {i for n, i in named_operands(sdpa.attrs, sdpa.inputs).items()
+            if n in ("kv_len", "q_len")}
 
 
 def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: str) -> None:

@@ -12,8 +12,8 @@ padding mask takes it with the valid queries per row; lowering adds those as the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -231,13 +231,21 @@ def _masked(xp: Any, sq: int, skv: int, kv_len: Any, a: Mapping[str, Any]) -> An
     return mask
 
 
+T = TypeVar("T")
+
+
+def named_operands(attrs: Mapping[str, Any], values: Sequence[T]) -> dict[str, T]:
+    """An sdpa's operands by name: `q`, `k`, `v`, or what its `operands` attribute lists (with
+    the lengths, lowering's `q_len`, a bias, fp8 descales), each to its value in `values`."""
+    return dict(zip(attrs.get("operands") or ("q", "k", "v"), values, strict=True))
+
+
 def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     """softmax(q k^T * scale + bias) v, heads of k and v repeated for GQA; `causal` masks keys
     after the query, `window` keeps only the last `window` keys up to it; aligned top-left
     (query i is at key i) or bottom-right (the last query is at the last (valid) key: a query
     block at the end of a longer key sequence); `kv_len` masks each row's keys from L[b] on."""
-    operands = a.get("operands") or ("q", "k", "v")
-    named = dict(zip(operands, xs, strict=True))
+    named = named_operands(a, xs)
     q, k, v = named["q"], named["k"], named["v"]
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
@@ -264,8 +272,7 @@ def _sdpa_ref(xs: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
 def _lower_sdpa(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
     """cuDNN SDPA (inference: no softmax stats). Causal is the diagonal band with right bound 0,
     top-left aligned; `window` is its left bound."""
-    operands = a.get("operands") or ("q", "k", "v")
-    named = dict(zip(operands, xs, strict=True))
+    named = named_operands(a, xs)
     q = named["q"]
     if q.get_data_type() == ctx.enum("data_type", "FLOAT"):
         raise ValueError("cuDNN SDPA takes f16 or bf16: an f32 sdpa runs as a fallback kernel")

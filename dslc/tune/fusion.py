@@ -34,6 +34,7 @@ from dslc.ir.graph import Node
 from dslc.ir.groups import Group, make_group, unique_names
 from dslc.ir.naming import StepNames
 from dslc.ops import OPS
+from dslc.ops.attention import named_operands
 from dslc.ops.conv import depthwise_taps
 from dslc.runtime.records import (
     BucketRecord,
@@ -137,8 +138,8 @@ def _attention_kernel(program: Schedule, step: StepRecord) -> bool:
     if len(step.nodes) != 1 or node.op != "sdpa":
         return False
     dims = dict(program.bundle.buckets[0].dims)
-    names = node.attrs.get("operands") or ("q", "k", "v")
-    shapes = {n: program.storage(i, dims).shape for n, i in zip(names, node.inputs, strict=True)}
+    shapes = {n: program.storage(i, dims).shape
+              for n, i in named_operands(node.attrs, node.inputs).items()}
     return attention.takes(shapes, program.nodes[node.inputs[0]].type.dtype)
 
 
