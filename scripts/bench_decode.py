@@ -209,7 +209,9 @@ def main() -> int:
         lines = [line for line in built.stdout.splitlines() if "backend measured" in line]
         taken = [line for line in lines if line.endswith(": one kernel")]
         print(f"tune --fusion measure: {len(taken)} of {len(lines)} steps run as one kernel")
-        print("\n".join([line[:300] for line in lines if "sdpa" in line or "ctx" in line][:4]))
+        # the first layer's choices (the others repeat them) and the steps outside the layers
+        print("\n".join(line[:300] for line in lines
+                        if "layers." not in line or "layers.0." in line))
         if built.returncode != 0:
             print(built.stderr[-3000:])
             return 1

@@ -89,3 +89,40 @@ def test_its_attention_is_cudnns_fp8_attention() -> None:
     node = next(n for n in attention[0]["nodes"] if _kind(n) == "SDPA_FP8")
     q, o = node["inputs"]["q"], node["outputs"]["O"]
     assert _dtypes(attention[0], {q}) == {"FP8_E4M3"} and _dtypes(attention[0], {o}) == {"HALF"}
+
+
+FP8_CONV = """
+model m {
+  precision io=f32, intermediate=f32, compute=f32
+  input x: [2, 16, 8, 4]
+  param w: [16, 16, 3, 3]
+  output y = conv(x * 2.0, w, stride=1, pad=1, dilation=1, groups=1, precision=f8e4m3)
+}
+"""
+
+
+def test_a_quantised_activations_copy_falls_back_to_a_kernel_a_conv_does_not(
+        tmp_path: Path) -> None:
+    """cuDNN on the H200 has no engine for an fp8 identity (the e4m3 activation copied into
+    the channels-last order its conv reads: generated program seed 29 #82 ended in E0801):
+    the fallback copies its bytes as stored. An fp8 op that computes is no copy: still refused."""
+    from dslc.compile.stage import CompileFailure, _kernel
+
+    path = tmp_path / "m.cgraph"
+    path.write_text(FP8_CONV)
+    result = front_end(path, Options(), Sink())
+    assert result.model is not None
+    lowered, plan = lower_and_fuse(result.model)
+    c = compile_model(result.model, lowered, plan, load_target("h200"), buckets=[{}])
+    nodes = c.graph.by_name()
+    copies = [s.group for s in c.steps if [nodes[n].op for n in s.group.nodes] == ["contiguous"]
+              and nodes[s.group.nodes[0]].type.dtype == "f8e4m3"]
+    assert len(copies) == 1
+    assert _kernel(c, copies[0], "rejected", " (no engine)").kind == "kernel"
+    conv = next(s.group for s in c.steps if nodes[s.group.nodes[0]].op == "conv")
+    try:
+        _kernel(c, conv, "rejected", " (no engine)")
+    except CompileFailure as err:
+        assert "take no f8e4m3" in str(err)
+    else:
+        raise AssertionError("an fp8 conv ran as a fallback kernel")

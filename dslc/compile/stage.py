@@ -17,6 +17,7 @@ from dslc.backend import fused
 from dslc.backend.channels_last import form_holds_at_every_size
 from dslc.backend.graphs import Built, GraphError, build
 from dslc.backend.kernels import DTYPES as KERNEL_DTYPES
+from dslc.backend.kernels import MOVES
 from dslc.backend.spec import GroupSpec, SpecError, group_spec
 from dslc.backend.target import Target
 from dslc.check.checker import CheckedModel
@@ -186,9 +187,12 @@ def _kernel(out: Compiled, group: Group, reason: str, error: str = "") -> Step:
     if _one_kernel(nodes, group):
         return Step("kernel", group, reason)
     dtypes = {node.type.dtype, *(nodes[i].type.dtype for i in node.inputs)}
-    if not dtypes <= set(KERNEL_DTYPES):
+    # A copy moves bytes as they are stored: fp8 too (a quantised activation copied into the
+    # channels-last order its conv reads, which cuDNN's fp8 identity rejects on the GPU).
+    takes = {*KERNEL_DTYPES, *FP8} if node.op in MOVES else set(KERNEL_DTYPES)
+    if not dtypes <= takes:
         raise CompileFailure(node.name, f"cuDNN cannot run `{node.op}` here{error} and the fallback "
-                             f"kernels take no {'/'.join(sorted(dtypes - set(KERNEL_DTYPES)))}")
+                             f"kernels take no {'/'.join(sorted(dtypes - takes))}")
     return Step("kernel", group, reason)
 
 

@@ -63,7 +63,10 @@ def test_projections_as_the_kernel_equal_the_reference(
         for b in records.buckets:  # the kernel taken whatever it measures: its numbers here
             m.graph_ms[b.key], m.kernel_ms[b.key] = 1.0, 0.5
         measured.append(m)
-    assert len(measured) == 3
+    # every projection: the source's four matmuls (z's up alone, its gate with the SiLU and
+    # the product), each its own step
+    matmuls = [s for s in program.steps if any(program.nodes[n].op == "matmul" for n in s.nodes)]
+    assert len(measured) == len(matmuls) == DECODER.count("matmul(")
     emit_bundle.write(bundle, with_fusion(records, [], measured))
     model = Model(bundle, bundle.with_suffix(".safetensors"), tuning_db=None)
     for rows in (1, 3):
