@@ -211,7 +211,9 @@ def main() -> int:
         print(f"tune --fusion measure: {len(taken)} of {len(lines)} steps run as one kernel")
         # the first layer's choices (the others repeat them) and the steps outside the layers
         print("\n".join(line[:300] for line in lines
-                        if "layers." not in line or "layers.0." in line))
+                        if "layers." not in line or re.search(r"layers\.0\b", line)))
+        if args.out:
+            args.out.with_suffix(".tune.txt").write_text(built.stdout)
         if built.returncode != 0:
             print(built.stderr[-3000:])
             return 1

@@ -98,6 +98,31 @@ def test_a_slice_off_a_16_byte_boundary_is_not_written_in_place(tmp_path: Path) 
     assert placed == {"y.relu": "y", "y.relu_1": "y", "w.relu": "w"}  # not w.relu_1, at 6 B
 
 
+
+@pytest.mark.parametrize(("shapes", "axis", "placed"), [
+    # NHWC f16: 16 channels of 19 (a pixel every 38 bytes; generated program seed 29 #174)
+    (("[2, 16, 4, 2]", "[2, 3, 4, 2]"), 1, set()),
+    # NHWC f16: 4 channels, the first 4 columns of 6 (a pixel every 8 bytes; seed 31 #161)
+    (("[3, 4, 2, 4]", "[3, 4, 2, 2]"), 3, set()),
+    # NHWC f16: 8 channels of 16 (every stride a multiple of 16 bytes): both in place
+    (("[2, 8, 4, 2]", "[2, 8, 4, 2]"), 1, {"a", "b"}),
+])
+def test_a_slice_with_a_stride_off_16_bytes_is_not_written_in_place(
+        shapes: tuple[str, str], axis: int, placed: set[str], tmp_path: Path) -> None:
+    """cuDNN's graphs on the H200 read and wrote such slices wrongly where the same values
+    dense were right: those operands keep their own buffers (`placement._aligned`)."""
+    got = _placement(f"""model m {{
+  precision io=f16
+  layout NHWC
+  input x: {shapes[0]}
+  input z: {shapes[1]}
+  let a = relu(x)
+  let b = relu(z)
+  output y = concat([a, b], axis={axis})
+}}
+""", tmp_path)
+    assert set(got) == placed
+
 def test_a_placed_group_and_its_unplaced_twin_get_other_signatures(tmp_path: Path) -> None:
     """unet's double_conv ends are the same ops, and down1's writes into a concat's slice (other
     strides): blind to placement the two would share one graph."""

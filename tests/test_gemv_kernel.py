@@ -52,8 +52,7 @@ def _matmul_steps(program: Any) -> dict[str, list[str]]:
 
 
 def test_a_matmul_and_its_epilogue_are_one_kernel_over_its_operands(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(gemv.EXPERIMENTAL, "1")
+        tmp_path: Path) -> None:
     program = _program(tmp_path)
     plans = {s.name: program.matmul_kernel(s) for s in program.steps
              if program.nodes[s.nodes[0]].op == "matmul"}
@@ -85,8 +84,7 @@ def test_a_matmul_of_f32_or_of_a_3d_weight_has_no_kernel(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("rows", "offered"), [(1, True), (8, True), (16, False)])
 def test_the_tuner_offers_projections_of_at_most_8_rows_to_the_kernel(
-        rows: int, offered: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(gemv.EXPERIMENTAL, "1")
+        rows: int, offered: bool, tmp_path: Path) -> None:
     program = _program(tmp_path, rows=rows, most=16)
     matmuls = set(_matmul_steps(program))
     found = {s.name for s in kernel_steps(program)} & matmuls
@@ -94,20 +92,17 @@ def test_the_tuner_offers_projections_of_at_most_8_rows_to_the_kernel(
     assert found == (matmuls - {ROW_MAJOR} if offered else set())
 
 
-def test_the_tuner_offers_no_matmul_to_the_kernel_unless_asked(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not yet run on a GPU: offered only where `DSLC_EXPERIMENTAL_GEMV=1`; and a matmul step
-    alone (one cuDNN rejected) keeps the reference then."""
-    monkeypatch.delenv(gemv.EXPERIMENTAL, raising=False)
+def test_a_matmul_step_alone_runs_as_the_kernel(tmp_path: Path) -> None:
+    """A matmul without an epilogue (a step of its own, or one cuDNN rejected) is the kernel
+    too, storing the product in the output's dtype."""
     program = _program(tmp_path)
-    assert not {s.name for s in kernel_steps(program)} & set(_matmul_steps(program))
     alone = [s for s in program.steps if _matmul_steps(program).get(s.name) == ["matmul"]]
-    assert alone and all(program.matmul_kernel(s) is None for s in alone)
+    assert len(alone) == DECODER.count("output r = matmul") + DECODER.count("* matmul(")
+    kernels = [program.matmul_kernel(s) for s in alone]
+    assert all(g is not None and g.held == "bf16" for g in kernels)
 
 
-def test_a_bundle_whose_matmul_steps_are_the_kernel_reads_back_valid(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(gemv.EXPERIMENTAL, "1")
+def test_a_bundle_whose_matmul_steps_are_the_kernel_reads_back_valid(tmp_path: Path) -> None:
     program = _program(tmp_path)
     measured = []
     for step in kernel_steps(program):
@@ -125,7 +120,6 @@ def test_a_bundle_whose_matmul_steps_are_the_kernel_reads_back_valid(
 def test_every_kernel_compiles_without_a_warning_or_a_spill(
         io: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CuPy is absent on the CPU: a stand-in takes the source `_kernel` builds."""
-    monkeypatch.setenv(gemv.EXPERIMENTAL, "1")
     monkeypatch.setitem(sys.modules, "cupy",
                         SimpleNamespace(RawKernel=lambda source, name: (source, name)))
     program = _program(tmp_path, io=io)

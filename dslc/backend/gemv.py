@@ -19,7 +19,6 @@ epilogue's pointwise kernel compute the step instead: slower, the same values.
 from __future__ import annotations
 
 import math
-import os
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -32,11 +31,6 @@ from dslc.backend import fused
 from dslc.backend.cuda import LOAD_STORE, PREAMBLE, ceil_div
 from dslc.ir.graph import Node, stored_dtype
 
-# Built and checked on the CPU (NVRTC compiles it; its plans and bundles are tested) but not yet
-# run on a GPU: the tuner offers steps to it, and a matmul step alone that cuDNN rejected runs
-# it instead of the reference, only where this variable is 1, until tests/gpu/test_gemv_gpu.py
-# has passed on the H200. (A bundle whose steps the tuner made this kernel runs it regardless.)
-EXPERIMENTAL = "DSLC_EXPERIMENTAL_GEMV"
 MOST_ROWS = 8
 COLUMNS = 2  # output columns a warp
 WARPS = 8  # a block
@@ -93,10 +87,6 @@ def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[
     operands[anchor] = replace(operands[anchor], dtype="f32", along=None)
     return Gemv(x.name, w.name, x.type.dtype, stored_dtype(first, virtual=bool(rest)),
                 replace(epilogue, operands=tuple(operands)), anchor)
-
-
-def experimental() -> bool:
-    return os.environ.get(EXPERIMENTAL) == "1"
 
 
 def fits(x: Any, w: Any) -> bool:

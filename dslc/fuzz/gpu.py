@@ -8,7 +8,7 @@
   first run's, bit for bit;
 - the deviceless compile for the H200 profile makes the same fusion plan and the same groups;
 - the program with every step a fallback kernel also computes made that kernel (attention over
-  a long cache, pointwise groups; few-row matmuls under `DSLC_EXPERIMENTAL_GEMV=1`:
+  a long cache, pointwise groups; few-row matmuls:
   `tune.fusion.every_kernel`, what tuning may choose) equals the reference too.
 """
 

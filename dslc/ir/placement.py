@@ -9,7 +9,7 @@ own, copied by the concat, when it is an input, a param, a load-time value, a vi
 concat or a write in place (whose memory is the caller's cache), a model output, an operand of
 more than one concat (or twice of one), the base of a view (whose strides were planned in its own
 memory), in another dtype or memory order than the concat, or when its slice could start off a
-16-byte boundary (cuDNN's 16-byte vector stores).
+16-byte boundary (cuDNN's 16-byte vector stores) or has a stride off 16 bytes (`_aligned`).
 """
 
 from __future__ import annotations
@@ -51,9 +51,30 @@ def in_place(graph: Graph, load_time: Collection[str]) -> dict[str, tuple[str, t
                     operand_uses[name] != 1 or not _same_storage(x, c):
                 continue
             found = views.strides(c.type.shape, c.type.layout, (step,))
-            if found is not None and views.aligned(found[1], ITEMSIZE[x.type.dtype]):
+            if found is not None and _aligned(x, *found):
                 out[name] = (c.name, (step,))
     return out
+
+
+def _aligned(x: Node, strides: tuple[Dim, ...], offset: Dim) -> bool:
+    """Whether the slice starts on 16 bytes and either each of its strides (of an axis of more
+    than one element, but the unit one) is a multiple of 16 bytes, or it is dense but for its
+    outermost axis (a channel slice of NCHW data: a larger batch stride). On the H200 (cuDNN
+    9.19) cuDNN's graphs read or wrote slices with a gap off 16 bytes inside them wrongly where
+    the same values dense were right (generated programs found it: a maxpool's 16 channels
+    written into 19 of an NHWC concat, read by a conv and its residual add; a conv's 4
+    channels written into the first 4 of 6 columns: strides of 38 and 8 bytes)."""
+    item = ITEMSIZE[x.type.dtype]
+    shape = x.type.shape
+    if not views.aligned(offset, item):
+        return False
+    if all(views.aligned(s, item) for s, d in zip(strides, shape, strict=True) if d != 1 and s != 1):
+        return True
+    assert x.type.layout is not None  # placed operands are laid out (`_same_storage`)
+    real = [axis for axis in x.type.layout.order if shape[axis] != 1]  # outermost first
+    dense = views.layout_strides(shape, x.type.layout)
+    return all(strides[a] == dense[a] for a in real[1:]) and \
+        (not real or views.aligned(strides[real[0]], item))
 
 
 def _same_storage(x: Node, c: Node) -> bool:

@@ -70,11 +70,9 @@ class Schedule:
 
     def matmul_kernel(self, step: StepRecord) -> gemv.Gemv | None:
         """The matmul kernel with its epilogue (`backend.gemv`) that runs a step of a matmul and
-        pointwise ops, or None (a matmul alone: unless `gemv.experimental()`)."""
+        pointwise ops (or a matmul alone), or None."""
         if step.name not in self._matmul:
             g = gemv.plan_of(self.nodes, step.nodes, step.inputs, step.outputs)
-            if len(step.nodes) == 1 and not gemv.experimental():
-                g = "not yet run on a GPU"
             self._matmul[step.name] = g if isinstance(g, gemv.Gemv) else None
         return self._matmul[step.name]
 

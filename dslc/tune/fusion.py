@@ -123,10 +123,9 @@ def kernel_steps(program: Schedule) -> list[StepRecord]:
 
 def _matmul_kernel(program: Schedule, step: StepRecord) -> bool:
     """A matmul of at most `gemv.MOST_ROWS` rows at the first bucket, its weight's K
-    contiguous (a PyTorch linear's [N, K] read transposed), with its epilogue (where
-    `gemv.experimental()`)."""
+    contiguous (a PyTorch linear's [N, K] read transposed), with its epilogue."""
     g = program.matmul_kernel(step)
-    if g is None or not gemv.experimental():
+    if g is None:
         return False
     dims = dict(program.bundle.buckets[0].dims)
     x, w = program.storage(g.x, dims), program.storage(g.w, dims)

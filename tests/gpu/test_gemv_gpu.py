@@ -46,11 +46,9 @@ model m {{
 
 @pytest.mark.parametrize("io", ["bf16", "f16"])
 def test_projections_as_the_kernel_equal_the_reference(
-        io: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dslc.backend import gemv
+        io: str, tmp_path: Path) -> None:
     from dslc.runtime import Model
 
-    monkeypatch.setenv(gemv.EXPERIMENTAL, "1")  # the matmul alone too
 
     bundle = compile_source(DECODER.format(io=io), tmp_path)
     records = load(bundle)
@@ -80,11 +78,9 @@ def test_projections_as_the_kernel_equal_the_reference(
 
 
 def test_the_tuner_measures_each_projection_as_the_kernel(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dslc.backend import gemv
+        tmp_path: Path) -> None:
     from tests.helpers import run_cli
 
-    monkeypatch.setenv(gemv.EXPERIMENTAL, "1")
     bundle = compile_source(DECODER.format(io="bf16"), tmp_path)
     run = run_cli("tune", str(bundle), "--fusion", "measure", "--budget", "2",
                   "--tuning-db", "none", "-q")
