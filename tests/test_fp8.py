@@ -557,3 +557,23 @@ def test_an_fp8_matmul_reads_its_operands_k_major(tmp_path: Path) -> None:
     assert operands(head + "  input x: [16, 64]\n  param w: [32, 64]\n"
                     "  output y = matmul(x, transpose(w, [1, 0]))\n}\n") == [("cast", (0, 1)),
                                                                           ("cast", (1, 0))]
+
+
+def test_an_amax_follows_its_value_when_a_later_pass_renames_it(tmp_path: Path) -> None:
+    """`contiguous(x)` of an input is quantised, then folded away once layouts are known: the
+    amax must name `x`, which the calibration computes (it named `c`, read before it is
+    computed: generated program seed 29 #61 crashed at calibration)."""
+    from dslc.lower import lower
+    from tests.helpers import check_source
+
+    graph = check_source("""model m {
+  input x: [1, 16]
+  param w: [16, 16]
+  let c = contiguous(x)
+  output y = matmul(c, w, precision=f8e4m3)
+}
+""", tmp_path).model.graph
+    lowered = lower(graph)
+    names = {n.name for n in lowered.nodes}
+    amaxes = [n for n in lowered.nodes if n.op == "amax"]
+    assert "c" not in names and [str(n.attrs["tensor"]) for n in amaxes] == ["x"]
