@@ -157,8 +157,8 @@ def test_an_op_its_support_check_refuses_says_why_and_later_anchors_still_fuse(
         tmp_path: Path) -> None:
     """A rank-5 matmul (more batch axes than cuDNN takes) and an i64 cast: no pattern takes
     them, and the plan gives the check's reason, not "no fusion pattern starts with this op";
-    the matmul after the refused one still fuses with its relu. (An output is stored in a
-    float dtype: lowering casts the i64 value back for it.)"""
+    the matmul after the refused one still fuses with its relu. (An integer output keeps its
+    dtype: the cast back to f32 is written.)"""
     model = check_source("""model m {
   input x: [2, 2, 2, 4, 8]
   input y: [2, 2, 2, 8, 4]
@@ -168,7 +168,7 @@ def test_an_op_its_support_check_refuses_says_why_and_later_anchors_still_fuse(
   let n = matmul(u, v)
   output r = relu(n)
   let i = cast(u, i64)
-  output o = i
+  output o = cast(i, f32)
 }
 """, tmp_path).model
     _, plan = lower_and_fuse(model)
@@ -177,7 +177,7 @@ def test_an_op_its_support_check_refuses_says_why_and_later_anchors_still_fuse(
                                            "rank 5")
     assert by_node[("n", "r")] == ("matmul_epilogue", "")
     assert by_node[("i",)] == ("single", "cuDNN graphs do not take i64 tensors (%i)")
-    # the output, cast back to f32, runs alone for the same reason
+    # its cast back to f32 runs alone for the same reason
     assert by_node[("o",)] == ("pointwise", "cuDNN graphs do not take i64 tensors (%i)")
 
 

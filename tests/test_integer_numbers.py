@@ -93,3 +93,28 @@ def test_a_float_tensor_keeps_float_numbers(tmp_path: Path) -> None:
     text = "model m {\n  input x: f32[2, 3]\n  output y = x + 2\n}\n"
     model = check_source(text, tmp_path).model
     assert {n.type.dtype for n in model.graph.nodes if n.op == "scalar"} == {"f32"}
+
+
+def test_an_undeclared_integer_output_keeps_its_dtype_and_a_float_takes_io(
+        tmp_path: Path) -> None:
+    """`output next = ids + 2049` with no dtype written stays i32: cast to the model's f16 (the
+    io default before) it would round 4,096 + 1 to 4,096. A float output still takes io, and a
+    mask (0 and 1 exact in f16) too."""
+    model = check_source("""model m {
+  precision io=f16
+  input ids: i32[2, 3]
+  input x: f32[2, 3]
+  output same = ids
+  output next = ids + 2049
+  output y = x * 2.0
+  output m = x > 0.0
+}
+""", tmp_path).model
+    types = {name: str(model.graph.by_name()[value].type) for name, value in model.graph.outputs}
+    assert types == {"same": "i32[2, 3]", "next": "i32[2, 3]", "y": "f16[2, 3]",
+                     "m": "f16[2, 3]"}
+    ids = np.array([[1, 2, 3], [4, 5, 2048]], dtype=np.int32)
+    x = np.ones((2, 3), np.float32)
+    got = interp.run(model.graph, {"ids": ids, "x": x}, {}, model.env)
+    assert got["same"].tolist() == [[1, 2, 3], [4, 5, 2048]]
+    assert got["next"].tolist() == [[2050, 2051, 2052], [2053, 2054, 4097]]

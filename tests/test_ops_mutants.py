@@ -248,6 +248,74 @@ def test_a_reshape_of_a_slice_merging_an_axis_of_two_has_no_layout(tmp_path: Pat
     assert node.type.layout is None
 
 
+# --- maxpool, avgpool ---------------------------------------------------------------------------
+
+AT_LEAST_ONE = ("every output size must be at least 1 for every admissible input size",)
+SMALLER = ("use a smaller kernel or stride, more padding, or raise the dim's lower bound",)
+
+
+@pytest.mark.parametrize(("x", "call", "said"), [
+    ("[2, 3]", "maxpool(x, window=2)",
+     ("E0301", "`maxpool` expects x [N, C, *S] with 1 to 3 spatial axes", "x",
+      "f16[2, 3] has rank 2", (), ("the first two axes are batch and channels",), ())),
+    ("i32[1, 2, 4, 4]", "avgpool(x, window=2)",
+     ("E0401", "`avgpool` does not support i32 inputs", "x", "i32 here", (),
+      (FLOATS_ONLY % "avgpool",), ("convert first: `cast(x, f32)`",))),
+    # the stride defaults to the window: its refusal is said once, of the window
+    ("[1, 2, 4, 4]", "maxpool(x, window=[2, 2, 2])",
+     ("E0305", "`window` of `maxpool` needs 2 values, one per spatial axis", "window=[2, 2, 2]",
+      "3 given", (), (), ())),
+    ("[1, 2, 4, 4]", "maxpool(x, window=0)",
+     ("E0305", "`window` of `maxpool` must be at least 1", "window=0", "0 here", (), (), ())),
+    ("[1, 2, 4, 4]", "maxpool(x, window=2, stride=[1, 2, 3])",
+     ("E0305", "`stride` of `maxpool` needs 2 values, one per spatial axis", "stride=[1, 2, 3]",
+      "3 given", (), (), ())),
+    ("[1, 2, 4, 4]", "maxpool(x, window=2, stride=0)",
+     ("E0305", "`stride` of `maxpool` must be at least 1", "stride=0", "0 here", (), (), ())),
+    ("[1, 2, 4, 4]", "maxpool(x, window=2, pad=-1)",
+     ("E0305", "`pad` of `maxpool` must be at least 0", "pad=-1", "-1 here", (), (), ())),
+    # 2 * pad past the window, on the axis where it is (the second)
+    ("[1, 2, 4, 4]", "avgpool(x, window=[3, 4], pad=[1, 3])",
+     ("E0305", "the padding of `avgpool` must be at most half the window", "pad=[1, 3]",
+      "pad 3, window 4", (), (), ())),
+    ("[1, 2, 4, 4]", "avgpool(x, window=3, pad=2)",
+     ("E0305", "the padding of `avgpool` must be at most half the window", "pad=2",
+      "pad 2, window 3", (), (), ())),
+    # (4 + 0 - 5) // 5 + 1 = 0 on H; W is refused after H
+    ("[1, 2, 4, 4]", "avgpool(x, window=5)",
+     ("E0603", "the output of `avgpool` has size below 1 on axis 2", "x", "output size is 0", (),
+      AT_LEAST_ONE, SMALLER)),
+    ("[1, 2, 4, 6]", "maxpool(x, window=[1, 7])",
+     ("E0603", "the output of `maxpool` has size below 1 on axis 3", "x", "output size is 0", (),
+      AT_LEAST_ONE, SMALLER)),
+])
+def test_a_pool_refusal_is_said_whole_and_once(x: str, call: str, said: Said,
+                                               tmp_path: Path) -> None:
+    assert _said(f"  input x: {x}\n  output y = {call}", tmp_path) == [said]
+
+
+@pytest.mark.parametrize(("x", "call", "shape", "attrs"), [
+    # floor((7 + 2 - 3) / 2) + 1 = 4, floor((9 + 0 - 2) / 1) + 1 = 8
+    ("[1, 2, 7, 9]", "maxpool(x, window=[3, 2], stride=[2, 1], pad=[1, 0])", "f16[1, 2, 4, 8]",
+     ((3, 2), (2, 1), (1, 0))),
+    # the stride is the window's: floor((7 - 3) / 3) + 1 = 2, floor((9 - 3) / 3) + 1 = 3
+    ("[1, 2, 7, 9]", "avgpool(x, window=3)", "f16[1, 2, 2, 3]", ((3, 3), (3, 3), (0, 0))),
+    # padding exactly half the window is taken: floor((5 + 2 - 2) / 2) + 1 = 3
+    ("[2, 3, 5]", "maxpool(x, window=2, pad=1)", "f16[2, 3, 3]", ((2,), (2,), (1,))),
+    # int8 data pools as it is (quantised models), max and mean alike
+    ("i8[1, 2, 4, 4]", "maxpool(x, window=2)", "i8[1, 2, 2, 2]", ((2, 2), (2, 2), (0, 0))),
+    ("i8[1, 2, 4, 4]", "avgpool(x, window=2)", "i8[1, 2, 2, 2]", ((2, 2), (2, 2), (0, 0))),
+])
+def test_a_pool_writes_its_size_and_attributes_per_axis(
+        x: str, call: str, shape: str, attrs: tuple[tuple[int, ...], ...],
+        tmp_path: Path) -> None:
+    checked = check_source(HEAD + f"  input x: {x}\n  output y = {call}\n}}\n", tmp_path)
+    assert not [d for d in checked.diagnostics if d.is_error]
+    [node] = [n for n in checked.model.graph.nodes if n.op in ("maxpool", "avgpool")]
+    assert str(node.type) == shape
+    assert tuple(tuple(node.attrs[k]) for k in ("window", "stride", "pad")) == attrs
+
+
 # --- upsample -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("x", "factor", "said"), [

@@ -33,6 +33,7 @@ from dslc.core.dims import SymInfo
 from dslc.core.types import (
     DTYPES,
     FP8,
+    INTS,
     WEIGHT_SCALES,
     Layout,
     PrecisionSpec,
@@ -592,8 +593,12 @@ class Elaborator:
         default_layout = self.model_layout if value.type.rank == 4 else None
         declared = stmt.type or ast.TensorTypeExpr(stmt.span, None, None, None)
         before_conform = len(self.ctx.nodes)
+        # Undeclared, an output is stored in the model's io dtype, but an integer keeps its own
+        # (integers and floats are never converted implicitly: ids past 2,048 do not survive
+        # f16; a mask's 0 and 1 do).
+        integer = value.type.dtype in INTS
         out = conform(self.calls, value, declared, scope, f"output `{name}`", fresh=fresh,
-                      default_dtype=scope.precision.io,
+                      default_dtype=None if integer else scope.precision.io,
                       default_layout=default_layout or Layout.row_major(value.type.rank))
         if out is ERROR:
             return

@@ -24,8 +24,9 @@ def _pool(op: str, ctx: InferCtx, a: Args) -> TensorType | None:
     if x.dtype != "i8" and not common.require_float(ctx, op, "x", x):
         return None
     window = common.per_axis(ctx, op, "window", a["window"], n, 1)
-    stride = common.per_axis(ctx, op, "stride", a["stride"] if a["stride"] is not None
-                             else a["window"], n, 1)
+    # the stride defaults to the window: a window refused is not refused again as the stride
+    stride = window if a["stride"] is None else \
+        common.per_axis(ctx, op, "stride", a["stride"], n, 1)
     pad = common.per_axis(ctx, op, "pad", a["pad"], n, 0)
     if window is None or stride is None or pad is None:
         return None
