@@ -123,6 +123,29 @@ def test_a_slice_with_a_stride_off_16_bytes_is_not_written_in_place(
 """, tmp_path)
     assert set(got) == placed
 
+
+@pytest.mark.parametrize(("shapes", "placed"), [
+    # batch 1: each slice is dense (a buffer of its own would be no other): both in place,
+    # though the channel stride, 49 halves, is off 16 bytes
+    (("[1, 8, 7, 7]", "[1, 8, 7, 7]"), {"a", "b"}),
+    # batch 2: dense but for the batch axis, whose stride (16 * 49 halves) is a multiple of 16
+    (("[2, 8, 7, 7]", "[2, 8, 7, 7]"), {"a", "b"}),
+    # batch 2, 3 + 4 channels of 7x7: batch strides of 7 * 49 halves, off 16 bytes: refused
+    (("[2, 3, 7, 7]", "[2, 4, 7, 7]"), set()),
+])
+def test_an_nchw_channel_slice_is_in_place_where_dense_but_for_an_aligned_batch_stride(
+        shapes: tuple[str, str], placed: set[str], tmp_path: Path) -> None:
+    got = _placement(f"""model m {{
+  precision io=f16
+  input x: {shapes[0]}
+  input z: {shapes[1]}
+  let a = relu(x)
+  let b = relu(z)
+  output y = concat([a, b], axis=1)
+}}
+""", tmp_path)
+    assert set(got) == placed
+
 def test_a_placed_group_and_its_unplaced_twin_get_other_signatures(tmp_path: Path) -> None:
     """unet's double_conv ends are the same ops, and down1's writes into a concat's slice (other
     strides): blind to placement the two would share one graph."""

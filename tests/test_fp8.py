@@ -6,6 +6,7 @@ the product descaled."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,7 @@ def mlp(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 str(tmp / "samples.npz"), "-o", str(calibrated), "--format", "json")
     assert r.code == 0, r.stderr
     return {"tmp": tmp, "bundle": bundle, "weights": wpath, "w": w, "samples": samples,
-            "calibrated": calibrated}
+            "calibrated": calibrated, "report": json.loads(r.stdout)}
 
 
 # ---- fp8 values ------------------------------------------------------------------------------
@@ -220,6 +221,16 @@ def test_calibration_records_each_quantised_tensors_amax_over_the_runs(mlp: dict
           for s in mlp["samples"]]
     assert c.amax["h"] == pytest.approx(max(float(np.abs(h).max()) for h in hs), rel=2e-3)
 
+
+
+def test_the_calibration_report_gives_each_tensors_e4m3_scale(mlp: dict) -> None:
+    """scale = 448 / amax for each e4m3 tensor (the report found the dtype by the cast's
+    operand's name, `x.scaled`, which e4m3's saturation hides: every scale was missing)."""
+    c = bundlefile.load(mlp["calibrated"]).calibration
+    assert c is not None
+    got = {t["tensor"]: (t["amax"], t["scales"]) for t in mlp["report"]["tensors"]}
+    assert got == {name: (amax, {"f8e4m3": 448.0 / amax}) for name, amax in c.amax.items()}
+    assert set(got) == {"x", "h"}
 
 def test_calibration_digests_name_the_samples_and_the_weights(mlp: dict) -> None:
     c = bundlefile.load(mlp["calibrated"]).calibration

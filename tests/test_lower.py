@@ -625,3 +625,35 @@ def test_a_scale_computed_only_for_the_op_keeps_its_vector_along_its_own_axis(
     want = np.concatenate([np.maximum(x[..., :4], 0), -x[..., 4:]], axis=3) * (
         z * s.reshape(1, 8, 1, 1))
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("intermediate", ["f16", "bf16"])
+def test_an_l2_norm_accumulates_its_squares_in_f32_under_narrow_intermediates(
+        intermediate: str, tmp_path: Path) -> None:
+    """An f16 norm of values near 300 squares them past f16's 65,504: held in the model's
+    intermediate dtype the sum was infinite where the norm itself (about 3,000) is not (a
+    generated program, seed 117 #159). The squares and their sum are f32, stored or inside a
+    group; the reference, with its fused groups, equals PyTorch's norm of the same f16 values
+    in f32, rounded to f16."""
+    import torch
+
+    from dslc.ir import interp
+    from dslc.pipeline import lower_and_fuse
+
+    model = check_source(f"""model m {{
+  precision io=f16, intermediate={intermediate}, compute=f32
+  input x: [2, 96]
+  output y = reduce_l2(x, axes=[1])
+}}""", tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    held = [nodes["y.square"], nodes["y.sum"]]
+    assert [(n.type.dtype, n.precision.intermediate) for n in held] == [("f32", "f32")] * 2
+    assert str(nodes["y"].type) == "f16[2]"
+    x = (300.0 + 10.0 * rng("l2 in f32").standard_normal((2, 96))).astype(np.float16)
+    virtual = {n for g in plan.groups for n in g.nodes if n not in g.outputs}
+    assert "y.sum" in virtual  # held in its group (the squares are a step of their own: stored)
+    got = interp.run(lowered, {"x": x}, {}, model.env, virtual=virtual)["y"]
+    want = torch.linalg.vector_norm(torch.from_numpy(x).float(), dim=1).half().numpy()
+    assert np.isfinite(got).all()
+    assert np.array_equal(got, want)

@@ -66,8 +66,13 @@ def calibration_report(c: Calibration, program: Schedule) -> dict[str, Any]:
     dtypes: dict[str, set[str]] = {}
     for node in program.graph.nodes:
         if node.op == "cast" and node.inputs and node.attrs.get("dtype") in FP8_MAX:
-            base = node.inputs[0].removesuffix(".scaled")
-            dtypes.setdefault(base, set()).add(str(node.attrs["dtype"]))
+            # cast(min(max(x * scale, -448), 448)) (e4m3 saturates) or cast(x * scale): the
+            # tensor is what the multiply reads (by the graph, not by names a pass may change)
+            value = program.nodes[node.inputs[0]]
+            while value.op in ("max", "min"):
+                value = program.nodes[value.inputs[0]]
+            if value.op == "mul":
+                dtypes.setdefault(value.inputs[0], set()).add(str(node.attrs["dtype"]))
     tensors = []
     for name, amax in c.amax.items():
         kinds = sorted(dtypes.get(name, ()))

@@ -190,6 +190,7 @@ def _kernel(out: Compiled, group: Group, reason: str, error: str = "") -> Step:
     # A copy moves bytes as they are stored: fp8 too (a quantised activation copied into the
     # channels-last order its conv reads, which cuDNN's fp8 identity rejects on the GPU).
     takes = {*KERNEL_DTYPES, *FP8} if node.op in MOVES else set(KERNEL_DTYPES)
+    assert node.op not in MOVES or len(dtypes) == 1, node.name  # a copy keeps its dtype
     if not dtypes <= takes:
         raise CompileFailure(node.name, f"cuDNN cannot run `{node.op}` here{error} and the fallback "
                              f"kernels take no {'/'.join(sorted(dtypes - takes))}")

@@ -59,7 +59,8 @@ def in_place(graph: Graph, load_time: Collection[str]) -> dict[str, tuple[str, t
 def _aligned(x: Node, strides: tuple[Dim, ...], offset: Dim) -> bool:
     """Whether the slice starts on 16 bytes and either each of its strides (of an axis of more
     than one element, but the unit one) is a multiple of 16 bytes, or it is dense but for its
-    outermost axis (a channel slice of NCHW data: a larger batch stride). On the H200 (cuDNN
+    outermost axis, whose stride is then a multiple of 16 bytes (a channel slice of NCHW data:
+    a larger batch stride), or dense (a buffer of its own would be no other). On the H200 (cuDNN
     9.19) cuDNN's graphs read or wrote slices with a gap off 16 bytes inside them wrongly where
     the same values dense were right (generated programs found it: a maxpool's 16 channels
     written into 19 of an NHWC concat, read by a conv and its residual add; a conv's 4
@@ -73,8 +74,8 @@ def _aligned(x: Node, strides: tuple[Dim, ...], offset: Dim) -> bool:
     assert x.type.layout is not None  # placed operands are laid out (`_same_storage`)
     real = [axis for axis in x.type.layout.order if shape[axis] != 1]  # outermost first
     dense = views.layout_strides(shape, x.type.layout)
-    return all(strides[a] == dense[a] for a in real[1:]) and \
-        (not real or views.aligned(strides[real[0]], item))
+    return all(strides[a] == dense[a] for a in real[1:]) and (
+        not real or strides[real[0]] == dense[real[0]] or views.aligned(strides[real[0]], item))
 
 
 def _same_storage(x: Node, c: Node) -> bool:

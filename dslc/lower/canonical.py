@@ -3,7 +3,7 @@ ops and scalar arithmetic folded, dead values removed; and which values are load
 
 from __future__ import annotations
 
-from dslc.core.types import TensorType
+from dslc.core.types import PrecisionSpec, TensorType
 from dslc.ir.graph import CALIBRATED, IN_PLACE, Graph, Node
 from dslc.lower.rewrite import Rewriter
 
@@ -108,9 +108,14 @@ def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:
     if node.op == "reduce_l1":
         pre = rw.new("abs", (x.name,), {}, x.type.with_shape(x.type.shape), node, f"{node.name}.abs")
         return rw.new("reduce_sum", (pre,), attrs, node.type, node, node.name)
-    pre = rw.new("mul", (x.name, x.name), {}, x.type.with_shape(x.type.shape), node,
-                 f"{node.name}.square")
-    total = rw.new("reduce_sum", (pre,), attrs, node.type, node, f"{node.name}.sum")
+    # The squares and their sum are the norm's own accumulation: held in f32 whatever the
+    # model's intermediate dtype (an f16 norm of 300 overflowed as its square, 90,000; a
+    # generated program, seed 117 #159), as PyTorch's f16 norm accumulates in f32.
+    held = PrecisionSpec(node.precision.io, "f32", node.precision.compute)
+    square = TensorType("f32", x.type.shape)
+    pre = rw.new("mul", (x.name, x.name), {}, square, node, f"{node.name}.square", held)
+    total = rw.new("reduce_sum", (pre,), attrs, TensorType("f32", node.type.shape), node,
+                   f"{node.name}.sum", held)
     return rw.new("sqrt", (total,), {}, node.type, node, node.name)
 
 
