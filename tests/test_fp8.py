@@ -588,3 +588,20 @@ def test_an_amax_follows_its_value_when_a_later_pass_renames_it(tmp_path: Path) 
     names = {n.name for n in lowered.nodes}
     amaxes = [n for n in lowered.nodes if n.op == "amax"]
     assert "c" not in names and [str(n.attrs["tensor"]) for n in amaxes] == ["x"]
+
+
+def test_renaming_a_value_renames_the_amax_that_measures_it_and_nothing_else() -> None:
+    """`ir.graph.renamed`, what every pass that replaces a value uses (`lower.rewrite`,
+    `lower.packing`): operands and a calibrated amax's `tensor` follow the map; a node that
+    names none of its keys comes back as it was."""
+    from dslc.diag.span import Span
+    from dslc.ir.graph import CALIBRATED, Attrs, Node, renamed
+
+    span = Span("m.cgraph", 1, 1, 1, 2)
+    f32 = TensorType("f32", ())
+    amax = Node("c.amax", CALIBRATED, (), Attrs({"tensor": "c"}), f32, span, "", F32)
+    add = Node("y", "add", ("c", "b"), Attrs({}), f32, span, "", F32)
+    names = {"c": "x"}
+    assert renamed(amax, names).attrs["tensor"] == "x" and renamed(amax, names).name == "c.amax"
+    assert renamed(add, names).inputs == ("x", "b") and renamed(add, names).attrs == add.attrs
+    assert renamed(amax, {"z": "x"}) is amax and renamed(add, {"z": "x"}) is add

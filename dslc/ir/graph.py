@@ -84,6 +84,20 @@ SOURCES = ("input", "param", "scalar", CALIBRATED)  # the nodes that read no oth
 IN_PLACE = ("cache_write",)
 
 
+def renamed(node: Node, names: Mapping[str, str]) -> Node:
+    """`node` reading the values `names` maps its references to: its operands, and the tensor
+    a calibrated amax measures (named in an attribute: a pass that replaces that value must
+    rename it too, or calibration reads a value that no longer exists)."""
+    inputs = tuple(names.get(i, i) for i in node.inputs)
+    attrs = node.attrs
+    if node.op == CALIBRATED and str(attrs["tensor"]) in names:
+        attrs = Attrs({**attrs, "tensor": names[str(attrs["tensor"])]})
+    if inputs == node.inputs and attrs is node.attrs:
+        return node
+    return Node(node.name, node.op, inputs, attrs, node.type, node.span, node.path,
+                node.precision)
+
+
 def compute_dtype(node: Node) -> str:
     """The dtype an op computes in: its own `compute` attribute where it has one (an op that
     needs a wider one than the model's precision), else its precision's. The interpreter, the

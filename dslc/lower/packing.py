@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from dslc.core.types import TensorType
-from dslc.ir.graph import Graph, Node
+from dslc.ir.graph import Graph, Node, renamed
 from dslc.ir.naming import StepNames
 from dslc.lower.canonical import load_time
 from dslc.lower.rewrite import derived
@@ -63,9 +63,9 @@ def pack_sibling_matmuls(graph: Graph) -> Graph:
     nodes: list[Node] = []
     for node in graph.nodes:
         if node.name not in dropped:
-            nodes.append(_renamed(node, replaced))
+            nodes.append(renamed(node, replaced))
         # the activation of a family may itself be a projection another family packed
-        nodes.extend(_renamed(n, replaced) for n in added.get(node.name, ()))
+        nodes.extend(renamed(n, replaced) for n in added.get(node.name, ()))
     outputs = tuple((n, replaced.get(v, v)) for n, v in graph.outputs)
     return Graph(_topological(nodes), outputs)
 
@@ -165,12 +165,6 @@ def _joined_path(paths: Iterable[str]) -> str:
 def _joined(count: int, axis: int) -> dict[str, object]:
     """A concat's attributes: its axis and its operands named as the checker names them."""
     return {"axis": axis, "operands": tuple(f"xs.{i}" for i in range(count))}
-
-
-def _renamed(node: Node, replaced: dict[str, str]) -> Node:
-    if not any(i in replaced for i in node.inputs):
-        return node
-    return replace(node, inputs=tuple(replaced.get(i, i) for i in node.inputs))
 
 
 def _topological(nodes: list[Node]) -> tuple[Node, ...]:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from dslc.core.types import PrecisionSpec, TensorType
-from dslc.ir.graph import CALIBRATED, Attrs, Graph, Node
+from dslc.ir.graph import Attrs, Graph, Node, renamed
 
 
 def derived(op: str, inputs: tuple[str, ...], attrs: dict[str, Any], type_: TensorType,
@@ -73,10 +73,7 @@ Rule = Callable[[Rewriter, Node], str | None]
 def rewrite(graph: Graph, rule: Rule) -> Graph:
     rw = Rewriter(graph)
     for node in graph.nodes:
-        node = replace(node, inputs=tuple(rw.renamed.get(i, i) for i in node.inputs))
-        if node.op == CALIBRATED:  # names the value it measures in an attribute: renamed alike
-            tensor = str(node.attrs["tensor"])
-            node = replace(node, attrs=Attrs({**node.attrs, "tensor": rw.renamed.get(tensor, tensor)}))
+        node = renamed(node, rw.renamed)
         result = rule(rw, node)
         if result is None:
             name = rw.emit(node)
