@@ -50,8 +50,9 @@ def test_a_channel_slice_read_by_cudnn_equals_the_reference(
     model = Model(bundle, bundle.with_suffix(".safetensors"), tuning_db=None)
     program = model.program
     assert program.nodes["s"].op == "view"  # read in place by a graph step, not copied
-    assert [st.kind for st in program.steps if "s" in st.inputs and
-            program.nodes[st.nodes[0]].op != "contiguous"] == ["graph", "graph"]
+    kinds = [st.kind for st in program.steps
+             if "s" in st.inputs and program.nodes[st.nodes[0]].op != "contiguous"]
+    assert kinds == ["graph", "graph"], f"the view's readers are not both cuDNN graphs: {kinds}"
     inputs = random_inputs(bundle, seed=part * 100 + total)
     got = to_host(model.run(to_device(inputs, bundle)))
     want = reference(bundle, inputs)
