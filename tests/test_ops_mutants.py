@@ -341,6 +341,59 @@ def test_upsample_by_one_along_an_axis_is_taken(tmp_path: Path) -> None:
     assert str(node.type) == "f16[1, 2, 3, 6]"
 
 
+# --- matmul ------------------------------------------------------------------------------------
+
+RESHAPE = ("reshape a vector to a matrix first, e.g. `reshape(v, [1, K])`",)
+K_HELP = ("if `b` is stored [.., N, K] (as PyTorch's Linear weight), use `transpose(b, %s)`, "
+          "which costs nothing",)
+
+
+@pytest.mark.parametrize(("a", "b", "said"), [
+    ("[4]", "[4, 3]", ("E0301", "`matmul` needs operands of rank 2 or more", "a",
+                       "f16[4] has rank 1", (), (), RESHAPE)),
+    ("[2, 4]", "[3]", ("E0301", "`matmul` needs operands of rank 2 or more", "b",
+                       "f16[3] has rank 1", (), (), RESHAPE)),
+    ("[2, 4]", "[5, 3]", ("E0302", "the inner dimensions of `matmul` differ", "b",
+                          "f16[5, 3]: K = 5 (axis 0)", (("f16[2, 4]: K = 4 (last axis)", "a"),),
+                          ("a is [.., M, K] and b is [.., K, N]; here 4 vs 5",),
+                          (K_HELP[0] % "[1, 0]",))),
+    # the transpose offered swaps b's last two axes, whatever its rank
+    ("[2, 2, 4]", "[3, 5, 4]", ("E0302", "the inner dimensions of `matmul` differ", "b",
+                                "f16[3, 5, 4]: K = 5 (axis 1)",
+                                (("f16[2, 2, 4]: K = 4 (last axis)", "a"),),
+                                ("a is [.., M, K] and b is [.., K, N]; here 4 vs 5",),
+                                (K_HELP[0] % "[0, 2, 1]",))),
+    ("[2, 4]", "i32[4, 3]", ("E0401", "the operands of `matmul` have different dtypes", "b",
+                             "i32", (("f16", "a"),), (), ("cast one of them: `cast(b, f16)`",))),
+    ("[2, 4]", "f32[4, 3]", ("E0401", "the operands of `matmul` have different dtypes", "b",
+                             "f32", (("f16", "a"),), (), ("cast one of them: `cast(b, f16)`",))),
+    ("i32[2, 4]", "i32[4, 3]", ("E0401", "`matmul` does not support i32 inputs", "a",
+                                "i32 here", (), (FLOATS_ONLY % "matmul",),
+                                ("convert first: `cast(a, f32)`",))),
+    # batch axes broadcast as numpy's: 3 against 2 does not
+    ("[3, 2, 4]", "[2, 4, 3]", ("E0301", "the operands of `matmul` have incompatible shapes",
+                                "a", "f16[3]", (("f16[2]", "b"),),
+                                ("axis 0 differs: 3 vs 2; each axis must be equal or 1 to "
+                                 "broadcast",), ())),
+])
+def test_a_matmul_refusal_is_said_whole(a: str, b: str, said: Said, tmp_path: Path) -> None:
+    assert _said(f"  input a: {a}\n  input b: {b}\n  output y = matmul(a, b)", tmp_path) == \
+        [said]
+
+
+@pytest.mark.parametrize(("a", "b", "result"), [
+    ("i8[2, 4]", "i8[4, 3]", "i32[2, 3]"),  # int8 accumulates in i32
+    ("[3, 1, 2, 4]", "[5, 4, 3]", "f16[3, 5, 2, 3]"),  # batch axes broadcast
+    ("[2, 4]", "[7, 4, 3]", "f16[7, 2, 3]"),  # a matrix against a batch
+])
+def test_a_matmul_types_its_result(a: str, b: str, result: str, tmp_path: Path) -> None:
+    checked = check_source(HEAD + f"  input a: {a}\n  input b: {b}\n"
+                           "  let y = matmul(a, b)\n  output o = y\n}\n", tmp_path)
+    assert not [d for d in checked.diagnostics if d.is_error]
+    [node] = [n for n in checked.model.graph.nodes if n.op == "matmul"]
+    assert str(node.type) == result
+
+
 # --- matmul in fp8 ------------------------------------------------------------------------------
 
 def test_a_batched_fp8_matmul_checks_the_output_width_of_b_not_its_inner_size(
