@@ -889,14 +889,14 @@ S = {"terms": [[[["S", 1]], 1, 1]]}  # the dim S, as data
 
 
 def _cache_graph(extra: list[dict[str, Any]] | None = None,
-                 outputs: list[list[str]] | None = None) -> GraphRecord:
+                 outputs: list[list[str]] | None = None, cache: str = "c") -> GraphRecord:
     """c: [1, 1, 4, 2], n: [1, 1, S, 2], pos: i32[1]; k = cache_write(c, n, at=pos) (c written in
-    place, S rows at pos); y = relu(k)."""
+    place, S rows at pos); y = relu(k). (`cache` names c.)"""
     pos = _node("pos", "input", [], [1], [0], name="pos")
     pos["type"]["dtype"] = "i32"
-    nodes = [_node("c", "input", [], [1, 1, 4, 2], [0, 1, 2, 3], name="c"),
+    nodes = [_node(cache, "input", [], [1, 1, 4, 2], [0, 1, 2, 3], name=cache),
              _node("n", "input", [], [1, 1, S, 2], [0, 1, 2, 3], name="n"), pos,
-             _node("k", "cache_write", ["c", "n", "pos"], [1, 1, 4, 2], [0, 1, 2, 3]),
+             _node("k", "cache_write", [cache, "n", "pos"], [1, 1, 4, 2], [0, 1, 2, 3]),
              _node("y", "relu", ["k"], [1, 1, 4, 2], [0, 1, 2, 3]), *(extra or [])]
     return GraphRecord.from_data({"nodes": nodes, "outputs": outputs or [["y", "y"]],
                                   "floors": {}, "syms": {"S": [1, 2, 1]}})
@@ -948,6 +948,20 @@ def test_an_input_written_in_place_and_exported_is_refused() -> None:
                  "else too"):
         Manifest.from_data(_cache_manifest(["y", "c"]), _cache_graph(None, [["y", "y"],
                                                                             ["c", "c"]]))
+
+
+def test_a_manifests_sentences_quote_forty_characters_of_a_name() -> None:
+    """The manifest's checks quote 40 characters of each name (the schedule's, 60)."""
+    long, shown = "c" * 70, "c" * 40
+    z = _node("z", "relu", [long], [1, 1, 4, 2], [0, 1, 2, 3])
+    data = _renamed(_cache_manifest(["y", "z"]), "c", long)
+    with refuses(f"manifest.written[0]: input `{shown}` is written in place and read by "
+                 "something else too"):
+        Manifest.from_data(data, _cache_graph([z], [["y", "y"], ["z", "z"]], cache=long))
+    data = _renamed(_cache_manifest(), "c", long)
+    data["inputs"][0]["dtype"] = "f16"
+    with refuses(f"manifest.inputs[0]: `{shown}` differs from its node `{shown}` in the graph"):
+        Manifest.from_data(data, _cache_graph(cache=long))
 
 
 def test_a_serialized_plan_that_is_no_text_survives_packing() -> None:
