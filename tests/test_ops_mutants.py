@@ -394,6 +394,86 @@ def test_a_matmul_types_its_result(a: str, b: str, result: str, tmp_path: Path) 
     assert str(node.type) == result
 
 
+# --- conv, conv_transpose ----------------------------------------------------------------------
+
+HEAD_NHWC = HEAD + "  layout NHWC\n"
+X = "f16[2, 4, 6, 6] @NHWC"
+
+
+@pytest.mark.parametrize(("w", "call", "said"), [
+    ("[8, 4, 3]", "conv(x, w)",
+     ("E0301", "the weight of `conv` must have rank 4", "w", "f16[8, 4, 3]", ((X, "x"),),
+      ("w is [K, C / groups, *R], one kernel axis per spatial axis of x",), ())),
+    ("[8, 4, 3, 3]", "conv(x, w, groups=0)",
+     ("E0305", "`groups` of `conv` must be at least 1", "groups=0", "0 here", (), (), ())),
+    ("[6, 4, 3, 3]", "conv(x, w, groups=4)",
+     ("E0301", "`groups=4` must divide both the input and output channels", "groups=4", "",
+      ((X, "x"), ("f16[6, 4, 3, 3]", "w")), ("C = 4, K = 6",), ())),
+    ("[8, 2, 3, 3]", "conv(x, w)",
+     ("E0301", "the weight's input channels do not match the input", "w", "f16[8, 2, 3, 3]",
+      ((X, "x"),), ("axis 1 of w must be C / groups = 4, found 2",), ())),
+    ("[8, 4, 3, 3]", "conv(x, w, stride=[1, 2, 3])",
+     ("E0305", "`stride` of `conv` needs 2 values, one per spatial axis", "stride=[1, 2, 3]",
+      "3 given", (), (), ())),
+    ("[8, 4, 3, 3]", "conv(x, w, dilation=0)",
+     ("E0305", "`dilation` of `conv` must be at least 1", "dilation=0", "0 here", (), (), ())),
+    ("[8, 4, 3, 3]", "conv(x, w, pre_pad=[1, -1])",
+     ("E0305", "`pre_pad` of `conv` must be at least 0", "pre_pad=[1, -1]", "-1 here", (), (),
+      ())),
+    ("[8, 4, 3, 3]", "conv(x, w, post_pad=-2)",
+     ("E0305", "`post_pad` of `conv` must be at least 0", "post_pad=-2", "-2 here", (), (),
+      ())),
+    # floor((6 - 7) / 1) + 1 = 0 on H
+    ("[8, 4, 7, 3]", "conv(x, w)",
+     ("E0603", "the output of `conv` has size below 1 on axis 2", "x", "output size is 0", (),
+      AT_LEAST_ONE, SMALLER)),
+    ("[4, 8, 3]", "conv_transpose(x, w)",
+     ("E0301", "the weight of `conv_transpose` must have rank 4", "w", "f16[4, 8, 3]", (),
+      ("w is [K, C, *R] (PyTorch's ConvTranspose layout)",), ())),
+    ("[5, 8, 3, 3]", "conv_transpose(x, w)",
+     ("E0301", "the weight's first axis must match the input channels", "w", "f16[5, 8, 3, 3]",
+      ((X, "x"),), ("x has 4 channels, w.shape[0] is 5",), ())),
+    # output_pad must be below max(stride, dilation): 2 is not below 2
+    ("[4, 8, 3, 3]", "conv_transpose(x, w, stride=2, output_pad=2)",
+     ("E0305", "`output_pad` must be smaller than the stride or the dilation", "output_pad=2",
+      "2 here", (), (), ())),
+    # (6 - 1) * 1 - 2 * 4 + 1 * (3 - 1) + 1 + 0 = 0: less padding makes a transposed conv larger
+    ("[4, 8, 3, 3]", "conv_transpose(x, w, pad=4)",
+     ("E0603", "the output of `conv_transpose` has size below 1 on axis 2", "x",
+      "output size is 0", (), AT_LEAST_ONE,
+      ("use less padding, a larger kernel, stride or output_pad, or raise the dim's lower "
+       "bound",))),
+])
+def test_a_conv_refusal_is_said_whole(w: str, call: str, said: Said, tmp_path: Path) -> None:
+    assert _said(f"  input x: [2, 4, 6, 6]\n  param w: {w}\n  output y = {call}", tmp_path,
+                 HEAD_NHWC) == [said]
+
+
+@pytest.mark.parametrize(("w", "call", "result", "attrs"), [
+    # H: floor((6 + 1 + 2 - 2 * (3 - 1) - 1) / 2) + 1 = 3; W: floor((6 - 2 * (2 - 1) - 1) / 1)
+    # + 1 = 4 (the dilation, one number, is each axis's)
+    ("[8, 4, 3, 2]", "conv(x, w, stride=[2, 1], dilation=2, pre_pad=[1, 0], post_pad=[2, 0])",
+     "f16[2, 8, 3, 4]", {"stride": (2, 1), "dilation": (2, 2), "pre_pad": (1, 0),
+                         "post_pad": (2, 0), "pad": None}),
+    # groups: w [K, C / groups, R, S]; pad on both sides
+    ("[8, 2, 3, 3]", "conv(x, w, groups=2, pad=1)", "f16[2, 8, 6, 6]",
+     {"stride": (1, 1), "dilation": (1, 1), "pre_pad": (1, 1), "post_pad": (1, 1), "pad": None}),
+    # (6 - 1) * 2 - 2 * 1 + 1 * (3 - 1) + 1 + 1 = 12
+    ("[4, 8, 3, 3]", "conv_transpose(x, w, stride=2, pad=1, output_pad=1)", "f16[2, 8, 12, 12]",
+     {"stride": (2, 2), "dilation": (1, 1), "pad": (1, 1), "output_pad": (1, 1)}),
+])
+def test_a_conv_types_its_result_and_attributes(w: str, call: str, result: str,
+                                                attrs: dict[str, object],
+                                                tmp_path: Path) -> None:
+    checked = check_source(HEAD_NHWC + f"  input x: [2, 4, 6, 6]\n  param w: {w}\n"
+                           f"  output y = {call}\n}}\n", tmp_path)
+    assert not [d for d in checked.diagnostics if d.is_error]
+    [node] = [n for n in checked.model.graph.nodes if n.op in ("conv", "conv_transpose")]
+    assert f"{node.type.dtype}{list(node.type.shape)}" == result
+    got = {k: (tuple(node.attrs[k]) if node.attrs[k] is not None else None) for k in attrs}
+    assert got == attrs
+
+
 # --- matmul in fp8 ------------------------------------------------------------------------------
 
 def test_a_batched_fp8_matmul_checks_the_output_width_of_b_not_its_inner_size(
@@ -572,7 +652,8 @@ CT = "  input x: %s\n  param w: %s\n  output y = conv_transpose(x, w%s)"
      ("E0603", "the output of `conv_transpose` has size below 1 on axis 2", "x",
       "output size is -1", (),
       ("every output size must be at least 1 for every admissible input size",),
-      ("use a smaller kernel or stride, more padding, or raise the dim's lower bound",))),
+      ("use less padding, a larger kernel, stride or output_pad, or raise the dim's "
+       "lower bound",))),
 ])
 def test_a_conv_transpose_refusal_is_said_whole(x: str, w: str, args: str, said: Said,
                                                 tmp_path: Path) -> None:

@@ -189,8 +189,14 @@ def at_least_one(ctx: InferCtx, op: str, size: Dim, axis: int, arg: str) -> bool
     ctx.error("E0603", f"the output of `{op}` has size below 1 on axis {axis}", at=arg,
               label=f"output size {text}",
               notes=("every output size must be at least 1 for every admissible input size",),
-              help=("use a smaller kernel or stride, more padding, or raise the dim's lower bound",))
+              help=(_GROW.get(op, "use a smaller kernel or stride, more padding, or raise the "
+                                  "dim's lower bound"),))
     return False
+
+
+# A transposed convolution grows its input: what makes its output larger is the opposite.
+_GROW = {"conv_transpose": "use less padding, a larger kernel, stride or output_pad, or raise "
+                           "the dim's lower bound"}
 
 
 def norm_axes(ctx: InferCtx, op: str, arg: str, axes: Any, rank: int) -> tuple[int, ...] | None:

@@ -79,7 +79,8 @@ def _conv(ctx: InferCtx, a: Args) -> TensorType | None:
         return None
     groups = a["groups"]
     if not isinstance(groups, int) or groups < 1:
-        ctx.error("E0305", "`groups` of `conv` must be at least 1", at="groups")
+        ctx.error("E0305", "`groups` of `conv` must be at least 1", at="groups",
+                  label=f"{groups} here")
         return None
     c, k = x.shape[1], w.shape[0]
     per_group = dims.div_exact(c, groups, ctx.env)
