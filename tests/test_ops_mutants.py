@@ -131,7 +131,7 @@ def test_groupnorm_with_channels_not_a_multiple_of_groups_is_refused_at_groups(
 
 def test_genstats_of_a_vector_or_of_integers_is_refused_at_x(tmp_path: Path) -> None:
     assert _said("  input x: [4]\n  let s = genstats(x)\n  output y = x", tmp_path) == [
-        ("E0301", "`genstats` expects x [N, C, *S]", "x", "f16[4]", (), (), ())]
+        ("E0301", "`genstats` expects x [N, C, *S]", "x", "f16[4] has rank 1", (), (), ())]
     assert _said("  input x: i32[2, 4]\n  let s = genstats(x)\n  output y = x", tmp_path) == [
         ("E0401", "`genstats` does not support i32 inputs", "x", "i32 here", (),
          (FLOATS_ONLY % "genstats",), ("convert first: `cast(x, f32)`",))]
@@ -472,6 +472,50 @@ def test_a_conv_types_its_result_and_attributes(w: str, call: str, result: str,
     assert f"{node.type.dtype}{list(node.type.shape)}" == result
     got = {k: (tuple(node.attrs[k]) if node.attrs[k] is not None else None) for k in attrs}
     assert got == attrs
+
+
+# --- reductions --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "said"), [
+    ("  input x: i32[2, 3]\n  output y = reduce_sum(x, axes=[0])",
+     ("E0401", "`reduce_sum` does not support i32 inputs", "x", "i32 here", (),
+      (FLOATS_ONLY % "reduce_sum",), ("convert first: `cast(x, f32)`",))),
+    ("  input x: [2, 3]\n  output y = reduce_max(x, axes=[2])",
+     ("E0304", "axis 2 is out of range for a rank-2 tensor", "axes=[2]",
+      "valid axes are 0..1 (or -2..-1)", (), (), ())),
+    ("  input x: [2, 3]\n  output y = reduce_max(x, axes=[-3])",
+     ("E0304", "axis -3 is out of range for a rank-2 tensor", "axes=[-3]",
+      "valid axes are 0..1 (or -2..-1)", (), (), ())),
+    # -2 is axis 0 of a rank-2 tensor: given twice
+    ("  input x: [2, 3]\n  output y = reduce_min(x, axes=[0, -2])",
+     ("E0304", "axis 0 is given twice", "axes=[0, -2]", "repeated axis", (), (), ())),
+    ("  input x: [2, 3]\n  output y = reduce_mean(x, axes=[])",
+     ("E0304", "`reduce_mean` needs at least one axis", "axes=[]", "no axis given", (), (), ())),
+])
+def test_a_reduction_refusal_is_said_whole(body: str, said: Said, tmp_path: Path) -> None:
+    assert _said(body, tmp_path) == [said]
+
+
+@pytest.mark.parametrize(("call", "result", "axes"), [
+    ("reduce_sum(x, axes=[-1, 0])", "f16[3]", (0, 2)),  # sorted, negative counted from the end
+    ("reduce_amax(x, axes=[1], keepdims=true)", "f16[2, 1, 4]", (1,)),
+    ("reduce_prod(x, axes=2)", "f16[2, 3]", (2,)),  # one axis as a number
+])
+def test_a_reduction_types_its_result_and_sorts_its_axes(call: str, result: str,
+                                                         axes: tuple[int, ...],
+                                                         tmp_path: Path) -> None:
+    checked = check_source(HEAD + f"  input x: [2, 3, 4]\n  output y = {call}\n}}\n", tmp_path)
+    assert not [d for d in checked.diagnostics if d.is_error]
+    [node] = [n for n in checked.model.graph.nodes if n.op.startswith("reduce_")]
+    assert (str(node.type), tuple(node.attrs["axes"])) == (result, axes)
+
+
+def test_genstats_gives_two_f32_channel_vectors_at_the_inputs_rank(tmp_path: Path) -> None:
+    checked = check_source(HEAD + "  input x: [2, 5, 3, 4]\n  let (s, q) = genstats(x)\n"
+                           "  output a = s\n  output b = q\n}\n", tmp_path)
+    assert not [d for d in checked.diagnostics if d.is_error]
+    stats = [n for n in checked.model.graph.nodes if n.op == "genstats"]
+    assert [str(n.type) for n in stats] == ["f32[1, 5, 1, 1]"] * 2
 
 
 # --- matmul in fp8 ------------------------------------------------------------------------------

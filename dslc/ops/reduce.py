@@ -78,7 +78,7 @@ def _reduce(op: str, ctx: InferCtx, a: Args) -> TensorType | None:
     if axes is None:
         return None
     if not axes:
-        ctx.error("E0304", f"`{op}` needs at least one axis", at="axes")
+        ctx.error("E0304", f"`{op}` needs at least one axis", at="axes", label="no axis given")
         return None
     if not common.check_compute(ctx, op, [x], need_f32=True):
         return None
@@ -93,7 +93,8 @@ def _reduce(op: str, ctx: InferCtx, a: Args) -> TensorType | None:
 def _genstats(ctx: InferCtx, a: Args) -> tuple[TensorType, ...] | None:
     x = a.t("x")
     if x.rank < 2:
-        ctx.error("E0301", "`genstats` expects x [N, C, *S]", at="x", label=common.fmt(x))
+        ctx.error("E0301", "`genstats` expects x [N, C, *S]", at="x",
+                  label=f"{common.fmt(x)} has rank {x.rank}")
         return None
     if not common.require_float(ctx, "genstats", "x", x):
         return None
