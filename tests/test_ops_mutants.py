@@ -518,6 +518,51 @@ def test_genstats_gives_two_f32_channel_vectors_at_the_inputs_rank(tmp_path: Pat
     assert [str(n.type) for n in stats] == ["f32[1, 5, 1, 1]"] * 2
 
 
+# --- reshape, transpose ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("call", "said"), [
+    ("reshape(x, [-1, 2, -1])",
+     ("E0305", "at most one axis of a reshape may be -1", "[-1, 2, -1]", "2 given", (), (), ())),
+    ("reshape(x, [0, 12])",
+     ("E0305", "reshape to a size of 0", "[0, 12]", "sizes must be positive (or -1, inferred)",
+      (), (), ())),
+    ("reshape(x, [-2, 12])",
+     ("E0305", "reshape to a size of -2", "[-2, 12]", "sizes must be positive (or -1, inferred)",
+      (), (), ())),
+    ("reshape(x, [5, -1])",
+     ("E0301", "cannot infer the `-1` axis of this reshape", "[5, -1]",
+      "12 elements do not divide by 5", (("f16[2, 6]", "x"),), (), ())),
+    ("reshape(x, [5, 3])",
+     ("E0301", "reshape changes the number of elements", "[5, 3]", "[5, 3] has 15 elements",
+      (("f16[2, 6] has 12", "x"),),
+      ("the products must be equal for every admissible value of the dims",), ())),
+    ("transpose(x, [1])",
+     ("E0304", "`perm` must list all 2 axes once", "[1]", "1 axes given", (), (), ())),
+    ("transpose(x, [1, 2])",
+     ("E0304", "axis 2 is out of range for a rank-2 tensor", "[1, 2]",
+      "valid axes are 0..1 (or -2..-1)", (), (), ())),
+    ("transpose(x, [-1, 1])",
+     ("E0304", "axis 1 is given twice", "[-1, 1]", "repeated axis", (), (), ())),
+])
+def test_a_reshape_or_transpose_refusal_is_said_whole(call: str, said: Said,
+                                                      tmp_path: Path) -> None:
+    assert _said(f"  input x: [2, 6]\n  output y = {call}", tmp_path) == [said]
+
+
+@pytest.mark.parametrize(("call", "result", "attr"), [
+    ("reshape(x, [3, -1, 2])", "f16[3, 8, 2]", ("shape", (3, 8, 2))),  # -1: 48 / 6
+    ("transpose(x, [-1, 0, 1])", "f16[4, 2, 6]", ("perm", (2, 0, 1))),  # negatives counted
+])
+def test_a_reshape_or_transpose_types_its_result(call: str, result: str,
+                                                 attr: tuple[str, tuple[int, ...]],
+                                                 tmp_path: Path) -> None:
+    checked = check_source(HEAD + f"  input x: [2, 6, 4]\n  output y = relu({call})\n}}\n",
+                           tmp_path)
+    assert not [d for d in checked.diagnostics if d.is_error]
+    [node] = [n for n in checked.model.graph.nodes if n.op in ("reshape", "transpose")]
+    assert (str(node.type).split(" @")[0], tuple(node.attrs[attr[0]])) == (result, attr[1])
+
+
 # --- matmul in fp8 ------------------------------------------------------------------------------
 
 def test_a_batched_fp8_matmul_checks_the_output_width_of_b_not_its_inner_size(

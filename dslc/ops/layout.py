@@ -84,7 +84,8 @@ def _reshape(ctx: InferCtx, a: Args) -> TensorType | None:
     target: list[Any] = list(a["shape"])
     unknown = [i for i, d in enumerate(target) if isinstance(d, int) and d == -1]
     if len(unknown) > 1:
-        ctx.error("E0305", "at most one axis of a reshape may be -1", at="shape")
+        ctx.error("E0305", "at most one axis of a reshape may be -1", at="shape",
+                  label=f"{len(unknown)} given")
         return None
     for d in target:
         if isinstance(d, int) and d < 1 and d != -1:
