@@ -563,6 +563,55 @@ def test_a_reshape_or_transpose_types_its_result(call: str, result: str,
     assert (str(node.type).split(" @")[0], tuple(node.attrs[attr[0]])) == (result, attr[1])
 
 
+# --- pointwise ---------------------------------------------------------------------------------
+
+BOOL_NOTE = ("a comparison's result is a mask, for `select`",)
+BOOL_HELP = ("for 0/1 values, cast it first: `cast(x, f32)`",)
+
+
+@pytest.mark.parametrize(("inputs", "expr", "said"), [
+    ("  input x: [2, 3]\n", "clamp(x, lo=2.0, hi=1.0)",
+     ("E0305", "`clamp` needs lo <= hi", "hi=1.0", "hi=1.0 is below lo=2.0", (), (), ())),
+    ("  input x: [2, 3]\n  input z: [4, 3]\n", "x + z",
+     ("E0301", "the operands of `+` have incompatible shapes", "x", "f16[2, 3]",
+      (("f16[4, 3]", "z"),),
+      ("axis 0 differs: 2 vs 4; each axis must be equal or 1 to broadcast",), ())),
+    ("  input x: bool[2, 3]\n", "neg(x)",
+     ("E0401", "`neg` does not take bool inputs", "x", "bool here", (), BOOL_NOTE, BOOL_HELP)),
+    # the second operand is checked too
+    ("  input x: [2, 3]\n  input m: bool[2, 3]\n", "x * m",
+     ("E0401", "`*` does not take bool inputs", "m", "bool here", (), BOOL_NOTE,
+      ("for 0/1 values, cast it first: `cast(m, f32)`",))),
+    ("  input x: i32[2, 3]\n", "sigmoid(x)",
+     ("E0401", "`sigmoid` does not support i32 inputs", "x", "i32 here", (),
+      (FLOATS_ONLY % "sigmoid",), ("convert first: `cast(x, f32)`",))),
+    ("  input x: [2, 3]\n  input b: [4]\n", "bias_add(x, b, axis=1)",
+     ("E0301", "`bias_add` needs a vector of 3 values along axis 1", "b", "f16[4]",
+      (("f16[2, 3]", "x"),), ("axis 1 of x has size 3",), ())),
+    ("  input x: [2, 3]\n  input b: [3]\n", "scale_mul(x, b, axis=2)",
+     ("E0304", "axis 2 is out of range for a rank-2 tensor", "axis=2",
+      "valid axes are 0..1 (or -2..-1)", (), (), ())),
+])
+def test_a_pointwise_refusal_is_said_whole(inputs: str, expr: str, said: Said,
+                                           tmp_path: Path) -> None:
+    assert _said(f"{inputs}  output y = {expr}", tmp_path) == [said]
+
+
+@pytest.mark.parametrize(("inputs", "expr", "result"), [
+    ("  input x: [2, 3]\n", "clamp(x, lo=1.0, hi=1.0)", "f16[2, 3]"),  # lo == hi is taken
+    ("  input x: i32[2, 3]\n", "abs(x)", "i32[2, 3]"),  # abs is not float-only
+    ("  input x: bool[2, 3]\n  input z: bool[2, 3]\n", "x == z", "bool[2, 3]"),  # masks compare
+    ("  input x: [2, 3]\n  input b: [1]\n", "scale_mul(x, b, axis=-2)", "f16[2, 3]"),  # a 1 spreads
+    ("  input x: [2, 1, 3]\n  input z: [4, 1]\n", "x - z", "f16[2, 4, 3]"),  # right-aligned
+])
+def test_a_pointwise_op_types_its_result(inputs: str, expr: str, result: str,
+                                         tmp_path: Path) -> None:
+    checked = check_source(HEAD + f"{inputs}  let y = {expr}\n  output o = y\n}}\n", tmp_path)
+    assert not [d for d in checked.diagnostics if d.is_error]
+    node = checked.model.graph.by_name()["y"]
+    assert str(node.type).split(" @")[0] == result
+
+
 # --- matmul in fp8 ------------------------------------------------------------------------------
 
 def test_a_batched_fp8_matmul_checks_the_output_width_of_b_not_its_inner_size(
