@@ -612,6 +612,67 @@ def test_a_pointwise_op_types_its_result(inputs: str, expr: str, result: str,
     assert str(node.type).split(" @")[0] == result
 
 
+# --- sdpa --------------------------------------------------------------------------------------
+
+Q4 = "f16[2, 4, 8, 16]"
+KV_HELP = ("`cast` the lengths to i32, or `expand` one length over the batch",)
+KV_NOTE = ("cuDNN's padding mask reads one 32-bit length per batch row",)
+
+
+@pytest.mark.parametrize(("k", "v", "extra", "args", "said"), [
+    ("[2, 4, 8]", "[2, 4, 8, 16]", "", "",
+     ("E0301", "`sdpa` expects rank-4 q, k and v: [B, H, S, D]", "k", "f16[2, 4, 8] has rank 3",
+      (), (), ())),
+    ("[3, 4, 8, 16]", "[2, 4, 8, 16]", "", "",
+     ("E0301", "the batch of `k` does not match", "k", "f16[3, 4, 8, 16]", ((Q4, "q"),),
+      ("expected 2, found 3",), ())),
+    ("[2, 4, 8, 8]", "[2, 4, 8, 16]", "", "",
+     ("E0301", "the head dimension of `k` does not match", "k", "f16[2, 4, 8, 8]", ((Q4, "q"),),
+      ("expected 16, found 8",), ())),
+    ("[2, 4, 8, 16]", "[2, 2, 8, 16]", "", "",
+     ("E0301", "the head count of `v` does not match", "v", "f16[2, 2, 8, 16]", ((Q4, "q"),),
+      ("expected 4, found 2",), ())),
+    ("[2, 4, 8, 16]", "[2, 4, 6, 16]", "", "",
+     ("E0301", "the sequence length of `v` does not match", "v", "f16[2, 4, 6, 16]",
+      ((Q4, "q"),), ("expected 8, found 6",), ())),
+    ("[2, 3, 8, 16]", "[2, 3, 8, 16]", "", "",
+     ("E0301", "the query heads must be a multiple of the key/value heads", "k",
+      "f16[2, 3, 8, 16]", ((Q4, "q"),), (), ())),
+    ("[2, 4, 8, 16]", "[2, 4, 8, 16]", "", ", window=0",
+     ("E0305", "`window` of `sdpa` must be at least 1", "window=0", "0 here", (), (), ())),
+    ("[2, 4, 6, 16]", "[2, 4, 6, 16]", "", ", causal=true, align=\"bottom_right\"",
+     ("E0305", "a bottom-right causal mask leaves the first 2 queries no key",
+      "align=\"bottom_right\"", "more queries than keys", (),
+      ("8 queries, 6 keys: the last query sees every key, each earlier one a key fewer",), ())),
+    ("[2, 4, 8, 16]", "[2, 4, 8, 16]", "  input n: i64[2]\n", ", kv_len=n",
+     ("E0301", "`kv_len` of `sdpa` must be i32 [2]: a count of valid keys per batch row",
+      "kv_len=n", "i64[2]", (), KV_NOTE, KV_HELP)),
+    ("[2, 4, 8, 16]", "[2, 4, 8, 16]", "  input n: i32[3]\n", ", kv_len=n",
+     ("E0301", "`kv_len` of `sdpa` must be i32 [2]: a count of valid keys per batch row",
+      "kv_len=n", "i32[3]", (), KV_NOTE, KV_HELP)),
+    ("[2, 4, 8, 16]", "[2, 4, 8, 16]", "  input m: [2, 4, 3, 8]\n", ", bias=m",
+     ("E0301", "the bias of `sdpa` does not broadcast to the scores [2, 4, 8, 8]", "bias=m",
+      "f16[2, 4, 3, 8]", (), ("the scores are [B, H, Sq, Skv]: axis 2 of the scores is 8, the "
+                              "bias has 3; each axis must be equal or 1",), ())),
+    ("[2, 4, 8, 16]", "[2, 4, 8, 16]", "  input m: [1, 2, 4, 8, 8]\n", ", bias=m",
+     ("E0301", "the bias of `sdpa` does not broadcast to the scores [2, 4, 8, 8]", "bias=m",
+      "f16[1, 2, 4, 8, 8]", (), ("the scores are [B, H, Sq, Skv]: the bias has rank 5; each "
+                                 "axis must be equal or 1",), ())),
+])
+def test_an_sdpa_refusal_is_said_whole(k: str, v: str, extra: str, args: str, said: Said,
+                                       tmp_path: Path) -> None:
+    body = (f"  input q: [2, 4, 8, 16]\n  input k: {k}\n  input v: {v}\n{extra}"
+            f"  output y = sdpa(q, k, v{args})")
+    assert _said(body, tmp_path) == [said]
+
+
+@pytest.mark.parametrize("bias", ["[8, 8]", "[2, 1, 1, 8]", "[1, 4, 8, 1]"])
+def test_an_sdpa_bias_that_broadcasts_to_the_scores_is_taken(bias: str, tmp_path: Path) -> None:
+    body = ("  input q: [2, 4, 8, 16]\n  input k: [2, 4, 8, 16]\n  input v: [2, 4, 8, 16]\n"
+            f"  input m: {bias}\n  output y = sdpa(q, k, v, bias=m)")
+    assert _said(body, tmp_path) == []
+
+
 # --- matmul in fp8 ------------------------------------------------------------------------------
 
 def test_a_batched_fp8_matmul_checks_the_output_width_of_b_not_its_inner_size(

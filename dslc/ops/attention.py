@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dslc.core import dims
-from dslc.core.types import FP8, TensorType
+from dslc.core.types import FP8, TensorType, format_shape
 from dslc.diag.diagnostic import Label
 from dslc.ops import common, fp8
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
@@ -166,20 +166,19 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
         out = TensorType(io if io in ("f16", "bf16") else "f16", out.shape)
         if not _fp8_plain(ctx, a, q.dtype):
             return None
-    if bias is not None:
-        scores = TensorType(q.dtype, (b, hq, sq, k.shape[2]))
-        if common.broadcast(ctx, scores, bias, "q", "bias", "sdpa") is None:
-            return None
+    if bias is not None and not _bias_fits(ctx, bias, (b, hq, sq, k.shape[2])):
+        return None
     window = a.get("window")
     if window is not None and window < 1:
-        ctx.error("E0305", "`window` of `sdpa` must be at least 1", at="window")
+        ctx.error("E0305", "`window` of `sdpa` must be at least 1", at="window",
+                  label=f"{window} here")
         return None
     if not _lengths(ctx, a, b):
         return None
     if a.get("align") == "bottom_right" and a.get("causal") and \
             isinstance(sq, int) and isinstance(k.shape[2], int) and sq > k.shape[2]:
         ctx.error("E0305", f"a bottom-right causal mask leaves the first {sq - k.shape[2]} "
-                  "queries no key", at="align",
+                  "queries no key", at="align", label="more queries than keys",
                   notes=(f"{sq} queries, {k.shape[2]} keys: the last query sees every key, "
                          "each earlier one a key fewer",))
         return None
@@ -188,6 +187,23 @@ def _sdpa(ctx: InferCtx, a: Args) -> TensorType | None:
     scale = a.get("scale")
     ctx.set_attr("scale", float(scale) if scale is not None else None)
     return out
+
+
+def _bias_fits(ctx: InferCtx, bias: TensorType, scores: tuple[dims.Dim, ...]) -> bool:
+    """A bias is added to the scores [B, H, Sq, Skv]: it broadcasts to them (right-aligned,
+    each axis equal or 1)."""
+    pairs = list(zip(reversed(bias.shape), reversed(scores), strict=False))
+    bad = next((len(scores) - 1 - i for i, (d, s) in enumerate(pairs) if d not in (1, s)), None)
+    if bias.rank <= len(scores) and bad is None:
+        return True
+    shown = format_shape(scores)
+    why = (f"axis {bad} of the scores is {dims.format_dim(scores[bad])}, the bias has "
+           f"{dims.format_dim(bias.shape[bad - len(scores) + bias.rank])}" if bad is not None
+           else f"the bias has rank {bias.rank}")
+    ctx.error("E0301", f"the bias of `sdpa` does not broadcast to the scores {shown}",
+              at="bias", label=common.fmt(bias),
+              notes=(f"the scores are [B, H, Sq, Skv]: {why}; each axis must be equal or 1",))
+    return False
 
 
 def _lengths(ctx: InferCtx, a: Args, batch: dims.Dim) -> bool:
