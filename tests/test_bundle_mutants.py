@@ -919,6 +919,21 @@ def test_an_input_written_in_place_is_named_with_its_offset_input_and_rows() -> 
     assert m.to_data()["written"] == [{"input": "c", "at": "pos", "rows": S}]
 
 
+
+def test_a_write_at_a_computed_offset_names_no_offset_input(tmp_path: Path) -> None:
+    """`at` is an input's name only where the offset is an input; `pos + 1` is computed
+    (the runner cannot take it as an argument): None."""
+    from dslc.runtime.manifest import written_inputs
+    from tests.helpers import check_source
+
+    graph = check_source("""model m {
+  input c: [1, 1, 4, 2]
+  input n: [1, 1, 1, 2]
+  input pos: i32[1]
+  output y = relu(cache_write(c, n, pos + 1))
+}""", tmp_path).model.graph
+    assert written_inputs(graph) == (Written("c", None, 1),)
+
 @pytest.mark.parametrize(("written", "message"), [
     ([], "manifest.written: the inputs written in place differ from the graph's"),
     ([{"input": "c", "at": None, "rows": S}],
