@@ -21,7 +21,7 @@ from dslc.cli.weights import bundle_weights
 from dslc.core.types import FP8_MAX
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime.calibrate import calibrate, calibrated
-from dslc.runtime.calibration import Calibration, quantised
+from dslc.runtime.calibration import Calibration, quantised, quantised_dtypes
 from dslc.runtime.schedule import Schedule, check_buckets
 
 
@@ -63,16 +63,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def calibration_report(c: Calibration, program: Schedule) -> dict[str, Any]:
     """Each quantised tensor's amax and the scale its values are multiplied by (per fp8 dtype
     it is quantised to), the samples, the digests."""
-    dtypes: dict[str, set[str]] = {}
-    for node in program.graph.nodes:
-        if node.op == "cast" and node.inputs and node.attrs.get("dtype") in FP8_MAX:
-            # cast(min(max(x * scale, -448), 448)) (e4m3 saturates) or cast(x * scale): the
-            # tensor is what the multiply reads (by the graph, not by names a pass may change)
-            value = program.nodes[node.inputs[0]]
-            while value.op in ("max", "min"):
-                value = program.nodes[value.inputs[0]]
-            if value.op == "mul":
-                dtypes.setdefault(value.inputs[0], set()).add(str(node.attrs["dtype"]))
+    dtypes = quantised_dtypes(program.graph)
     tensors = []
     for name, amax in c.amax.items():
         kinds = sorted(dtypes.get(name, ()))

@@ -8,7 +8,7 @@ Users are computed, never stored. Graph inputs and params are nodes (`input`, `p
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dslc.core.types import FP8, PrecisionSpec, TensorType
@@ -94,8 +94,7 @@ def renamed(node: Node, names: Mapping[str, str]) -> Node:
         attrs = Attrs({**attrs, "tensor": names[str(attrs["tensor"])]})
     if inputs == node.inputs and attrs is node.attrs:
         return node
-    return Node(node.name, node.op, inputs, attrs, node.type, node.span, node.path,
-                node.precision)
+    return replace(node, inputs=inputs, attrs=attrs)
 
 
 def compute_dtype(node: Node) -> str:

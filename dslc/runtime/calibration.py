@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from dslc.core.types import FP8
 from dslc.ir.graph import CALIBRATED, Graph
 from dslc.runtime import fields as f
 
@@ -66,6 +67,22 @@ class Calibration:
 def quantised(graph: Graph) -> list[str]:
     """The tensors whose amax a calibration must hold (one per `amax` node)."""
     return [str(n.attrs["tensor"]) for n in graph.nodes if n.op == CALIBRATED]
+
+
+def quantised_dtypes(graph: Graph) -> dict[str, set[str]]:
+    """The fp8 dtypes each tensor is quantised to: the casts lowering makes of it,
+    `cast(x * scale)` or, for e4m3, `cast(min(max(x * scale, -448), 448))`
+    (`lower.quantize._cast`), traced through the graph to the `x` the multiply reads."""
+    nodes = graph.by_name()
+    out: dict[str, set[str]] = {}
+    for node in graph.nodes:
+        if node.op == "cast" and node.inputs and node.attrs.get("dtype") in FP8:
+            value = nodes[node.inputs[0]]
+            while value.op in ("max", "min"):
+                value = nodes[value.inputs[0]]
+            if value.op == "mul":
+                out.setdefault(value.inputs[0], set()).add(str(node.attrs["dtype"]))
+    return out
 
 
 def arrays_digest(arrays: Mapping[str, np.ndarray]) -> str:
