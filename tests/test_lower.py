@@ -657,3 +657,51 @@ def test_an_l2_norm_accumulates_its_squares_in_f32_under_narrow_intermediates(
     want = torch.linalg.vector_norm(torch.from_numpy(x).float(), dim=1).half().numpy()
     assert np.isfinite(got).all()
     assert np.array_equal(got, want)
+
+
+def test_a_rotary_quantised_for_fp8_stays_whole_for_its_calibration(tmp_path: Path) -> None:
+    """The rotation an fp8 matmul reads is what its amax observes: no pass may split it into
+    parts nothing computes whole (the calibration then read a value the graph no longer had).
+    The observed amax is the rotation's, written out in numpy."""
+    from dslc.ir import interp
+    from dslc.ir.graph import CALIBRATED
+
+    src = """model m {
+  input x: [2, 4, 3, 16]
+  input cos: [3, 16]
+  input sin: [3, 16]
+  param w: [16, 16]
+  let r = x * cos + concat([-x[:, :, :, 8:16], x[:, :, :, 0:8]], axis=3) * sin
+  output y = matmul(r, w, precision=f8e4m3)
+}
+"""
+    _lowered(src, tmp_path)  # the verifier (an amax's tensor computed before it) after each pass
+    model = check_source(src, tmp_path).model
+    lowered, plan = _lower_checked(model)
+    nodes = lowered.by_name()
+    amax = [n for n in lowered.nodes if n.op == CALIBRATED]
+    assert [n.attrs["tensor"] for n in amax] == ["r"] and nodes["r"].op == "concat"
+    g = rng("rotary fp8")
+    x, cos, sin = (g.standard_normal(s).astype(np.float32) for s in [(2, 4, 3, 16), (3, 16), (3, 16)])
+    w = g.standard_normal((16, 16)).astype(np.float32)
+    x1, x2 = x[..., :8], x[..., 8:]
+    r = np.concatenate([x1 * cos[:, :8] - x2 * sin[:, :8], x2 * cos[:, 8:] + x1 * sin[:, 8:]],
+                       axis=3)
+    seen: dict[str, float] = {}
+    interp.run(lowered, {"x": x, "cos": cos, "sin": sin}, {"w": w}, model.env,
+               virtual=plan.virtual(), observe=seen)
+    assert seen == {"r": pytest.approx(float(np.abs(r).max()), rel=1e-6)}
+
+
+def test_the_verifier_names_an_amax_of_a_value_not_computed_before_it(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from dslc.core.types import TensorType
+    from dslc.ir.graph import CALIBRATED, Attrs, Graph
+
+    model = check_source("model m {\n  input x: [4]\n  output y = x * 2.0\n}\n", tmp_path).model
+    x = model.graph.by_name()["x"]
+    amax = replace(x, name="x.amax", op=CALIBRATED, attrs=Attrs({"tensor": "x"}),
+                   type=TensorType("f32", ()))
+    graph = Graph((amax, *model.graph.nodes), model.graph.outputs)
+    assert verify(graph) == ["%x.amax (amax): the amax of %x, which is not computed before it"]

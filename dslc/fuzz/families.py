@@ -302,8 +302,9 @@ def conv(g: Gen) -> bool:
         out = g.apply("conv", {"x": tame(g, x), "w": w}, attrs)
         if out is not None and n == 2 and r == 5 and groups == c == w.type.shape[0]:
             g.stats.features["depthwise 5x5 conv"] += 1  # compiled apart from its bias
+        one_pixel = r > 1 and any(d == 1 for d in x.type.shape[2:])
         if out is not None and n == 2 and groups == 1 and c % 16 == 0 and \
-                k % 16 == 0:  # the fp8 forms cuDNN takes (E0404)
+                k % 16 == 0 and not one_pixel:  # the fp8 forms cuDNN takes (E0404)
             out = in_fp8(g, out)
     if out is None:
         return False

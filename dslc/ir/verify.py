@@ -1,5 +1,6 @@
-"""The IR verifier: names unique, inputs defined before use, ops known with the right operand
-count, outputs defined, and every node's type what its op's type rule gives for its inputs.
+"""The IR verifier: names unique, inputs (and the tensor an amax observes) defined before use,
+ops known with the right operand count, outputs defined, and every node's type what its op's
+type rule gives for its inputs.
 
 Run after every pass in the tests; returns the problems found (empty when the graph is sound).
 """
@@ -10,8 +11,8 @@ from typing import Any
 
 from dslc.core.dims import DimEnv
 from dslc.core.types import TensorType, format_shape, format_type
+from dslc.ir.graph import CALIBRATED, Graph, Node, compute_dtype
 from dslc.ir.graph import SOURCES as GRAPH_SOURCES
-from dslc.ir.graph import Graph, Node, compute_dtype
 from dslc.ir.views import view_layout, view_shape
 from dslc.ops import OPS
 from dslc.ops.opdef import Args, Kind, SilentCtx
@@ -35,6 +36,10 @@ def verify(graph: Graph, env: DimEnv | None = None) -> list[str]:
         if node.op in SOURCES:
             if node.inputs:
                 problems.append(f"{where}: a {node.op} takes no operands")
+            # The calibration observes the tensor it names: it must be a value computed earlier.
+            if node.op == CALIBRATED and str(node.attrs.get("tensor")) not in types:
+                problems.append(f"{where}: the amax of %{node.attrs.get('tensor')}, "
+                                "which is not computed before it")
         elif node.op not in OPS and node.op not in IR_ONLY:
             problems.append(f"{where}: unknown op")
         elif node.op in OPS and all(i in types for i in node.inputs):

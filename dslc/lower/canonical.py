@@ -122,10 +122,13 @@ def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:
 def remove_dead(graph: Graph) -> Graph:
     """Drop every value no output depends on. Inputs and params stay: they are the model's
     interface (the runner takes every declared input, the weights file holds every param), read
-    or not; so do writes in place: the caller's cache is their effect, read here or not."""
+    or not; so do writes in place: the caller's cache is their effect, read here or not. An
+    amax reads the tensor it names (the calibration runs it), so that tensor lives while it does."""
     live = {v for _, v in graph.outputs} | {n.name for n in graph.nodes
                                              if n.op in ("input", "param", *IN_PLACE)}
     for node in reversed(graph.nodes):
         if node.name in live:
             live.update(node.inputs)
+            if node.op == CALIBRATED:
+                live.add(str(node.attrs["tensor"]))
     return Graph(tuple(n for n in graph.nodes if n.name in live), graph.outputs)

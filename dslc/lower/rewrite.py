@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 from dslc.core.types import PrecisionSpec, TensorType
-from dslc.ir.graph import Attrs, Graph, Node, renamed
+from dslc.ir.graph import CALIBRATED, Attrs, Graph, Node, renamed
 
 
 def derived(op: str, inputs: tuple[str, ...], attrs: dict[str, Any], type_: TensorType,
@@ -35,9 +36,16 @@ class Rewriter:
         return self.old_users.get(old_name, [])
 
     def only_read_by_one(self, old_name: str) -> bool:
-        """One op reads the value and no output exports it: a rewrite may consume it."""
+        """One op reads the value, no output exports it and no amax observes it (the calibration
+        reads it whole): a rewrite may consume it."""
         exported = any(value == old_name for _, value in self.old.outputs)
-        return len(self.users_of(old_name)) == 1 and not exported
+        return len(self.users_of(old_name)) == 1 and not exported \
+            and old_name not in self.observed
+
+    @cached_property
+    def observed(self) -> frozenset[str]:
+        """The values an amax names (`quantize`): the calibration computes them as they are."""
+        return frozenset(str(n.attrs["tensor"]) for n in self.old.nodes if n.op == CALIBRATED)
 
     def emit(self, node: Node) -> str:
         name = node.name

@@ -12,7 +12,7 @@ from typing import Any
 
 from dslc.core import dims
 from dslc.core.dims import Dim
-from dslc.core.types import FP8, TensorType, is_float
+from dslc.core.types import FP8, TensorType, format_shape, is_float
 from dslc.ops import common
 from dslc.ops import reference_conv as ref
 from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
@@ -169,6 +169,16 @@ def _quantize(ctx: InferCtx, a: Args, dtype: str) -> bool:
         ctx.error("E0404", f"`conv` cannot compute in {dtype} with {what}", at="x",
                   label=common.fmt(x), labels=common.asked(ctx, dtype),
                   notes=("cuDNN's fp8 convolutions are 2-d and ungrouped",),
+                  help=("leave this convolution unquantised",))
+        return False
+    if any(x.shape[i] == 1 and w.shape[i] != 1 for i in (2, 3)):
+        # cuDNN does not run such a window (backend.spec._window_inside_image): its fallback
+        # kernel computes the reference, which has no fp8.
+        ctx.error("E0404", f"`conv` cannot compute in {dtype} with a "
+                  f"{format_shape(w.shape[2:])} window over a one-pixel image", at="x",
+                  label=common.fmt(x), labels=common.asked(ctx, dtype),
+                  notes=("a window wider than the image runs outside cuDNN, where no fp8 "
+                         "convolution exists",),
                   help=("leave this convolution unquantised",))
         return False
     return (common.fp8_multiple(ctx, "conv", "x", x.shape[1], "input channels C", dtype)
