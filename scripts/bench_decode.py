@@ -206,9 +206,11 @@ def main() -> int:
         built = subprocess.run([sys.executable, "-m", "dslc", "tune", str(bundle), "--fusion",
                                 "measure", "--budget", str(args.budget), "-q"],
                                capture_output=True, text=True, check=False)
-        lines = [line for line in built.stdout.splitlines() if "backend measured" in line]
+        lines = [line for line in built.stdout.splitlines()
+                 if "backend measured" in line or "joined with" in line]
         taken = [line for line in lines if line.endswith(": one kernel")]
-        print(f"tune --fusion measure: {len(taken)} of {len(lines)} steps run as one kernel")
+        print(f"tune --fusion measure: {len(taken)} of {len(lines)} steps (or pairs of steps) "
+              "run as one kernel")
         # the first layer's choices (the others repeat them) and the steps outside the layers
         print("\n".join(line[:300] for line in lines
                         if "layers." not in line or re.search(r"layers\.0\b", line)))

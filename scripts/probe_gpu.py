@@ -4,10 +4,12 @@ encoder layer in dslc and in PyTorch (CUPTI, through torch.profiler), and which 
 standalone pointwise graph with a broadcast operand get a cuDNN engine (and a matrix of
 operand shapes, memory orders and dtypes, checked against numpy), and the depthwise convs of
 the model families in dslc's kernel, in cuDNN and in PyTorch, and the split-key attention
-kernel at several splits and cache lengths against PyTorch's attention. Diagnostics for the
+kernel at several splits and cache lengths against PyTorch's attention, and the few-row matmul
+kernel at every cut over a decoder's projections against cuBLAS. Diagnostics for the
 benchmarks in docs/benchmarks.md, not a benchmark itself.
 
-    python scripts/probe_gpu.py --out DIR [--skip pool,cold,layer,broadcast,matrix,depthwise,attention]
+    python scripts/probe_gpu.py --out DIR [--skip PARTS | --only PARTS]  (pool, cold, layer,
+        broadcast, matrix, depthwise, attention, gemv)
 """
 
 from __future__ import annotations
@@ -480,16 +482,85 @@ def _attention_at(keys: int) -> dict[str, Any]:
     return rows
 
 
+GEMV_SHAPES = {  # (N, K) of a 1B Llama decoder's projections (d 2048, GQA 32/8, SwiGLU 5632)
+    "qkv packed": (3072, 2048), "o_proj": (2048, 2048), "up": (5632, 2048),
+    "gate+up packed": (11264, 2048), "down": (2048, 5632), "lm_head": (32000, 2048)}
+
+
+def gemv(out: Path) -> dict[str, Any]:
+    """The few-row matmul kernel (backend/gemv.py) at every cut (`gemv.Shape`) over a decoder's
+    projection sizes, its weight read cold (copies over four times the L2, one a call), against
+    cuBLAS (CuPy's matmul) and the current `shape_for` choice: microseconds a call (the GPU's
+    time, `timing.gpu_ms`, median of 40), the read's TB/s, and the error against numpy."""
+    import itertools
+
+    from dslc.backend import gemv as kernel
+
+    cuts = [kernel.Shape(c, w, s, u) for c, w, s, u in itertools.product(
+        (1, 2, 4, 8), (4, 8), (1, 2, 4, 8), (1, 2, 4)) if s <= w]
+    return {f"{name} rows {m}": _gemv_at(n, k, m, cuts, name)
+            for (name, (n, k)), m in itertools.product(GEMV_SHAPES.items(), (1, 4))}
+
+
+def _gemv_at(n: int, k: int, m: int, cuts: list[Any], name: str) -> dict[str, Any]:
+    import itertools
+
+    import cupy
+    import numpy as np
+
+    from dslc.backend import gemv as kernel
+    from dslc.backend.timing import gpu_ms
+
+    rng = np.random.default_rng(n + k + m)
+    copies = max(2, math.ceil(200e6 / (n * k * 2)))
+    ws = [cupy.asarray(rng.standard_normal((n, k), dtype=np.float32).astype(np.float16))
+          for _ in range(copies)]
+    x = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(np.float16))
+    y = cupy.empty((m, n), cupy.float16)
+    want = cupy.asnumpy(x).astype(np.float64) @ cupy.asnumpy(ws[0]).astype(np.float64).T
+    g = kernel.alone("x", "w", "f16")
+    turn = itertools.count()
+
+    def timed(call: Any) -> float:
+        return float(np.median(gpu_ms(cupy, lambda: call(ws[next(turn) % copies]),
+                                      lambda: None, 40))) * 1e3
+
+    def tbps(us: float) -> float:
+        return n * k * 2 / us / 1e6
+
+    row: dict[str, Any] = {"cublas_us": timed(lambda w: cupy.matmul(x, w.T))}
+    for cut in [None, *cuts]:
+        if cut is not None and m * cut.columns > 32:
+            continue
+        kernel.run(g, [x, ws[0].T], [y], cut)
+        err = float(np.abs(cupy.asnumpy(y) - want).max() / np.abs(want).max())
+        label = "chosen" if cut is None else (
+            f"c{cut.columns} w{cut.warps} s{cut.split} u{cut.unroll}")
+        row[label] = timed(lambda w, cut=cut: kernel.run(g, [x, w.T], [y], cut))
+        assert err < 2e-3, (name, m, label, err)
+    top = sorted((v, c) for c, v in row.items() if c[0] == "c" and c[1].isdigit())
+    print(f"{name} N{n} K{k} rows {m}: cuBLAS {row['cublas_us']:.2f} us "
+          f"({tbps(row['cublas_us']):.2f} TB/s), chosen {row['chosen']:.2f} "
+          f"({tbps(row['chosen']):.2f}), best {top[0][1]} {top[0][0]:.2f} "
+          f"({tbps(top[0][0]):.2f})", flush=True)
+    print("   fastest:", ", ".join(f"{c} {v:.2f}" for v, c in top[:8]), flush=True)
+    ws.clear()
+    cupy.get_default_memory_pool().free_all_blocks()
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-out"))
     parser.add_argument("--skip", default="")
+    parser.add_argument("--only", default="", help="these parts alone (comma-separated)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     for name, fn in (("pool", pool), ("cold", cold), ("layer", layer), ("broadcast", broadcast),
-                     ("matrix", matrix), ("depthwise", depthwise), ("attention", attention)):
-        if name in args.skip.split(","):
+                     ("matrix", matrix), ("depthwise", depthwise), ("attention", attention),
+                     ("gemv", gemv)):
+        if name in args.skip.split(",") or (args.only and name not in args.only.split(",")):
             continue
         print(f"== {name}", flush=True)
         try:

@@ -8,6 +8,7 @@ NVRTC for the H200 without a warning or a spill. Its numbers are checked on the 
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -17,8 +18,20 @@ from typing import Any
 import pytest
 
 from dslc.backend import gemv
+from dslc.backend.spec import group_spec
+from dslc.ir.groups import make_group
 from dslc.runtime.records import Bundle
-from dslc.tune.fusion import KernelMeasured, kernel_steps, with_fusion
+from dslc.runtime.schedule import Schedule
+from dslc.tune.fusion import (
+    KernelMeasured,
+    PairMeasured,
+    every_kernel,
+    joined,
+    kernel_steps,
+    pairs,
+    with_fusion,
+    with_pairs,
+)
 from tests.helpers import deviceless_program, nvrtc_compile
 
 DECODER = """
@@ -116,6 +129,10 @@ def test_a_bundle_whose_matmul_steps_are_the_kernel_reads_back_valid(tmp_path: P
         name: "graph" if name == ROW_MAJOR else "kernel" for name in _matmul_steps(program)}
 
 
+SIZES = ((2048, 2048), (2048, 5632), (32000, 2048))  # a 1B decoder's o, down and head: the
+# cuts differ by split
+
+
 @pytest.mark.parametrize("io", ["bf16", "f16"])
 def test_every_kernel_compiles_without_a_warning_or_a_spill(
         io: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,9 +144,110 @@ def test_every_kernel_compiles_without_a_warning_or_a_spill(
         g = program.matmul_kernel(step)
         if g is None:
             continue
-        for rows in (1, gemv.MOST_ROWS):
-            source, name = gemv._kernel.__wrapped__(g, rows)
+        for rows, (n, k) in itertools.product((1, 3, gemv.MOST_ROWS), SIZES):
+            shape = gemv.shape_for(rows, n, k)
+            source, name = gemv._kernel.__wrapped__(g, rows, shape)
             ok, log = nvrtc_compile(source)
             assert ok and "warning" not in log and name in source, (step.name, log[:2000])
             spilled = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
-            assert spilled and max(spilled) == 0, (step.name, rows, log[:2000])
+            assert spilled and max(spilled) == 0, (step.name, rows, shape, log[:2000])
+
+
+def _kernels_taken(program: Any) -> tuple[Bundle, list[KernelMeasured]]:
+    measured = []
+    for step in kernel_steps(program):
+        m = KernelMeasured(step)
+        for bucket in program.bundle.buckets:
+            m.graph_ms[bucket.key], m.kernel_ms[bucket.key] = 0.010, 0.004
+        measured.append(m)
+    return with_fusion(program.bundle, [], measured), measured
+
+
+def test_a_gated_mlp_up_and_gate_are_one_pair_of_steps(tmp_path: Path) -> None:
+    """z = silu(gate) * up: the up projection alone, then the gate's step reading it in its
+    epilogue; both of x. Not the residual projection (its value is an output) nor the
+    row-major weight's."""
+    program = _program(tmp_path)
+    found = pairs(program)
+    assert [([program.nodes[n].op for n in a.nodes], [program.nodes[n].op for n in b.nodes])
+            for a, b in found] == [(["matmul"], ["matmul", "silu", "mul"])]
+    [(first, second)] = found
+    step = joined(first, second, program.nodes, "")
+    g = gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs)
+    assert isinstance(g, gemv.Gemv) and g.sibling is not None
+    up = program.nodes[first.nodes[0]].inputs[1]
+    gate = program.nodes[second.nodes[0]].inputs[1]
+    assert (g.w, g.sibling.w) == (gate, up) and g.operands == ("x", gate, up)
+    # both products held in the intermediate dtype, as any fused group holds its inner values
+    assert g.held == g.sibling.held == "f32"
+    assert {g.epilogue.operands[i].name for i in g.computed} == {
+        second.nodes[0], first.nodes[0]}
+    # the tuner measures it in the buffers of its group's spec: the second matmul's operands
+    # are no epilogue's (a broadcast x would be refused as one)
+    group = make_group(program.graph, list(step.nodes), step.pattern,
+                       placement=program.placement)
+    spec = group_spec(program.graph, group, dict(program.bundle.buckets[0].dims), program.env,
+                      program.placement)
+    assert {t.name: t.role for t in spec.tensors} == {
+        "x": "input", up: "input", gate: "input", first.nodes[0]: "virtual",
+        second.nodes[0]: "virtual", second.nodes[1]: "virtual", second.nodes[2]: "output"}
+
+
+def test_two_matmuls_of_different_inputs_are_no_pair(tmp_path: Path) -> None:
+    source = DECODER.format(io="bf16", rows=1, most=8).replace(
+        "output z = silu(g) * matmul(x, transpose(up, [1, 0]))",
+        "output z = silu(g) * matmul(h[:, :, 0:256], transpose(up, [1, 0]))")
+    program = deviceless_program(source, tmp_path)[1]
+    assert pairs(program) == []
+    [step] = [s for s in program.steps if [program.nodes[n].op for n in s.nodes]
+              == ["matmul", "silu", "mul"]]
+    members = [i for i in step.inputs if program.nodes[i].op == "matmul"] + list(step.nodes)
+    assert len(members) == 4
+    assert "one input" in str(gemv.plan_of(program.nodes, members, step.inputs, step.outputs))
+
+
+@pytest.mark.parametrize("chosen", [True, False])
+def test_a_measured_pair_is_joined_only_where_one_kernel_is_faster(
+        chosen: bool, tmp_path: Path) -> None:
+    program = _program(tmp_path)
+    bundle, _ = _kernels_taken(program)
+    [(first, second)] = pairs(Schedule(bundle))
+    m = PairMeasured(first, second)
+    for bucket in bundle.buckets:
+        m.apart_ms[bucket.key], m.joined_ms[bucket.key] = 0.010, 0.006 if chosen else 0.0099
+    out = Bundle.from_data(with_pairs(bundle, [m]).to_data())  # reads back valid
+    names = [s.name for s in out.steps]
+    assert (first.name not in names) == chosen
+    [after] = [s for s in out.steps if s.name == second.name]
+    assert after.nodes == ((*first.nodes, *second.nodes) if chosen else second.nodes)
+    assert after.kind == "kernel" and "apart 0.0100 ms" in after.reason
+    assert after.reason.endswith("one kernel is faster" if chosen else "kept apart")
+    if chosen:  # the up projection's value is no longer stored: no offset in the arena
+        assert all(first.nodes[0] not in b.offsets for b in out.buckets)
+
+
+def test_every_kernel_joins_the_pairs_for_the_generated_programs_check(tmp_path: Path) -> None:
+    out = every_kernel(_program(tmp_path).bundle)
+    assert [len(s.nodes) for s in out.steps if s.kind == "kernel"
+            and [out.graph.graph.by_name()[n].op for n in s.nodes][:2] == ["matmul", "matmul"]
+            ] == [4]
+
+
+@pytest.mark.parametrize("rows", [1, 3, gemv.MOST_ROWS])
+def test_the_pair_kernel_compiles_without_a_warning_or_a_spill(
+        rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy",
+                        SimpleNamespace(RawKernel=lambda source, name: (source, name)))
+    program = _program(tmp_path)
+    [(first, second)] = pairs(program)
+    step = joined(first, second, program.nodes, "")
+    g = gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs)
+    assert isinstance(g, gemv.Gemv)
+    shape = gemv.shape_for(rows, 5632, 2048, len(g.weights))
+    assert rows * shape.columns * 2 <= 32  # a lane a (row, column) of both weights
+    source, _ = gemv._kernel.__wrapped__(g, rows, shape)
+    assert "#define PAIR 1" in source
+    ok, log = nvrtc_compile(source)
+    assert ok and "warning" not in log, log[:2000]
+    spilled = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
+    assert spilled and max(spilled) == 0, log[:2000]

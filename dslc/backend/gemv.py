@@ -2,13 +2,13 @@
 as one CUDA kernel. At one row a matmul reads its weight once and does two flops a weight: its
 time is the weight's read. cuDNN's engines tile 16-64 rows, and on the H200 a decoder's
 projections took about twice their weight-read time (docs/benchmarks.md, session 10). Here a
-warp computes COLUMNS output columns for all rows: its lanes walk the weight's row of each
-column (the weight stored [N, K], as a PyTorch linear's, so K is contiguous) in 16-byte loads,
-UNROLL of them at once, multiply by the input rows (read through the cache: every warp reads
-them) and sum by shuffles; then one lane an output element applies the epilogue, a
-`fused.Plan` over the matmul's value and the step's other operands, and stores. The tuner
-measures the kernel against the step's cuDNN graph (`tune.fusion.kernel_steps`) and keeps the
-faster.
+warp computes a few output columns for all rows (`Shape`: how many, and how many warps of a
+block split K for them, their sums meeting in shared memory): its lanes walk the weight's row
+of each column (the weight stored [N, K], as a PyTorch linear's, so K is contiguous) in 16-byte
+loads, multiply by the input rows (read through the cache: every warp reads them) and sum by
+shuffles; then one lane an output element applies the epilogue, a `fused.Plan` over the
+matmul's value and the step's other operands, and stores. The tuner measures the kernel
+against the step's cuDNN graph (`tune.fusion.kernel_steps`) and keeps the faster.
 
 The matmul's value is held as the reference holds it inside the step (its intermediate dtype:
 `ir.graph.stored_dtype`), and f32 accumulation as cuDNN's. Where `fits` refuses the arrays at
@@ -32,16 +32,26 @@ from dslc.backend.cuda import LOAD_STORE, PREAMBLE, ceil_div
 from dslc.ir.graph import Node, stored_dtype
 
 MOST_ROWS = 8
-COLUMNS = 2  # output columns a warp
-WARPS = 8  # a block
 DTYPES = ("f16", "bf16")
+
+
+@dataclass(frozen=True)
+class Sibling:
+    """A second matmul of the same input in the step (a gated MLP's up projection beside its
+    gate): its weight, the epilogue's operand its value is, and the dtype it is held in (as in
+    any fused group, the intermediate: the reference rounds a step's inner values so)."""
+
+    w: str
+    operand: int
+    held: str
 
 
 @dataclass(frozen=True)
 class Gemv:
     """A step's matmul (its input and weight, by name) and epilogue (over `anchor`, the
     matmul's value, and the step's other operands); `held` is the dtype the matmul's value is
-    held in before the epilogue."""
+    held in before the epilogue. With a `sibling`, the kernel also computes that matmul's
+    columns, which the epilogue reads in place of an operand."""
 
     x: str
     w: str
@@ -49,44 +59,70 @@ class Gemv:
     held: str
     epilogue: fused.Plan
     anchor: int
+    sibling: Sibling | None = None
+
+    @property
+    def computed(self) -> tuple[int, ...]:
+        """The epilogue's operands the kernel computes rather than reads."""
+        return (self.anchor,) if self.sibling is None else (self.anchor, self.sibling.operand)
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return (self.w,) if self.sibling is None else (self.w, self.sibling.w)
 
     @property
     def operands(self) -> tuple[str, ...]:
-        """The arrays `run` takes, in order: input, weight, the epilogue's other operands."""
-        return (self.x, self.w, *(o.name for i, o in enumerate(self.epilogue.operands)
-                                  if i != self.anchor))
+        """The arrays `run` takes, in order: input, weights, the epilogue's other operands."""
+        return (self.x, *self.weights, *(o.name for i, o in enumerate(self.epilogue.operands)
+                                         if i not in self.computed))
 
 
 def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[str],
             outputs: Sequence[str]) -> Gemv | str:
     """The kernel of a step that is a 2-d weight's matmul and a pointwise epilogue over the
-    matmul's shape, or why there is none."""
+    matmul's shape (or two matmuls of one input, the first read by the second's epilogue alone:
+    `tune.fusion.pairs`), or why there is none."""
     first = nodes[members[0]]
     if first.op != "matmul":
         return "it is no matmul"
+    sibling = None
+    if len(members) > 2 and nodes[members[1]].op == "matmul":
+        sibling, first, members = first, nodes[members[1]], members[1:]
     x, w = (nodes[i] for i in first.inputs)
     if w.type.rank != 2 or x.type.dtype != w.type.dtype or x.type.dtype not in DTYPES:
         return "its matmul is no f16 or bf16 product with a 2-d weight"
+    if sibling is not None and (sibling.inputs[0] != x.name or sibling.name in outputs
+                                or nodes[sibling.inputs[1]].type != w.type):
+        return "its two matmuls are not of one input by weights of one type, one value stored"
     rest = [nodes[m] for m in members[1:]]
     if first.name in outputs and rest:
         return "it stores the matmul's value and the epilogue's"
     if any(nodes[o].type.shape != first.type.shape for o in outputs):
         return "its results are not of the matmul's shape"
     if not rest:
-        epilogue = fused.Plan((fused.Operand(first.name, "f32"),),
-                              (fused.Member("a", ("x0",), first.type.dtype),), (0,),
-                              (first.type.dtype,))
-    else:
-        given = [first, *(nodes[i] for i in inputs)]  # the epilogue reads the ones it names
-        p = fused.plan(rest, given, outputs, {n.name: n.attrs for n in rest})
-        if isinstance(p, str):
-            return p
-        epilogue = p
-    [anchor] = [i for i, o in enumerate(epilogue.operands) if o.name == first.name]
+        return alone(x.name, w.name, first.type.dtype, stored_dtype(first, virtual=False),
+                     first.name)
+    given = [first, *([sibling] if sibling else []), *(nodes[i] for i in inputs)]
+    epilogue = fused.plan(rest, given, outputs, {n.name: n.attrs for n in rest})
+    if isinstance(epilogue, str):
+        return epilogue
     operands = list(epilogue.operands)
+    [anchor] = [i for i, o in enumerate(operands) if o.name == first.name]
     operands[anchor] = replace(operands[anchor], dtype="f32", along=None)
+    pair = None
+    if sibling is not None:
+        [at] = [i for i, o in enumerate(operands) if o.name == sibling.name]
+        operands[at] = replace(operands[at], dtype="f32", along=None)
+        pair = Sibling(sibling.inputs[1], at, stored_dtype(sibling, virtual=True))
     return Gemv(x.name, w.name, x.type.dtype, stored_dtype(first, virtual=bool(rest)),
-                replace(epilogue, operands=tuple(operands)), anchor)
+                replace(epilogue, operands=tuple(operands)), anchor, pair)
+
+
+def alone(x: str, w: str, dtype: str, held: str | None = None, name: str = "y") -> Gemv:
+    """The kernel of a matmul with no epilogue: its value stored in `dtype`."""
+    epilogue = fused.Plan((fused.Operand(name, "f32"),), (fused.Member("a", ("x0",), dtype),),
+                          (0,), (dtype,))
+    return Gemv(x, w, dtype, held or dtype, epilogue, 0)
 
 
 def fits(x: Any, w: Any) -> bool:
@@ -102,27 +138,29 @@ def fits(x: Any, w: Any) -> bool:
             and x.data.ptr % 16 == 0 and w.data.ptr % 16 == 0)
 
 
-def run(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
-    """y = epilogue(x @ w, others) for the arrays of `g.operands` into the step's outputs."""
+def run(g: Gemv, xs: Sequence[Any], ys: Sequence[Any], shape: Shape | None = None) -> None:
+    """y = epilogue(x @ w, others) for the arrays of `g.operands` into the step's outputs, cut
+    as `shape` says (None: `shape_for` the arrays)."""
     import cupy
 
-    x, w, *others = xs
-    if not fits(x, w):
+    x, *ws = xs[:1 + len(g.weights)]
+    others = xs[1 + len(g.weights):]
+    if not all(fits(x, w) for w in ws):
         _fallback(g, xs, ys)
         return
     out = ys[0].shape
     rows, n, k = math.prod(out[:-1]), out[-1], x.shape[-1]
-    read = [o for i, o in enumerate(g.epilogue.operands) if i != g.anchor]
+    read = [o for i, o in enumerate(g.epilogue.operands) if i not in g.computed]
     arrays = [fused.operand_view(a, o) for a, o in zip(others, read, strict=True)]
     strides = [_row_column(cupy.broadcast_to(a, out)) for a in arrays]
     strides += [_row_column(y) for y in ys]
     x_row = _row_column(x)[0]  # elements
-    blocks = ceil_div(n, WARPS * COLUMNS)
-    bits = [a.view(cupy.uint16) if a.dtype == cupy.float16 else a for a in (x, w, *arrays, *ys)]
-    kernel = _kernel(g, rows)
-    kernel((blocks,), (32 * WARPS,),
+    shape = shape or shape_for(rows, n, k, len(ws))
+    bits = [a.view(cupy.uint16) if a.dtype == cupy.float16 else a for a in (x, *ws, *arrays, *ys)]
+    kernel = _kernel(g, rows, shape)
+    kernel((shape.blocks(n),), (32 * shape.warps,),
            (*bits, np.int32(n), np.int32(k), np.int64(x_row),
-            np.int64(w.strides[1] // w.dtype.itemsize),
+            *(np.int64(w.strides[1] // w.dtype.itemsize) for w in ws),
             *(np.int64(s) for pair in strides for s in pair)))
 
 
@@ -137,76 +175,111 @@ def _row_column(a: Any) -> tuple[int, int]:
 def _fallback(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     import cupy
 
-    from dslc.backend.kernels import reference_kernel
+    from dslc.backend.device import KERNEL_DTYPES
+    from dslc.backend.kernels import _math, reference_kernel
 
-    x, w, *others = xs
-    value = cupy.empty(ys[0].shape, cupy.float32)
-    reference_kernel("matmul", [x, w], value, {})
-    operands = list(others)
-    operands.insert(g.anchor, value)
+    x, *ws = xs[:1 + len(g.weights)]
+    operands = list(xs[1 + len(g.weights):])
+    for at, w, held in sorted(zip(g.computed, ws, _held(g), strict=True)):
+        value = cupy.empty(ys[0].shape, KERNEL_DTYPES[held])  # rounded as the kernel holds it
+        reference_kernel("matmul", [x, w], value, {})
+        operands.insert(at, _math(cupy, value).astype(cupy.float32, copy=False))
     fused.run(g.epilogue, operands, ys)
+
+
+def _held(g: Gemv) -> tuple[str, ...]:
+    """The dtypes the computed operands are held in, as `computed` lists them."""
+    return (g.held,) if g.sibling is None else (g.held, g.sibling.held)
 
 
 _SOURCE = r"""
 typedef unsigned short S;
 #define M {rows}
-#define COLUMNS {columns}
+#define C {columns}
+#define SPLIT {split}
 #define UNROLL {unroll}
+#define PAIR {pair}
+#define CC (C * (1 + PAIR))  // the columns a warp sums: C of w, and with a pair C of w2
 struct __align__(16) Pack {{ S v[8]; }};
 __device__ __forceinline__ float load(S v) {{ {load} }}
+__device__ __forceinline__ Pack stream(const S* p) {{  // read once: kept out of L1
+  const uint4 t = __ldcs(reinterpret_cast<const uint4*>(p));
+  return *reinterpret_cast<const Pack*>(&t);
+}}
 
 extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
-    const S* __restrict__ x, const S* __restrict__ w, {params}
-    const int N, const int K, const long long xm, const long long wn, {strides}) {{
+    const S* __restrict__ x, const S* __restrict__ w, {w2}{params}
+    const int N, const int K, const long long xm, const long long wn, {wn2}{strides}) {{
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = (blockIdx.x * {warps} + warp) * COLUMNS;
-  if (n0 >= N) return;
-  float acc[M][COLUMNS];
+  const int part = warp % SPLIT;  // the warps of a column set split K: chunks part, part+SPLIT..
+  const int n0 = (blockIdx.x * ({warps} / SPLIT) + warp / SPLIT) * C;
+  float acc[M][CC];
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int c = 0; c < COLUMNS; ++c) acc[m][c] = 0.0f;
-  // UNROLL chunks of 256 elements of K at once: each lane loads 16 bytes of each
-  for (int k0 = lane * 8; k0 < K; k0 += 256 * UNROLL) {{
-    Pack wv[UNROLL][COLUMNS], xv[UNROLL][M];
+    for (int c = 0; c < CC; ++c) acc[m][c] = 0.0f;
+  const S* rows[CC];  // a column past N rereads the first: computed, never stored
+#pragma unroll
+  for (int c = 0; c < C; ++c) rows[c] = w + (long long)(n0 + c < N ? n0 + c : 0) * wn;
+#if PAIR
+#pragma unroll
+  for (int c = 0; c < C; ++c) rows[C + c] = w2 + (long long)(n0 + c < N ? n0 + c : 0) * wn2;
+#endif
+  // chunks of 256 elements of K, each lane 16 bytes of one, UNROLL chunks loaded at once
+  for (int k0 = (part * 256) + lane * 8; k0 < K; k0 += 256 * SPLIT * UNROLL) {{
+    Pack wv[UNROLL][CC], xv[UNROLL][M];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
-      const int k = k0 + u * 256 < K ? k0 + u * 256 : k0;  // past K: reread, not summed
+      const int k = k0 + u * 256 * SPLIT;
+      if (k < K) {{
 #pragma unroll
-      for (int c = 0; c < COLUMNS; ++c)
-        wv[u][c] = *reinterpret_cast<const Pack*>(w + (long long)(n0 + c < N ? n0 + c : n0) * wn + k);
+        for (int c = 0; c < CC; ++c) wv[u][c] = stream(rows[c] + k);
 #pragma unroll
-      for (int m = 0; m < M; ++m) {{
-        const uint4 t = __ldg(reinterpret_cast<const uint4*>(x + m * xm + k));
-        xv[u][m] = *reinterpret_cast<const Pack*>(&t);
+        for (int m = 0; m < M; ++m) {{
+          const uint4 t = __ldg(reinterpret_cast<const uint4*>(x + m * xm + k));
+          xv[u][m] = *reinterpret_cast<const Pack*>(&t);
+        }}
       }}
     }}
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
-      if (k0 + u * 256 >= K) break;
+      if (k0 + u * 256 * SPLIT >= K) break;
 #pragma unroll
       for (int e = 0; e < 8; ++e)
 #pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {{
+        for (int c = 0; c < CC; ++c) {{
           const float wf = load(wv[u][c].v[e]);
 #pragma unroll
           for (int m = 0; m < M; ++m) acc[m][c] += load(xv[u][m].v[e]) * wf;
         }}
     }}
   }}
-  float mine = 0.0f;  // lane m * COLUMNS + c keeps the sum of (m, c)
+  float mine = 0.0f;  // lane m * CC + c keeps the warp's sum of (m, c)
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int c = 0; c < COLUMNS; ++c) {{
+    for (int c = 0; c < CC; ++c) {{
       float a = acc[m][c];
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
-      if (lane == m * COLUMNS + c) mine = a;
+      if (lane == m * CC + c) mine = a;
     }}
-  const int m = lane / COLUMNS, n = n0 + lane % COLUMNS;
-  if (lane >= M * COLUMNS || n >= N) return;
+#if SPLIT > 1
+  __shared__ float partial[{warps}][M * CC];
+  if (lane < M * CC) partial[warp][lane] = mine;
+  __syncthreads();
+  if (part != 0) return;
+  if (lane < M * CC)
+#pragma unroll
+    for (int p = 1; p < SPLIT; ++p) mine += partial[warp + p][lane];
+#endif
+#if PAIR
+  const float other = __shfl_down_sync(0xffffffffu, mine, C);  // w2's sum of the same (m, n)
+#endif
+  const int m = lane / CC, n = n0 + lane % CC;
+  if (lane >= M * CC || lane % CC >= C || n >= N) return;
   const float x{anchor} = {held};
+{sibling}
 {loads}
 {outs}
   {{
@@ -217,14 +290,48 @@ extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
 """
 
 
+@dataclass(frozen=True)
+class Shape:
+    """How the kernel cuts a matmul: `columns` output columns a warp, `warps` a block, `split`
+    warps of a block summing parts of K for the same columns (their sums meet in shared
+    memory), `unroll` chunks of 256 elements of K a warp loads before it multiplies."""
+
+    columns: int
+    warps: int
+    split: int
+    unroll: int
+
+    def blocks(self, n: int) -> int:
+        return ceil_div(n, self.warps // self.split * self.columns)
+
+
+def shape_for(rows: int, n: int, k: int, weights: int = 1) -> Shape:
+    """The cut for `rows` rows of an [N, K] weight. A matmul of a row reads its weight once: its
+    time is that read's and a fixed cost (launch, the first loads' latency, the last block's
+    tail: about 5 us on the H200, where a 23 MB weight reads in 5). Measured at a 1B decoder's
+    sizes (scripts/probe_gpu.py --only gemv, docs/benchmarks.md, session 14): one row is
+    fastest with a column a warp and four warps splitting K, whatever N and K (many small
+    blocks fill the GPU evenly); more rows share each weight load over four columns a warp, K
+    split as far as keeps the blocks within about 6 a multiprocessor (N 2,048-3,072: split 4;
+    5,632: 2; 11,264 and more: 1)."""
+    if rows == 1:
+        return Shape(1, 8, 4, 1)
+    columns = min(4, 32 // (rows * weights))  # a warp's lanes hold its (row, column) sums
+    split = next((s for s in (4, 2) if Shape(columns, 4, s, 1).blocks(n) <= 768), 1)
+    return Shape(columns, 4, split, 1)
+
+
 @cache
-def _kernel(g: Gemv, rows: int) -> Any:
+def _kernel(g: Gemv, rows: int, shape: Shape) -> Any:
     import cupy
 
     from dslc.backend.fused import _RAW_CTYPE, _RAW_LOAD, _RAW_STORE, _ROUND, CONVERSIONS
 
     p = g.epilogue
-    others = [(i, o) for i, o in enumerate(p.operands) if i != g.anchor]
+    others = [(i, o) for i, o in enumerate(p.operands) if i not in g.computed]
+    pair = g.sibling is not None
+    sibling = (f"  const float x{g.sibling.operand} = {_ROUND[g.sibling.held].format('other')};"
+               if g.sibling is not None else "")
     params = "".join(f"const {_RAW_CTYPE[o.dtype]}* __restrict__ p{i}, " for i, o in others)
     params += "".join(f"{_RAW_CTYPE[d]}* __restrict__ q{j}, "
                       for j, d in enumerate(p.output_dtypes))
@@ -237,9 +344,11 @@ def _kernel(g: Gemv, rows: int) -> Any:
     stores = "\n".join(f"  q{j}[m * t{j}m + n * t{j}n] = y{j};"
                        for j in range(len(p.output_dtypes)))
     load = LOAD_STORE["bfloat16" if g.dtype == "bf16" else "float16"][1]
-    unroll = 4 if rows <= 2 else 2 if rows <= 4 else 1
-    source = _SOURCE.format(rows=rows, columns=COLUMNS, unroll=unroll, threads=32 * WARPS,
-                            warps=WARPS, load=load, params=params, strides=strides,
+    source = _SOURCE.format(rows=rows, columns=shape.columns, split=shape.split,
+                            unroll=shape.unroll, pair=int(pair), threads=32 * shape.warps,
+                            warps=shape.warps, load=load, params=params, strides=strides,
+                            w2="const S* __restrict__ w2, " if pair else "",
+                            wn2="const long long wn2, " if pair else "", sibling=sibling,
                             anchor=g.anchor, held=_ROUND[g.held].format("mine"), loads=loads,
                             outs=outs, body=p._body(_RAW_LOAD, _RAW_STORE), stores=stores)
     name = f"dslc_gemv_{zlib.crc32(source.encode()):08x}"

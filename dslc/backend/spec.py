@@ -256,7 +256,7 @@ def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: s
     sizes, strides = by_name[anchor].dims, by_name[anchor].strides
     anchor_op = next(op.op for op in ops if op.node == anchor)
     for op in ops:
-        if op.node == anchor:
+        if op.node == anchor or op.op == "matmul":  # a second matmul: a pair's (`backend.gemv`)
             continue
         for name in op.inputs:
             t = by_name[name]

@@ -295,6 +295,127 @@ def with_fusion(bundle: Bundle, measured: list[Measured],
     return replace(out, buckets=tuple(_memory(program, b) for b in out.buckets))
 
 
+@dataclass
+class PairMeasured:
+    """Two matmul steps of one input, the first's value read by the second's epilogue alone (a
+    gated MLP's up projection, and its gate with the SiLU and the product), and the one kernel
+    that computes both, reading the input once (`backend.gemv`, a sibling): the two steps'
+    times as tuning left them (graph or kernel), and the joined kernel's, per bucket."""
+
+    first: StepRecord
+    second: StepRecord
+    apart_ms: dict[str, float | None] = field(default_factory=dict)
+    joined_ms: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def chosen(self) -> bool:
+        return split_is_faster(self.apart_ms, self.joined_ms, {})
+
+    def summary(self) -> str:
+        def ms(t: float | None) -> str:
+            return "-" if t is None else f"{t:.4f}"
+
+        return f"joined with {self.first.name} measured: " + "; ".join(
+            f"{key}: apart {ms(t)} ms, one kernel {ms(self.joined_ms.get(key))} ms"
+            for key, t in self.apart_ms.items())
+
+
+def pairs(program: Schedule) -> list[tuple[StepRecord, StepRecord]]:
+    """The steps the few-row matmul kernel computes that one kernel computes together: a
+    matmul alone whose value only the next such step's epilogue reads, both of one input (the
+    second reads the input once for both)."""
+    producer = {o: s for s in program.steps for o in s.outputs}
+    users = program.graph.users()
+    exported = {v for _, v in program.graph.outputs}
+    out: list[tuple[StepRecord, StepRecord]] = []
+    for second in program.steps:
+        for name in second.inputs:
+            first = producer.get(name)
+            if first is None or len(first.nodes) != 1 or name in exported or \
+                    any(u.name not in second.nodes for u in users[name]) or \
+                    not (_matmul_kernel(program, first) and _matmul_kernel(program, second)):
+                continue
+            step = joined(first, second, program.nodes, "")
+            if isinstance(gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs),
+                          gemv.Gemv):
+                out.append((first, second))
+                break
+    return out
+
+
+def joined(first: StepRecord, second: StepRecord, nodes: Mapping[str, Node],
+           reason: str) -> StepRecord:
+    """The kernel step computing `first` and `second` (`pairs`), where `second` was."""
+    members = (*first.nodes, *second.nodes)
+    reads: list[str] = []
+    for m in members:
+        reads.extend(i for i in nodes[m].inputs if i not in members and i not in reads)
+    return StepRecord("kernel", second.name, second.pattern, members, tuple(reads),
+                      second.outputs, second.signature, reason)
+
+
+def measure_pairs(bundle: Bundle, kernels: list[KernelMeasured],
+                  measurer: Callable[[Bundle], MeasureKernel],
+                  progress: Callable[[str], None] | None = None) -> list[PairMeasured]:
+    """Each pair (`pairs`) of a tuned bundle measured at every bucket as one kernel (`measurer`
+    of the bundle with every pair joined), beside the two steps' times: a kernel step's from
+    `kernels`, a graph step's plan's."""
+    program = Schedule(bundle)
+    out = [PairMeasured(a, b) for a, b in pairs(program)]
+    if not out:
+        return out
+    both = with_pairs(bundle, out, every=True)
+    program = Schedule(both)
+    measure = measurer(both)
+    kernel_ms = {k.step.name: k.kernel_ms for k in kernels}
+    steps = {s.name: s for s in program.steps}
+
+    def apart(s: StepRecord, bucket: BucketRecord) -> float | None:
+        if s.kind == "kernel":  # one not measured (cuDNN refused it at compile time): None
+            return kernel_ms.get(s.name, {}).get(bucket.key)
+        [graphs] = [b.graphs for b in bundle.buckets if b.key == bucket.key]
+        return graphs[s.signature].plan.ms
+
+    for i, m in enumerate(out):
+        step = steps[m.second.name]
+        group = make_group(program.graph, list(step.nodes), step.pattern,
+                           placement=program.placement)
+        for bucket in both.buckets:
+            if progress:
+                progress(f"[{i + 1}/{len(out)}] {bucket.key} {step.name} joined")
+            times = [apart(s, bucket) for s in (m.first, m.second)]
+            m.apart_ms[bucket.key] = sum(t for t in times if t is not None) \
+                if None not in times else None
+            spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
+                              program.placement)
+            storage = program.memory_plan(dict(bucket.dims)).storage
+            m.joined_ms[bucket.key] = measure(step, spec, storage,
+                                              f"{step.name} at {bucket.key}")
+    return out
+
+
+def with_pairs(bundle: Bundle, measured: list[PairMeasured], every: bool = False) -> Bundle:
+    """The bundle with each chosen pair (every pair, with `every`) one kernel step where its
+    second step was, and each measured step saying what was measured."""
+    nodes = bundle.graph.graph.by_name()
+    by_second = {m.second.name: m for m in measured}
+    dropped = {m.first.name for m in measured if every or m.chosen}
+    steps: list[StepRecord] = []
+    for step in bundle.steps:
+        m = by_second.get(step.name)
+        if step.name in dropped:
+            continue
+        if m is None:
+            steps.append(step)
+        elif every or m.chosen:
+            why = f"{m.summary()}: one kernel is faster" if m.chosen else \
+                f"joined with {m.first.name}: one kernel"
+            steps.append(joined(m.first, step, nodes, _joined(step.reason, why)))
+        else:
+            steps.append(replace(step, reason=_joined(step.reason, f"{m.summary()}: kept apart")))
+    return with_fusion(replace(bundle, steps=tuple(steps)), [])
+
+
 def every_kernel(bundle: Bundle) -> Bundle:
     """The bundle with every step a fallback kernel also computes (`kernel_steps`) made that
     kernel, whatever it measures: the generated programs' check of the kernels against the
@@ -303,7 +424,8 @@ def every_kernel(bundle: Bundle) -> Bundle:
     steps = tuple(replace(s, kind="kernel", reason=_joined(s.reason, "made its fallback kernel "
                                                                      "to check it"))
                   if s.name in names else s for s in bundle.steps)
-    return with_fusion(replace(bundle, steps=steps), [])
+    out = with_fusion(replace(bundle, steps=steps), [])
+    return with_pairs(out, [PairMeasured(a, b) for a, b in pairs(Schedule(out))], every=True)
 
 
 def _kernel_or_graph(step: StepRecord, m: KernelMeasured | None) -> StepRecord:

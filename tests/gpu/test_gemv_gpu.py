@@ -14,7 +14,7 @@ import pytest
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import load
 from dslc.runtime.schedule import Schedule
-from dslc.tune.fusion import KernelMeasured, with_fusion
+from dslc.tune.fusion import KernelMeasured, PairMeasured, pairs, with_fusion, with_pairs
 from tests.gpu.common import (
     TOLERANCE,
     compile_source,
@@ -44,9 +44,11 @@ model m {{
 """
 
 
+@pytest.mark.parametrize("paired", [False, True])
 @pytest.mark.parametrize("io", ["bf16", "f16"])
 def test_projections_as_the_kernel_equal_the_reference(
-        io: str, tmp_path: Path) -> None:
+        io: str, paired: bool, tmp_path: Path) -> None:
+    """`paired`: z's up projection and its gate's step one kernel (`tune.fusion.pairs`)."""
     from dslc.runtime import Model
 
 
@@ -65,7 +67,11 @@ def test_projections_as_the_kernel_equal_the_reference(
     # the product), each its own step
     matmuls = [s for s in program.steps if any(program.nodes[n].op == "matmul" for n in s.nodes)]
     assert len(measured) == len(matmuls) == DECODER.count("matmul(")
-    emit_bundle.write(bundle, with_fusion(records, [], measured))
+    out = with_fusion(records, [], measured)
+    if paired:
+        out = with_pairs(out, [PairMeasured(a, b) for a, b in pairs(Schedule(out))], every=True)
+        assert [len(s.nodes) for s in out.steps if s.kind == "kernel"].count(4) == 1
+    emit_bundle.write(bundle, out)
     model = Model(bundle, bundle.with_suffix(".safetensors"), tuning_db=None)
     for rows in (1, 3):
         inputs = random_inputs(bundle, {"B": rows}, seed=31 + rows)
@@ -73,7 +79,7 @@ def test_projections_as_the_kernel_equal_the_reference(
         want = reference(bundle, inputs)
         for name in ("y", "z", "logits"):
             err = rel_error(got[name], want[name])
-            print(f"gemv {io} rows {rows} {name}: relative error {err:.2e}")
+            print(f"gemv {io} rows {rows} paired {paired} {name}: relative error {err:.2e}")
             assert err < TOLERANCE[io] and np.isfinite(got[name]).all()
 
 
@@ -88,3 +94,6 @@ def test_the_tuner_measures_each_projection_as_the_kernel(
     assert run.code == 0, run.stderr
     times = re.findall(r"cuDNN graph ([\d.]+) ms, one kernel ([\d.]+) ms", run.stdout)
     assert len(times) >= 3, run.stdout
+    # z's up projection and gate measured as one kernel against the two steps
+    joined = re.findall(r"apart ([\d.]+) ms, one kernel ([\d.]+) ms", run.stdout)
+    assert len(joined) == 1 and all(float(t) > 0 for t in joined[0]), run.stdout
