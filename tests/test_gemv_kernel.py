@@ -24,13 +24,13 @@ from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Schedule
 from dslc.tune.fusion import (
     KernelMeasured,
-    PairMeasured,
     every_kernel,
     joined,
     kernel_steps,
+    norms,
     pairs,
     with_fusion,
-    with_pairs,
+    with_joins,
 )
 from tests.helpers import deviceless_program, nvrtc_compile
 
@@ -169,9 +169,11 @@ def test_a_gated_mlp_up_and_gate_are_one_pair_of_steps(tmp_path: Path) -> None:
     row-major weight's."""
     program = _program(tmp_path)
     found = pairs(program)
-    assert [([program.nodes[n].op for n in a.nodes], [program.nodes[n].op for n in b.nodes])
-            for a, b in found] == [(["matmul"], ["matmul", "silu", "mul"])]
-    [(first, second)] = found
+    assert [([program.nodes[n].op for n in j.absorbed.nodes],
+             [[program.nodes[n].op for n in r.nodes] for r in j.readers])
+            for j in found] == [(["matmul"], [["matmul", "silu", "mul"]])]
+    [j] = found
+    first, (second,) = j.absorbed, j.readers
     step = joined(first, second, program.nodes, "")
     g = gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs)
     assert isinstance(g, gemv.Gemv) and g.sibling is not None
@@ -211,11 +213,12 @@ def test_a_measured_pair_is_joined_only_where_one_kernel_is_faster(
         chosen: bool, tmp_path: Path) -> None:
     program = _program(tmp_path)
     bundle, _ = _kernels_taken(program)
-    [(first, second)] = pairs(Schedule(bundle))
-    m = PairMeasured(first, second)
+    [m] = pairs(Schedule(bundle))
+    first, (second,) = m.absorbed, m.readers
     for bucket in bundle.buckets:
-        m.apart_ms[bucket.key], m.joined_ms[bucket.key] = 0.010, 0.006 if chosen else 0.0099
-    out = Bundle.from_data(with_pairs(bundle, [m]).to_data())  # reads back valid
+        m.apart_ms[bucket.key] = 0.010
+        m.reader_ms.setdefault(second.name, {})[bucket.key] = 0.006 if chosen else 0.0099
+    out = Bundle.from_data(with_joins(bundle, [m]).to_data())  # reads back valid
     names = [s.name for s in out.steps]
     assert (first.name not in names) == chosen
     [after] = [s for s in out.steps if s.name == second.name]
@@ -239,8 +242,8 @@ def test_the_pair_kernel_compiles_without_a_warning_or_a_spill(
     monkeypatch.setitem(sys.modules, "cupy",
                         SimpleNamespace(RawKernel=lambda source, name: (source, name)))
     program = _program(tmp_path)
-    [(first, second)] = pairs(program)
-    step = joined(first, second, program.nodes, "")
+    [j] = pairs(program)
+    step = joined(j.absorbed, j.readers[0], program.nodes, "")
     g = gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs)
     assert isinstance(g, gemv.Gemv)
     shape = gemv.shape_for(rows, 5632, 2048, len(g.weights))
@@ -251,3 +254,74 @@ def test_the_pair_kernel_compiles_without_a_warning_or_a_spill(
     assert ok and "warning" not in log, log[:2000]
     spilled = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
     assert spilled and max(spilled) == 0, log[:2000]
+
+
+NORMED = """
+model m {{
+  precision io={io}
+  dim B = 1..8 tune [1]
+  input x: [B, 1, 256]
+  input h: [B, 1, 512]
+  param s: [256]
+  param w: [512, 256]
+  param gate: [512, 256]
+  param up: [512, 256]
+  let n = rmsnorm(x, s, eps=1e-5)
+  output y = h + matmul(n, transpose(w, [1, 0]))
+  output z = silu(matmul(n, transpose(gate, [1, 0]))) * matmul(n, transpose(up, [1, 0])){more}
+}}
+"""
+
+
+def _normed(tmp_path: Path, more: str = "") -> Bundle:
+    """NORMED's bundle with its projections kernels and the pair joined."""
+    program = deviceless_program(NORMED.format(io="bf16", more=more), tmp_path)[1]
+    bundle, _ = _kernels_taken(program)
+    return with_joins(bundle, pairs(Schedule(bundle)), every=True)
+
+
+def test_an_rms_norm_read_by_projection_kernels_alone_joins_each(tmp_path: Path) -> None:
+    bundle = _normed(tmp_path)
+    program = Schedule(bundle)
+    [j] = norms(program)
+    [norm] = j.absorbed.nodes
+    assert program.nodes[norm].op == "rmsnorm" and len(j.readers) == 2  # o-proj, the pair
+    plans = []
+    for reader in j.readers:
+        step = joined(j.absorbed, reader, program.nodes, "")
+        g = gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs)
+        assert isinstance(g, gemv.Gemv) and g.norm is not None
+        assert (g.x, g.norm.scale, g.norm.eps) == ("x", "s", 1e-5)
+        assert g.operands[:2] == ("x", "s")  # the norm's input and scale, then the weights
+        plans.append(g)
+    assert sorted(g.sibling is not None for g in plans) == [False, True]
+    out = Bundle.from_data(with_joins(bundle, [j], every=True).to_data())  # reads back valid
+    assert all((norm not in s.nodes[1:] and s.nodes[0] != norm) or s.kind == "kernel"
+               for s in out.steps)
+    assert [s.nodes[0] for s in out.steps].count(norm) == 2
+    assert all(norm not in b.offsets for b in out.buckets)  # never stored
+
+
+def test_a_norm_something_else_reads_stays_its_own_step(tmp_path: Path) -> None:
+    assert norms(Schedule(_normed(tmp_path, "\n  output q = n * 2.0"))) == []
+    (tmp_path / "out").mkdir()
+    assert norms(Schedule(_normed(tmp_path / "out", "\n  output q = n"))) == []
+
+
+@pytest.mark.parametrize("rows", [1, 3, gemv.MOST_ROWS])
+def test_the_normed_pair_kernel_compiles_without_a_warning_or_a_spill(
+        rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy",
+                        SimpleNamespace(RawKernel=lambda source, name: (source, name)))
+    program = Schedule(every_kernel(deviceless_program(NORMED.format(io="f16", more=""),
+                                                       tmp_path)[1].bundle))
+    kernels = [program.matmul_kernel(s) for s in program.steps]
+    [g] = [k for k in kernels if k is not None and k.sibling is not None]
+    assert g.norm is not None
+    for shape in (gemv.shape_for(rows, 5632, 2048, 2), gemv.Shape(1, 8, 1, 2)):
+        source, _ = gemv._kernel.__wrapped__(g, rows, shape)
+        assert "#define NORM 1" in source and "#define PAIR 1" in source
+        ok, log = nvrtc_compile(source)
+        assert ok and "warning" not in log, log[:2000]
+        spilled = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
+        assert spilled and max(spilled) == 0, log[:2000]

@@ -32,6 +32,7 @@ from dslc.backend.cuda import LOAD_STORE, PREAMBLE, ceil_div
 from dslc.ir.graph import Node, stored_dtype
 
 MOST_ROWS = 8
+LEADS = ("matmul", "rmsnorm")  # the ops a step of this kernel starts with
 DTYPES = ("f16", "bf16")
 
 
@@ -47,11 +48,25 @@ class Sibling:
 
 
 @dataclass(frozen=True)
+class Norm:
+    """An RMS norm of the input ahead of the matmuls (a decoder's layer norm, joined with its
+    readers by the tuner: `tune.fusion.norms`): its value's name, its scale vector and epsilon.
+    The kernel sums the input's squares as it reads it and scales each element by the norm's
+    scale before the products, then the sums by the root: (x * s / r) @ w = ((x * s) @ w) / r,
+    the norm's value never stored."""
+
+    value: str
+    scale: str
+    eps: float
+
+
+@dataclass(frozen=True)
 class Gemv:
     """A step's matmul (its input and weight, by name) and epilogue (over `anchor`, the
     matmul's value, and the step's other operands); `held` is the dtype the matmul's value is
     held in before the epilogue. With a `sibling`, the kernel also computes that matmul's
-    columns, which the epilogue reads in place of an operand."""
+    columns, which the epilogue reads in place of an operand; with a `norm`, `x` is the norm's
+    input."""
 
     x: str
     w: str
@@ -60,6 +75,7 @@ class Gemv:
     epilogue: fused.Plan
     anchor: int
     sibling: Sibling | None = None
+    norm: Norm | None = None
 
     @property
     def computed(self) -> tuple[int, ...]:
@@ -72,17 +88,30 @@ class Gemv:
 
     @property
     def operands(self) -> tuple[str, ...]:
-        """The arrays `run` takes, in order: input, weights, the epilogue's other operands."""
-        return (self.x, *self.weights, *(o.name for i, o in enumerate(self.epilogue.operands)
-                                         if i not in self.computed))
+        """The arrays `run` takes, in order: input, the norm's scale, weights, the epilogue's
+        other operands."""
+        scale = [self.norm.scale] if self.norm else []
+        return (self.x, *scale, *self.weights,
+                *(o.name for i, o in enumerate(self.epilogue.operands) if i not in self.computed))
 
 
 def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[str],
             outputs: Sequence[str]) -> Gemv | str:
     """The kernel of a step that is a 2-d weight's matmul and a pointwise epilogue over the
     matmul's shape (or two matmuls of one input, the first read by the second's epilogue alone:
-    `tune.fusion.pairs`), or why there is none."""
+    `tune.fusion.pairs`; either after an RMS norm of their input: `tune.fusion.norms`), or why
+    there is none."""
     first = nodes[members[0]]
+    norm: Norm | None = None
+    if first.op == "rmsnorm" and len(members) > 1:
+        found = _norm(first)
+        if isinstance(found, str):
+            return found
+        norm = found
+        if first.name in outputs:
+            return "it stores the norm's value"
+        members = members[1:]
+        first = nodes[members[0]]
     if first.op != "matmul":
         return "it is no matmul"
     sibling = None
@@ -94,14 +123,18 @@ def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[
     if sibling is not None and (sibling.inputs[0] != x.name or sibling.name in outputs
                                 or nodes[sibling.inputs[1]].type != w.type):
         return "its two matmuls are not of one input by weights of one type, one value stored"
+    if norm is not None and (x.name != norm.value or
+                             nodes[nodes[norm.value].inputs[1]].type.dtype != x.type.dtype):
+        return "its matmul does not read the norm's value, or the norm's scale is of another dtype"
     rest = [nodes[m] for m in members[1:]]
     if first.name in outputs and rest:
         return "it stores the matmul's value and the epilogue's"
     if any(nodes[o].type.shape != first.type.shape for o in outputs):
         return "its results are not of the matmul's shape"
+    read = x.name if norm is None else nodes[norm.value].inputs[0]
     if not rest:
-        return alone(x.name, w.name, first.type.dtype, stored_dtype(first, virtual=False),
-                     first.name)
+        return replace(alone(read, w.name, first.type.dtype, stored_dtype(first, virtual=False),
+                             first.name), norm=norm)
     given = [first, *([sibling] if sibling else []), *(nodes[i] for i in inputs)]
     epilogue = fused.plan(rest, given, outputs, {n.name: n.attrs for n in rest})
     if isinstance(epilogue, str):
@@ -114,8 +147,17 @@ def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[
         [at] = [i for i, o in enumerate(operands) if o.name == sibling.name]
         operands[at] = replace(operands[at], dtype="f32", along=None)
         pair = Sibling(sibling.inputs[1], at, stored_dtype(sibling, virtual=True))
-    return Gemv(x.name, w.name, x.type.dtype, stored_dtype(first, virtual=bool(rest)),
-                replace(epilogue, operands=tuple(operands)), anchor, pair)
+    return Gemv(read, w.name, x.type.dtype, stored_dtype(first, virtual=bool(rest)),
+                replace(epilogue, operands=tuple(operands)), anchor, pair, norm)
+
+
+def _norm(node: Node) -> Norm | str:
+    """The norm the kernel computes ahead of its matmuls: an RMS norm over the last axis, with
+    no bias."""
+    scale = node.inputs[1] if len(node.inputs) == 2 else None
+    if scale is None or tuple(node.attrs["axes"]) != (node.type.rank - 1,):
+        return "its norm has a bias or normalises more than the last axis"
+    return Norm(node.name, scale, float(node.attrs["eps"]))
 
 
 def alone(x: str, w: str, dtype: str, held: str | None = None, name: str = "y") -> Gemv:
@@ -143,9 +185,9 @@ def run(g: Gemv, xs: Sequence[Any], ys: Sequence[Any], shape: Shape | None = Non
     as `shape` says (None: `shape_for` the arrays)."""
     import cupy
 
-    x, *ws = xs[:1 + len(g.weights)]
-    others = xs[1 + len(g.weights):]
-    if not all(fits(x, w) for w in ws):
+    x, scale, ws, others = _split(g, xs)
+    if not all(fits(x, w) for w in ws) or (scale is not None and not (
+            scale.strides[-1] == scale.dtype.itemsize and scale.data.ptr % 16 == 0)):
         _fallback(g, xs, ys)
         return
     out = ys[0].shape
@@ -156,12 +198,24 @@ def run(g: Gemv, xs: Sequence[Any], ys: Sequence[Any], shape: Shape | None = Non
     strides += [_row_column(y) for y in ys]
     x_row = _row_column(x)[0]  # elements
     shape = shape or shape_for(rows, n, k, len(ws))
-    bits = [a.view(cupy.uint16) if a.dtype == cupy.float16 else a for a in (x, *ws, *arrays, *ys)]
+    norm = [] if scale is None else [scale]
+    bits = [a.view(cupy.uint16) if a.dtype == cupy.float16 else a
+            for a in (x, *norm, *ws, *arrays, *ys)]
     kernel = _kernel(g, rows, shape)
     kernel((shape.blocks(n),), (32 * shape.warps,),
            (*bits, np.int32(n), np.int32(k), np.int64(x_row),
             *(np.int64(w.strides[1] // w.dtype.itemsize) for w in ws),
+            *([] if g.norm is None else [np.float32(g.norm.eps)]),
             *(np.int64(s) for pair in strides for s in pair)))
+
+
+def _split(g: Gemv, xs: Sequence[Any]) -> tuple[Any, Any, list[Any], list[Any]]:
+    """`g.operands`' arrays as the input, the norm's scale (None: no norm), the weights, and
+    the epilogue's other operands."""
+    x, *rest = xs
+    scale = rest.pop(0) if g.norm is not None else None
+    count = len(g.weights)
+    return x, scale, list(rest[:count]), list(rest[count:])
 
 
 def _row_column(a: Any) -> tuple[int, int]:
@@ -178,8 +232,12 @@ def _fallback(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     from dslc.backend.device import KERNEL_DTYPES
     from dslc.backend.kernels import _math, reference_kernel
 
-    x, *ws = xs[:1 + len(g.weights)]
-    operands = list(xs[1 + len(g.weights):])
+    x, scale, ws, operands = _split(g, xs)
+    if g.norm is not None:  # held as any fused group's inner value: the intermediate, f32
+        normed = cupy.empty(x.shape, cupy.float32)
+        reference_kernel("rmsnorm", [x, scale], normed, {"axes": (x.ndim - 1,),
+                                                         "eps": g.norm.eps})
+        x = normed
     for at, w, held in sorted(zip(g.computed, ws, _held(g), strict=True)):
         value = cupy.empty(ys[0].shape, KERNEL_DTYPES[held])  # rounded as the kernel holds it
         reference_kernel("matmul", [x, w], value, {})
@@ -200,6 +258,7 @@ typedef unsigned short S;
 #define UNROLL {unroll}
 #define PAIR {pair}
 #define CC (C * (1 + PAIR))  // the columns a warp sums: C of w, and with a pair C of w2
+#define NORM {norm}  // an RMS norm of x ahead: squares summed as read, x scaled by g
 struct __align__(16) Pack {{ S v[8]; }};
 __device__ __forceinline__ float load(S v) {{ {load} }}
 __device__ __forceinline__ Pack stream(const S* p) {{  // read once: kept out of L1
@@ -208,8 +267,8 @@ __device__ __forceinline__ Pack stream(const S* p) {{  // read once: kept out of
 }}
 
 extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
-    const S* __restrict__ x, const S* __restrict__ w, {w2}{params}
-    const int N, const int K, const long long xm, const long long wn, {wn2}{strides}) {{
+    const S* __restrict__ x, {g}const S* __restrict__ w, {w2}{params}
+    const int N, const int K, const long long xm, const long long wn, {wn2}{eps}{strides}) {{
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int part = warp % SPLIT;  // the warps of a column set split K: chunks part, part+SPLIT..
   const int n0 = (blockIdx.x * ({warps} / SPLIT) + warp / SPLIT) * C;
@@ -218,6 +277,11 @@ extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int c = 0; c < CC; ++c) acc[m][c] = 0.0f;
+#if NORM
+  float squares[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) squares[m] = 0.0f;
+#endif
   const S* rows[CC];  // a column past N rereads the first: computed, never stored
 #pragma unroll
   for (int c = 0; c < C; ++c) rows[c] = w + (long long)(n0 + c < N ? n0 + c : 0) * wn;
@@ -228,6 +292,9 @@ extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
   // chunks of 256 elements of K, each lane 16 bytes of one, UNROLL chunks loaded at once
   for (int k0 = (part * 256) + lane * 8; k0 < K; k0 += 256 * SPLIT * UNROLL) {{
     Pack wv[UNROLL][CC], xv[UNROLL][M];
+#if NORM
+    Pack gv[UNROLL];
+#endif
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
       const int k = k0 + u * 256 * SPLIT;
@@ -239,21 +306,42 @@ extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
           const uint4 t = __ldg(reinterpret_cast<const uint4*>(x + m * xm + k));
           xv[u][m] = *reinterpret_cast<const Pack*>(&t);
         }}
+#if NORM
+        const uint4 t = __ldg(reinterpret_cast<const uint4*>(g + k));
+        gv[u] = *reinterpret_cast<const Pack*>(&t);
+#endif
       }}
     }}
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
       if (k0 + u * 256 * SPLIT >= K) break;
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
+      for (int e = 0; e < 8; ++e) {{
+        float xf[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {{
+          xf[m] = load(xv[u][m].v[e]);
+#if NORM
+          squares[m] += xf[m] * xf[m];
+          xf[m] *= load(gv[u].v[e]);
+#endif
+        }}
 #pragma unroll
         for (int c = 0; c < CC; ++c) {{
           const float wf = load(wv[u][c].v[e]);
 #pragma unroll
-          for (int m = 0; m < M; ++m) acc[m][c] += load(xv[u][m].v[e]) * wf;
+          for (int m = 0; m < M; ++m) acc[m][c] += xf[m] * wf;
         }}
+      }}
     }}
   }}
+#if NORM
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      squares[m] += __shfl_xor_sync(0xffffffffu, squares[m], off);  // every lane: the warp's
+#endif
   float mine = 0.0f;  // lane m * CC + c keeps the warp's sum of (m, c)
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -265,13 +353,33 @@ extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
       if (lane == m * CC + c) mine = a;
     }}
 #if SPLIT > 1
-  __shared__ float partial[{warps}][M * CC];
+  __shared__ float partial[{warps}][M * CC + NORM * M];
   if (lane < M * CC) partial[warp][lane] = mine;
+#if NORM
+  if (lane < M) {{
+#pragma unroll
+    for (int m = 0; m < M; ++m) if (m == lane) partial[warp][M * CC + m] = squares[m];
+  }}
+#endif
   __syncthreads();
   if (part != 0) return;
   if (lane < M * CC)
 #pragma unroll
     for (int p = 1; p < SPLIT; ++p) mine += partial[warp + p][lane];
+#if NORM
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int p = 1; p < SPLIT; ++p) squares[m] += partial[warp + p][M * CC + m];
+#endif
+#endif
+#if NORM
+  {{  // the norm's root for this lane's row, on the sums of its scaled inputs
+    float root = 0.0f;
+#pragma unroll
+    for (int m = 0; m < M; ++m) if (m == lane / CC) root = rsqrtf(squares[m] / K + eps);
+    mine *= root;
+  }}
 #endif
 #if PAIR
   const float other = __shfl_down_sync(0xffffffffu, mine, C);  // w2's sum of the same (m, n)
@@ -349,6 +457,9 @@ def _kernel(g: Gemv, rows: int, shape: Shape) -> Any:
                             warps=shape.warps, load=load, params=params, strides=strides,
                             w2="const S* __restrict__ w2, " if pair else "",
                             wn2="const long long wn2, " if pair else "", sibling=sibling,
+                            norm=int(g.norm is not None),
+                            g="const S* __restrict__ g, " if g.norm is not None else "",
+                            eps="const float eps, " if g.norm is not None else "",
                             anchor=g.anchor, held=_ROUND[g.held].format("mine"), loads=loads,
                             outs=outs, body=p._body(_RAW_LOAD, _RAW_STORE), stores=stores)
     name = f"dslc_gemv_{zlib.crc32(source.encode()):08x}"

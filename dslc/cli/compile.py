@@ -41,14 +41,13 @@ from dslc.runtime.bundle import load
 from dslc.runtime.tuningdb import SpecError, is_file, open_store
 from dslc.tune import format_report, group_measurer, kernel_measurer, tune, tuned_bundle
 from dslc.tune.fusion import (
+    Joined,
     KernelMeasured,
     Measured,
-    PairMeasured,
+    join_measured,
     measure_kernels,
-    measure_pairs,
     measure_splits,
     with_fusion,
-    with_pairs,
 )
 from dslc.tune.gpus import SpreadError, across, parse_gpus
 
@@ -206,7 +205,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     result = tuned_bundle(records, tuned)
     measured: list[Measured] = []
     kernels: list[KernelMeasured] = []
-    joined: list[PairMeasured] = []
+    joined: list[Joined] = []
     if args.fusion == "measure":
         try:
             measured = measure_splits(result, tuned.plans,
@@ -214,12 +213,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                       lambda text: progress(f"measuring {text}"))
             kernels = measure_kernels(result, tuned.plans, kernel_measurer(result),
                                       lambda text: progress(f"measuring {text}"))
-            result = with_fusion(result, measured, kernels)
-            joined = measure_pairs(result, kernels, kernel_measurer,
-                                   lambda text: progress(f"measuring {text}"))
+            result, joined = join_measured(with_fusion(result, measured, kernels), kernels,
+                                           kernel_measurer,
+                                           lambda text: progress(f"measuring {text}"))
         finally:
             progress.clear()
-        result = with_pairs(result, joined)
     with paths.writing(target):
         emit_bundle.write(target, result)
     print(format_report(tuned.report))
@@ -228,11 +226,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for k in kernels:
         print(f"{k.step.name}: {k.summary()}: {'one kernel' if k.chosen else 'kept the graph'}")
     for j in joined:
-        print(f"{j.second.name}: {j.summary()}: {'one kernel' if j.chosen else 'kept apart'}")
+        print(f"{', '.join(r.name for r in j.readers)}: {j.summary()}: "
+              f"{'one kernel' if j.chosen else 'kept apart'}")
     split = sum(m.chosen and len(m.parts) == len(records.buckets) for m in measured)
     if split or any(j.chosen for j in joined):
-        print(f"note: {split} groups split and {sum(j.chosen for j in joined)} pairs of steps "
-              "joined by measurement; the runner beside the bundle runs the new schedule, its "
+        print(f"note: {split} groups split and {sum(j.chosen for j in joined)} steps joined "
+              "with their readers by measurement; the runner beside the bundle runs the new schedule, its "
               "comments list the compiled one", file=sys.stderr)
     print(f"wrote {target}", file=sys.stderr)
     return EXIT_OK

@@ -304,7 +304,7 @@ class StepRecord:
             f.wrong(f"{path}.inputs", "not what the step's nodes read, in order")
         if kind == "kernel" and len(members) > 1:
             why: object = fused.plan_of(nodes, members, step.inputs, step.outputs)
-            if isinstance(why, str) and nodes[members[0]].op == "matmul":
+            if isinstance(why, str) and nodes[members[0]].op in gemv.LEADS:
                 why = gemv.plan_of(nodes, members, step.inputs, step.outputs)
             if isinstance(why, str):
                 f.wrong(f"{path}.nodes", f"not ops one fallback kernel computes: {why}")

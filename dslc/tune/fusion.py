@@ -296,16 +296,27 @@ def with_fusion(bundle: Bundle, measured: list[Measured],
 
 
 @dataclass
-class PairMeasured:
-    """Two matmul steps of one input, the first's value read by the second's epilogue alone (a
-    gated MLP's up projection, and its gate with the SiLU and the product), and the one kernel
-    that computes both, reading the input once (`backend.gemv`, a sibling): the two steps'
-    times as tuning left them (graph or kernel), and the joined kernel's, per bucket."""
+class Joined:
+    """A step one kernel computes inside each of its readers' (`backend.gemv`), measured: a
+    matmul alone whose value only one such step's epilogue reads, of the same input (`pairs`: a
+    gated MLP's up projection, joined with its gate, the SiLU and the product), or an RMS norm
+    whose value only such steps' matmuls read (`norms`: a decoder's layer norm, computed as its
+    projections read their input). Per bucket, the times of the steps apart as tuning left them
+    (graph or kernel) and each joined reader's."""
 
-    first: StepRecord
-    second: StepRecord
+    absorbed: StepRecord
+    readers: tuple[StepRecord, ...]
     apart_ms: dict[str, float | None] = field(default_factory=dict)
-    joined_ms: dict[str, float | None] = field(default_factory=dict)
+    reader_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    @property
+    def joined_ms(self) -> dict[str, float | None]:
+        """The joined readers' times summed, per bucket (None where one is missing)."""
+        out: dict[str, float | None] = {}
+        for key in self.apart_ms:
+            times = [self.reader_ms.get(r.name, {}).get(key) for r in self.readers]
+            out[key] = None if None in times else sum(t for t in times if t is not None)
+        return out
 
     @property
     def chosen(self) -> bool:
@@ -315,19 +326,20 @@ class PairMeasured:
         def ms(t: float | None) -> str:
             return "-" if t is None else f"{t:.4f}"
 
-        return f"joined with {self.first.name} measured: " + "; ".join(
-            f"{key}: apart {ms(t)} ms, one kernel {ms(self.joined_ms.get(key))} ms"
+        joined = self.joined_ms
+        return f"joined with {self.absorbed.name} measured: " + "; ".join(
+            f"{key}: apart {ms(t)} ms, joined {ms(joined.get(key))} ms"
             for key, t in self.apart_ms.items())
 
 
-def pairs(program: Schedule) -> list[tuple[StepRecord, StepRecord]]:
+def pairs(program: Schedule) -> list[Joined]:
     """The steps the few-row matmul kernel computes that one kernel computes together: a
     matmul alone whose value only the next such step's epilogue reads, both of one input (the
     second reads the input once for both)."""
     producer = {o: s for s in program.steps for o in s.outputs}
     users = program.graph.users()
     exported = {v for _, v in program.graph.outputs}
-    out: list[tuple[StepRecord, StepRecord]] = []
+    out: list[Joined] = []
     for second in program.steps:
         for name in second.inputs:
             first = producer.get(name)
@@ -335,39 +347,63 @@ def pairs(program: Schedule) -> list[tuple[StepRecord, StepRecord]]:
                     any(u.name not in second.nodes for u in users[name]) or \
                     not (_matmul_kernel(program, first) and _matmul_kernel(program, second)):
                 continue
-            step = joined(first, second, program.nodes, "")
-            if isinstance(gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs),
-                          gemv.Gemv):
-                out.append((first, second))
+            if _computes(program, joined(first, second, program.nodes, "")):
+                out.append(Joined(first, (second,)))
                 break
     return out
 
 
-def joined(first: StepRecord, second: StepRecord, nodes: Mapping[str, Node],
+def norms(program: Schedule) -> list[Joined]:
+    """RMS norms whose value only steps of the few-row matmul kernel read, each as its
+    matmuls' input (the kernel computes the norm as it reads the input: `backend.gemv.Norm`)."""
+    readers: dict[str, list[StepRecord]] = {}
+    for step in program.steps:
+        for name in step.inputs:
+            readers.setdefault(name, []).append(step)
+    exported = {v for _, v in program.graph.outputs}
+    out = []
+    for step in program.steps:
+        [name] = step.nodes if len(step.nodes) == 1 else [""]
+        if not name or program.nodes[name].op != "rmsnorm" or name in exported:
+            continue
+        them = readers.get(name, [])
+        if them and all(r.kind == "kernel" and _matmul_kernel(program, r) and
+                        _computes(program, joined(step, r, program.nodes, "")) for r in them):
+            out.append(Joined(step, tuple(them)))
+    return out
+
+
+def _computes(program: Schedule, step: StepRecord) -> bool:
+    """Does the few-row matmul kernel compute this (joined) step?"""
+    return isinstance(gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs),
+                      gemv.Gemv)
+
+
+def joined(absorbed: StepRecord, reader: StepRecord, nodes: Mapping[str, Node],
            reason: str) -> StepRecord:
-    """The kernel step computing `first` and `second` (`pairs`), where `second` was."""
-    members = (*first.nodes, *second.nodes)
+    """The kernel step computing `absorbed` inside `reader` (`pairs`, `norms`), where
+    `reader` was."""
+    members = (*absorbed.nodes, *reader.nodes)
     reads: list[str] = []
     for m in members:
         reads.extend(i for i in nodes[m].inputs if i not in members and i not in reads)
-    return StepRecord("kernel", second.name, second.pattern, members, tuple(reads),
-                      second.outputs, second.signature, reason)
+    return StepRecord("kernel", reader.name, reader.pattern, members, tuple(reads),
+                      reader.outputs, reader.signature, reason)
 
 
-def measure_pairs(bundle: Bundle, kernels: list[KernelMeasured],
+def measure_joins(bundle: Bundle, found: list[Joined],
+                  kernel_ms: Mapping[str, Mapping[str, float | None]],
                   measurer: Callable[[Bundle], MeasureKernel],
-                  progress: Callable[[str], None] | None = None) -> list[PairMeasured]:
-    """Each pair (`pairs`) of a tuned bundle measured at every bucket as one kernel (`measurer`
-    of the bundle with every pair joined), beside the two steps' times: a kernel step's from
-    `kernels`, a graph step's plan's."""
-    program = Schedule(bundle)
-    out = [PairMeasured(a, b) for a, b in pairs(program)]
-    if not out:
-        return out
-    both = with_pairs(bundle, out, every=True)
+                  progress: Callable[[str], None] | None = None) -> list[Joined]:
+    """Each join `found` (`pairs` or `norms` of a tuned bundle) measured at every bucket: its
+    readers joined, as kernels (`measurer` of the bundle with every join made), beside the
+    steps apart: a kernel step's time from `kernel_ms` (by step, then bucket), a graph step's
+    plan's."""
+    if not found:
+        return found
+    both = with_joins(bundle, found, every=True)
     program = Schedule(both)
     measure = measurer(both)
-    kernel_ms = {k.step.name: k.kernel_ms for k in kernels}
     steps = {s.name: s for s in program.steps}
 
     def apart(s: StepRecord, bucket: BucketRecord) -> float | None:
@@ -376,44 +412,63 @@ def measure_pairs(bundle: Bundle, kernels: list[KernelMeasured],
         [graphs] = [b.graphs for b in bundle.buckets if b.key == bucket.key]
         return graphs[s.signature].plan.ms
 
-    for i, m in enumerate(out):
-        step = steps[m.second.name]
-        group = make_group(program.graph, list(step.nodes), step.pattern,
-                           placement=program.placement)
+    for i, m in enumerate(found):
         for bucket in both.buckets:
-            if progress:
-                progress(f"[{i + 1}/{len(out)}] {bucket.key} {step.name} joined")
-            times = [apart(s, bucket) for s in (m.first, m.second)]
+            times = [apart(s, bucket) for s in (m.absorbed, *m.readers)]
             m.apart_ms[bucket.key] = sum(t for t in times if t is not None) \
                 if None not in times else None
-            spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
-                              program.placement)
             storage = program.memory_plan(dict(bucket.dims)).storage
-            m.joined_ms[bucket.key] = measure(step, spec, storage,
-                                              f"{step.name} at {bucket.key}")
-    return out
+            for reader in m.readers:
+                step = steps[reader.name]
+                if progress:
+                    progress(f"[{i + 1}/{len(found)}] {bucket.key} {step.name} joined")
+                group = make_group(program.graph, list(step.nodes), step.pattern,
+                                   placement=program.placement)
+                spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
+                                  program.placement)
+                m.reader_ms.setdefault(reader.name, {})[bucket.key] = measure(
+                    step, spec, storage, f"{step.name} at {bucket.key}")
+    return found
 
 
-def with_pairs(bundle: Bundle, measured: list[PairMeasured], every: bool = False) -> Bundle:
-    """The bundle with each chosen pair (every pair, with `every`) one kernel step where its
-    second step was, and each measured step saying what was measured."""
+def with_joins(bundle: Bundle, measured: list[Joined], every: bool = False) -> Bundle:
+    """The bundle with each chosen join (every one, with `every`) made: its absorbed step
+    computed inside each reader, and each measured step saying what was measured."""
     nodes = bundle.graph.graph.by_name()
-    by_second = {m.second.name: m for m in measured}
-    dropped = {m.first.name for m in measured if every or m.chosen}
+    taken = {id(m) for m in measured if every or m.chosen}
+    into = {r.name: m for m in measured for r in m.readers}
+    dropped = {m.absorbed.name for m in measured if id(m) in taken}
     steps: list[StepRecord] = []
     for step in bundle.steps:
-        m = by_second.get(step.name)
+        m = into.get(step.name)
         if step.name in dropped:
             continue
         if m is None:
             steps.append(step)
-        elif every or m.chosen:
+        elif id(m) in taken:
             why = f"{m.summary()}: one kernel is faster" if m.chosen else \
-                f"joined with {m.first.name}: one kernel"
-            steps.append(joined(m.first, step, nodes, _joined(step.reason, why)))
+                f"joined with {m.absorbed.name}: one kernel"
+            steps.append(joined(m.absorbed, step, nodes, _joined(step.reason, why)))
         else:
             steps.append(replace(step, reason=_joined(step.reason, f"{m.summary()}: kept apart")))
     return with_fusion(replace(bundle, steps=tuple(steps)), [])
+
+
+def join_measured(bundle: Bundle, kernels: list[KernelMeasured],
+                  measurer: Callable[[Bundle], MeasureKernel],
+                  progress: Callable[[str], None] | None = None,
+                  ) -> tuple[Bundle, list[Joined]]:
+    """The tuned bundle (its kernels chosen: `kernels`) with each join measured faster made:
+    the pairs of projections first, then the norms ahead of them (a pair already joined reads
+    the norm once); and every join measured."""
+    times = {k.step.name: dict(k.kernel_ms) for k in kernels}
+    out: list[Joined] = []
+    for find in (pairs, norms):
+        found = measure_joins(bundle, find(Schedule(bundle)), times, measurer, progress)
+        bundle = with_joins(bundle, found)
+        times.update((name, ms) for j in found if j.chosen for name, ms in j.reader_ms.items())
+        out += found
+    return bundle, out
 
 
 def every_kernel(bundle: Bundle) -> Bundle:
@@ -425,7 +480,8 @@ def every_kernel(bundle: Bundle) -> Bundle:
                                                                      "to check it"))
                   if s.name in names else s for s in bundle.steps)
     out = with_fusion(replace(bundle, steps=steps), [])
-    return with_pairs(out, [PairMeasured(a, b) for a, b in pairs(Schedule(out))], every=True)
+    out = with_joins(out, pairs(Schedule(out)), every=True)
+    return with_joins(out, norms(Schedule(out)), every=True)
 
 
 def _kernel_or_graph(step: StepRecord, m: KernelMeasured | None) -> StepRecord:

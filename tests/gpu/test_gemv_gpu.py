@@ -14,7 +14,7 @@ import pytest
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import load
 from dslc.runtime.schedule import Schedule
-from dslc.tune.fusion import KernelMeasured, PairMeasured, pairs, with_fusion, with_pairs
+from dslc.tune.fusion import KernelMeasured, every_kernel, pairs, with_fusion, with_joins
 from tests.gpu.common import (
     TOLERANCE,
     compile_source,
@@ -69,7 +69,7 @@ def test_projections_as_the_kernel_equal_the_reference(
     assert len(measured) == len(matmuls) == DECODER.count("matmul(")
     out = with_fusion(records, [], measured)
     if paired:
-        out = with_pairs(out, [PairMeasured(a, b) for a, b in pairs(Schedule(out))], every=True)
+        out = with_joins(out, pairs(Schedule(out)), every=True)
         assert [len(s.nodes) for s in out.steps if s.kind == "kernel"].count(4) == 1
     emit_bundle.write(bundle, out)
     model = Model(bundle, bundle.with_suffix(".safetensors"), tuning_db=None)
@@ -95,5 +95,48 @@ def test_the_tuner_measures_each_projection_as_the_kernel(
     times = re.findall(r"cuDNN graph ([\d.]+) ms, one kernel ([\d.]+) ms", run.stdout)
     assert len(times) >= 3, run.stdout
     # z's up projection and gate measured as one kernel against the two steps
-    joined = re.findall(r"apart ([\d.]+) ms, one kernel ([\d.]+) ms", run.stdout)
+    joined = re.findall(r"apart ([\d.]+) ms, joined ([\d.]+) ms", run.stdout)
     assert len(joined) == 1 and all(float(t) > 0 for t in joined[0]), run.stdout
+
+
+NORMED = """
+model m {{
+  precision io={io}
+  dim B = 1..8 tune [1]
+  input x: [B, 1, 2048]
+  input h: [B, 1, 1024]
+  param s: [2048]
+  param w: [1024, 2048]
+  param gate: [1536, 2048]
+  param up: [1536, 2048]
+  let n = rmsnorm(x, s, eps=1e-5)
+  output y = h + matmul(n, transpose(w, [1, 0]))
+  output z = silu(matmul(n, transpose(gate, [1, 0]))) * matmul(n, transpose(up, [1, 0]))
+}}
+"""
+
+
+@pytest.mark.parametrize("io", ["bf16", "f16"])
+def test_an_rms_norm_inside_the_projection_kernels_equals_the_reference(
+        io: str, tmp_path: Path) -> None:
+    """The norm computed by each projection kernel as it reads x (`backend.gemv.Norm`): the
+    residual projection's and the gate/up pair's."""
+    from dslc.runtime import Model
+
+    bundle = compile_source(NORMED.format(io=io), tmp_path)
+    out = every_kernel(load(bundle))
+    program = Schedule(out)
+    normed = [g for g in map(program.matmul_kernel, program.steps) if g and g.norm]
+    assert len(normed) == 2 and all(s.kind == "kernel" for s in out.steps)
+    emit_bundle.write(bundle, out)
+    model = Model(bundle, bundle.with_suffix(".safetensors"), tuning_db=None)
+    for rows in (1, 3):
+        inputs = random_inputs(bundle, {"B": rows}, seed=41 + rows)
+        x = inputs["x"]
+        inputs["x"] = (x.astype(np.float32) * 3.0).astype(x.dtype)  # the norm brings it back
+        got = to_host(model.run(to_device(inputs, bundle)))
+        want = reference(bundle, inputs)
+        for name in ("y", "z"):
+            err = rel_error(got[name], want[name])
+            print(f"normed gemv {io} rows {rows} {name}: relative error {err:.2e}")
+            assert err < TOLERANCE[io] and np.isfinite(got[name]).all()
