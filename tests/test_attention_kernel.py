@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from dslc.backend import attention
-from dslc.backend.cuda import LOAD_STORE
 from dslc.tune.fusion import kernel_steps
 from tests.helpers import deviceless_program, nvrtc_compile
 
@@ -21,13 +20,9 @@ from tests.helpers import deviceless_program, nvrtc_compile
 @pytest.mark.parametrize("group", [1, 5, attention.MAX_GROUP])
 def test_every_variant_of_the_attention_kernel_compiles_without_a_warning_or_a_spill(
         storage: str, group: int) -> None:
-    kind, load, store = LOAD_STORE[storage]
     for head_dim in (d for d in attention.HEAD_DIMS if attention.fits(group, d)):
         for vec in (1, 8) if head_dim == 64 else (8,):  # the scalar loads differ in one place
-            source = attention._SOURCE.format(
-                storage=kind, group=group, head_dim=head_dim, vec=vec, threads=attention.THREADS,
-                chunk=attention.CHUNK, load=load, store=store)
-            ok, log = nvrtc_compile(source)
+            ok, log = nvrtc_compile(attention.source(storage, group, head_dim, vec))
             assert ok and "warning" not in log, (head_dim, vec, log[:2000])
             # registers spilled to local memory: loads issued together beyond what registers
             # hold spilled 0.2 to 7.5 KB a thread; a few words, where ptxas keeps to 128

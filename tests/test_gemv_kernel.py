@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from dslc.backend import gemv
@@ -32,7 +33,7 @@ from dslc.tune.fusion import (
     with_fusion,
     with_joins,
 )
-from tests.helpers import deviceless_program, nvrtc_compile
+from tests.helpers import deviceless_program, nvrtc_compile, rng
 
 DECODER = """
 model m {{
@@ -325,3 +326,34 @@ def test_the_normed_pair_kernel_compiles_without_a_warning_or_a_spill(
         assert ok and "warning" not in log, log[:2000]
         spilled = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
         assert spilled and max(spilled) == 0, log[:2000]
+
+
+def test_a_norm_held_in_a_narrower_intermediate_is_not_the_kernels(tmp_path: Path) -> None:
+    """The kernel holds the norm's value in f32 (it never rounds it); a model whose intermediate
+    dtype is bf16 holds it rounded (the reference does): the norm stays its own step."""
+    source = NORMED.format(io="bf16", more="").replace("precision io=bf16",
+                                                       "precision io=bf16, intermediate=bf16")
+    program = deviceless_program(source, tmp_path)[1]
+    bundle, _ = _kernels_taken(program)
+    bundle = with_joins(bundle, pairs(Schedule(bundle)), every=True)
+    assert norms(Schedule(bundle)) == []
+    norm = next(s for s in Schedule(bundle).steps if [*s.nodes] == ["n"])
+    reader = next(s for s in Schedule(bundle).steps if "n" in s.inputs)
+    step = joined(norm, reader, program.nodes, "")
+    assert "narrower intermediate" in str(
+        gemv.plan_of(program.nodes, step.nodes, step.inputs, step.outputs))
+
+
+def test_the_fallbacks_norm_attributes_are_the_ops_reference_s() -> None:
+    """Where the arrays do not fit the kernel (K not a multiple of 8: generated programs found
+    it), the fallback computes the norm by the op's reference with `norm_attrs`; here against
+    the formula written out."""
+    from dslc.ops import OPS
+
+    g = rng("fallback norm")
+    x, scale = g.standard_normal((3, 10)), g.standard_normal(10)
+    reference = OPS["rmsnorm"].reference
+    assert reference is not None
+    got = reference([x, scale], gemv.norm_attrs(gemv.Norm("n", "s", 1e-5), 2))
+    want = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-5) * scale
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
+from dslc.backend import launch
 from dslc.backend.cuda import LOAD_STORE, ceil_div, multiprocessors
 from dslc.ops.attention import named_operands
 
@@ -85,6 +86,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) dslc_attend(
     const long long o0, const long long o1, const long long o2, const long long o3,
     const long long len_stride, const float scale, const int causal, const int bottom_right,
     const int window) {{
+  // launched early (backend.launch): the launch overlaps the kernel before, whose results
+  // (the queries, the cache rows just written) are read only once it has finished
+  let_next_start();
+  wait_for_previous();
   __shared__ __align__(16) float qs[G][D];
   __shared__ float ps[G][CHUNK];
   __shared__ float red[WARPS][G][D];
@@ -330,11 +335,11 @@ def attend(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     scale = a["scale"] if a.get("scale") is not None else 1.0 / float(np.sqrt(d))
     window = a.get("window") or 0
     kernel = _kernel(storage, h // kvh, d, vec)
-    kernel((n, rows), (THREADS,),
-           (q, k, v, o, length_ptr, part, done, np.int32(kvh), np.int32(sq), np.int32(skv),
-            *(np.int64(s) for t in strides for s in t), np.int64(length_stride),
-            np.float32(scale), np.int32(bool(a.get("causal"))),
-            np.int32(a.get("align") == "bottom_right"), np.int32(window)))
+    launch.early(kernel, (n, rows), (THREADS,),
+                 (q, k, v, o, length_ptr, part, done, np.int32(kvh), np.int32(sq),
+                  np.int32(skv), *(np.int64(s) for t in strides for s in t),
+                  np.int64(length_stride), np.float32(scale), np.int32(bool(a.get("causal"))),
+                  np.int32(a.get("align") == "bottom_right"), np.int32(window)))
 
 
 _SCRATCH: dict[tuple[int, int], tuple[Any, Any]] = {}
@@ -364,7 +369,12 @@ _RETIRED: list[tuple[Any, Any]] = []  # replaced scratch a captured graph may st
 def _kernel(storage: str, group: int, head_dim: int, vec: int) -> Any:
     import cupy
 
+    return cupy.RawKernel(source(storage, group, head_dim, vec), "dslc_attend")
+
+
+def source(storage: str, group: int, head_dim: int, vec: int) -> str:
+    """The kernel's CUDA source for a CuPy storage name, `group` query heads a KV head, a head
+    dimension and the loads' width (8: 16-byte loads; 1: one element at a time)."""
     kind, load, store = LOAD_STORE[storage]
-    source = _SOURCE.format(storage=kind, group=group, head_dim=head_dim, vec=vec,
-                            threads=THREADS, chunk=CHUNK, load=load, store=store)
-    return cupy.RawKernel(source, "dslc_attend")
+    return launch.DEVICE + _SOURCE.format(storage=kind, group=group, head_dim=head_dim, vec=vec,
+                                          threads=THREADS, chunk=CHUNK, load=load, store=store)

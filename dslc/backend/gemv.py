@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from dslc.backend import fused
+from dslc.backend import fused, launch
 from dslc.backend.cuda import LOAD_STORE, PREAMBLE, ceil_div
 from dslc.ir.graph import Node, stored_dtype
 
@@ -157,7 +157,14 @@ def _norm(node: Node) -> Norm | str:
     scale = node.inputs[1] if len(node.inputs) == 2 else None
     if scale is None or tuple(node.attrs["axes"]) != (node.type.rank - 1,):
         return "its norm has a bias or normalises more than the last axis"
+    if stored_dtype(node, virtual=True) != "f32":  # the kernel never rounds the norm's value
+        return "its norm's value would be held in a narrower intermediate dtype than f32"
     return Norm(node.name, scale, float(node.attrs["eps"]))
+
+
+def norm_attrs(norm: Norm, rank: int) -> dict[str, Any]:
+    """The attributes of the norm as the rmsnorm op's reference takes them (the fallback's)."""
+    return {"operands": ("x", "scale"), "axes": (rank - 1,), "eps": norm.eps}
 
 
 def alone(x: str, w: str, dtype: str, held: str | None = None, name: str = "y") -> Gemv:
@@ -202,11 +209,11 @@ def run(g: Gemv, xs: Sequence[Any], ys: Sequence[Any], shape: Shape | None = Non
     bits = [a.view(cupy.uint16) if a.dtype == cupy.float16 else a
             for a in (x, *norm, *ws, *arrays, *ys)]
     kernel = _kernel(g, rows, shape)
-    kernel((shape.blocks(n),), (32 * shape.warps,),
-           (*bits, np.int32(n), np.int32(k), np.int64(x_row),
-            *(np.int64(w.strides[1] // w.dtype.itemsize) for w in ws),
-            *([] if g.norm is None else [np.float32(g.norm.eps)]),
-            *(np.int64(s) for pair in strides for s in pair)))
+    launch.early(kernel, (shape.blocks(n),), (32 * shape.warps,),
+                 (*bits, np.int32(n), np.int32(k), np.int64(x_row),
+                  *(np.int64(w.strides[1] // w.dtype.itemsize) for w in ws),
+                  *([] if g.norm is None else [np.float32(g.norm.eps)]),
+                  *(np.int64(s) for pair in strides for s in pair)))
 
 
 def _split(g: Gemv, xs: Sequence[Any]) -> tuple[Any, Any, list[Any], list[Any]]:
@@ -235,8 +242,7 @@ def _fallback(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     x, scale, ws, operands = _split(g, xs)
     if g.norm is not None:  # held as any fused group's inner value: the intermediate, f32
         normed = cupy.empty(x.shape, cupy.float32)
-        reference_kernel("rmsnorm", [x, scale], normed, {"axes": (x.ndim - 1,),
-                                                         "eps": g.norm.eps})
+        reference_kernel("rmsnorm", [x, scale], normed, norm_attrs(g.norm, x.ndim))
         x = normed
     for at, w, held in sorted(zip(g.computed, ws, _held(g), strict=True)):
         value = cupy.empty(ys[0].shape, KERNEL_DTYPES[held])  # rounded as the kernel holds it
@@ -269,6 +275,7 @@ __device__ __forceinline__ Pack stream(const S* p) {{  // read once: kept out of
 extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
     const S* __restrict__ x, {g}const S* __restrict__ w, {w2}{params}
     const int N, const int K, const long long xm, const long long wn, {wn2}{eps}{strides}) {{
+  let_next_start();  // the next kernel may launch (it waits for this one before it reads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int part = warp % SPLIT;  // the warps of a column set split K: chunks part, part+SPLIT..
   const int n0 = (blockIdx.x * ({warps} / SPLIT) + warp / SPLIT) * C;
@@ -289,6 +296,14 @@ extern "C" __global__ void __launch_bounds__({threads}) dslc_gemv(
 #pragma unroll
   for (int c = 0; c < C; ++c) rows[C + c] = w2 + (long long)(n0 + c < N ? n0 + c : 0) * wn2;
 #endif
+  // Launched early (backend.launch), the kernel reads nothing before the kernels ahead of it
+  // have finished; meanwhile it asks the L2 for its weight rows (a prefetch is safe whoever
+  // writes them: the L2 is where writes land), which the loop then reads from there.
+  for (int k = (part * 256) + lane * 8; k < K; k += 256 * SPLIT)
+    if (lane % 8 == 0)  // a 128-byte line each
+#pragma unroll
+      for (int c = 0; c < CC; ++c) asm volatile("prefetch.global.L2 [%0];" :: "l"(rows[c] + k));
+  wait_for_previous();
   // chunks of 256 elements of K, each lane 16 bytes of one, UNROLL chunks loaded at once
   for (int k0 = (part * 256) + lane * 8; k0 < K; k0 += 256 * SPLIT * UNROLL) {{
     Pack wv[UNROLL][CC], xv[UNROLL][M];
@@ -463,5 +478,5 @@ def _kernel(g: Gemv, rows: int, shape: Shape) -> Any:
                             anchor=g.anchor, held=_ROUND[g.held].format("mine"), loads=loads,
                             outs=outs, body=p._body(_RAW_LOAD, _RAW_STORE), stores=stores)
     name = f"dslc_gemv_{zlib.crc32(source.encode()):08x}"
-    return cupy.RawKernel(PREAMBLE + CONVERSIONS + source.replace("dslc_gemv(", f"{name}(", 1),
-                          name)
+    return cupy.RawKernel(PREAMBLE + CONVERSIONS + launch.DEVICE
+                          + source.replace("dslc_gemv(", f"{name}(", 1), name)
