@@ -478,3 +478,63 @@ def test_the_vector_kernel_takes_dense_tensors_laid_out_alike() -> None:
     assert fused._vectorizable(quantise, [odd, s], [y]) is None
     big_scale = np.ones(x.shape, np.float32)  # dense, not one element: read as a vector too
     assert fused._vectorizable(quantise, [x, big_scale], [y]) == [False, False]
+
+
+# -- the strided kernel (Plan.strided_source), compiled on the host ------------------------------
+def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(host_folder: Path) -> None:
+    """Operands of any strides (a transposed f16 view, a bf16 vector broadcast along an axis,
+    an f32 of one element) into an f16 result written through a transposed view and a bool
+    one: the strided kernel's bytes are the elementwise kernel's over the same values laid out
+    densely (one block of one thread on the host: the loop visits every element once)."""
+    from dslc.backend import launch
+    from dslc.backend.cuda import PREAMBLE
+
+    g = rng("host strided")
+    chain = fused.Plan(
+        (fused.Operand("a", "f16"), fused.Operand("b", "bf16"), fused.Operand("c", "f32")),
+        (fused.Member("a * b", ("x0", "x1"), "f32"),
+         fused.Member("a / (1.0f + expf(-a))", ("v0",), "f32"),
+         fused.Member("a + b", ("v1", "x2"), "f16"),
+         fused.Member("(a > b)", ("v2", "x2"), "bool")),
+        (2, 3), ("f16", "bool"))
+    source = (_SHIMS + _GRID + PREAMBLE + fused.CONVERSIONS + launch.DEVICE
+              + chain.strided_source("strided0", 3))
+    name = f"strided_{zlib.crc32(source.encode()):08x}"
+    (host_folder / f"{name}.cpp").write_text(source)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(host_folder / f"{name}.so"),
+                    str(host_folder / f"{name}.cpp")], check=True)
+    lib = ctypes.CDLL(str(host_folder / f"{name}.so"))
+    shape = (3, 4, 5)
+    a = (g.standard_normal((5, 4, 3)) * 2).astype(np.float16).transpose(2, 1, 0)
+    b = g.standard_normal(4).astype(ml_dtypes.bfloat16).view(np.uint16).reshape(1, 4, 1)
+    c = np.array([[[0.25]]], np.float32)
+    y_base = np.zeros((5, 4, 3), np.float16)
+    y = y_base.transpose(2, 1, 0)  # written through a transposed view
+    z = np.zeros(shape, np.uint8)
+    arrays = [np.broadcast_to(t, shape) for t in (a, b, c)] + [y, z]
+    fn = lib.strided0
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * (1 + 3 + 5 * 3)
+    fn(*[t.ctypes.data for t in arrays], a.size, *shape,
+       *[st // t.itemsize for t in arrays for st in t.strides])
+    elementwise = host_kernels([chain], host_folder)
+    dense = [np.ascontiguousarray(np.broadcast_to(t, shape)).ravel() for t in (a, b, c)]
+    wants = [np.zeros(a.size, np.float16), np.zeros(a.size, np.bool_)]
+    run_on_host(elementwise, 0, [*dense, *wants])
+    assert np.array_equal(np.ascontiguousarray(y).ravel().view(np.uint16),
+                          wants[0].view(np.uint16))
+    assert np.array_equal(z.ravel().astype(bool), wants[1]) and 0 < z.sum() < z.size
+    assert np.unique(y).size > 30  # not a constant
+
+
+def test_the_strided_kernel_compiles_for_the_h200_without_a_warning() -> None:
+    from dslc.backend import launch
+    from dslc.backend.cuda import PREAMBLE
+    from tests.helpers import nvrtc_compile
+
+    plan = fused.Plan((fused.Operand("a", "f16"), fused.Operand("m", "bool")),
+                      (fused.Member("a * b", ("x0", "x1"), "bf16"),), (0,), ("bf16",))
+    for rank in (1, 4):
+        source = (PREAMBLE + fused.CONVERSIONS + launch.DEVICE
+                  + plan.strided_source("dslc_fused", rank))
+        ok, log = nvrtc_compile(source)
+        assert ok and "warning" not in log, log[:2000]

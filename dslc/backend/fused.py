@@ -13,7 +13,9 @@ both are converted by the functions of `CONVERSIONS` and `cuda.PREAMBLE`, round 
 even, e4m3 saturating at +-448 and e5m2 overflowing to infinity, as `ops.fp8` rounds (e4m3 by
 the GPU's own conversion instruction where it has one, sm_89 and later). The
 runtime knows each tensor's dslc dtype from the IR, so a uint8 array is never guessed at.
-`takes` decides which steps run here; compile and runtime both ask it.
+`takes` decides which steps run here; compile and runtime both ask it. Large dense tensors run
+the vector kernel (`Plan.vector_source`), the others the strided one (`Plan.strided_source`,
+launched early: `backend.launch`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from dslc.backend import launch
 from dslc.backend.cuda import PREAMBLE, ceil_div, multiprocessors
 from dslc.ir.graph import Node, stored_dtype
 from dslc.ir.interp import ITEMSIZE
@@ -188,8 +191,10 @@ class Plan:
     output_dtypes: tuple[str, ...]
 
     def source(self) -> tuple[str, str, str]:
-        """The kernel's input parameters, output parameters and body (CuPy's elementwise
-        kernel: `x{i}` and `y{i}` are one element each, f16 as CuPy's float16)."""
+        """The kernel as an elementwise loop's input parameters, output parameters and body
+        (`x{i}` and `y{i}` one element each, f16 as a float16 type): no longer what runs on the
+        GPU (the strided and vector kernels do), the host tests compile it as the plain loop
+        those kernels must equal."""
         params = ", ".join(f"{_CTYPE[o.dtype]} x{i}" for i, o in enumerate(self.operands))
         outs = ", ".join(f"{_CTYPE[d]} y{i}" for i, d in enumerate(self.output_dtypes))
         return params, outs, self._body(_LOAD, _STORE)
@@ -253,6 +258,39 @@ class Plan:
                 f"{nl.join(stores)}\n}}\n"
                 f"for (long long i = n / {VECTOR} * {VECTOR} + first; i < n; i += step) {{\n"
                 f"{nl.join(tail)}\n{{\n{body}\n}}\n{put_tail}\n}}\n}}\n")
+
+
+    def strided_source(self, name: str, rank: int) -> str:
+        """The kernel over arrays of one shape of `rank` axes and any strides (an operand
+        broadcast along an axis: stride 0), an element a thread: the shape `d{r}`, each array's
+        strides in elements (`p{i}s{r}`, `q{j}s{r}`) and the count `n` are arguments, so one
+        compiled kernel serves every size. Launched early (`backend.launch`): it lets the next
+        kernel launch at once and waits for the kernels ahead before it reads; between a
+        decoder's projections (launched so too) its launch then costs no gap."""
+        types = [_RAW_CTYPE[o.dtype] for o in self.operands]
+        outs = [_RAW_CTYPE[d] for d in self.output_dtypes]
+        arrays = [f"p{i}" for i in range(len(types))] + [f"q{j}" for j in range(len(outs))]
+        params = [f"const {t}* __restrict__ p{i}" for i, t in enumerate(types)]
+        params += [f"{t}* __restrict__ q{j}" for j, t in enumerate(outs)]
+        params += ["const long long n", *(f"const long long d{r}" for r in range(rank))]
+        params += [f"const long long {a}s{r}" for a in arrays for r in range(rank)]
+        walk = [f"{{ const long long c = rest % d{r}; rest /= d{r}; "
+                + " ".join(f"o{a} += c * {a}s{r};" for a in arrays) + " }"
+                for r in reversed(range(rank))]
+        nl = "\n"
+        return (f'extern "C" __global__ void {name}({", ".join(params)}) {{\n'
+                "let_next_start();\nwait_for_previous();\n"
+                "const long long step = (long long)gridDim.x * blockDim.x;\n"
+                "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;"
+                " i += step) {\n"
+                "long long rest = i;\n"
+                + "".join(f"long long o{a} = 0;\n" for a in arrays)
+                + nl.join(walk) + "\n"
+                + "".join(f"const {t} x{i} = p{i}[op{i}];\n" for i, t in enumerate(types))
+                + "".join(f"{t} y{j};\n" for j, t in enumerate(outs))
+                + f"{{\n{self._body(_RAW_LOAD, _RAW_STORE)}\n}}\n"
+                + "".join(f"q{j}[oq{j}] = y{j};\n" for j in range(len(outs)))
+                + "}\n}\n")
 
 
 def _word(dtype: str) -> tuple[str, int]:
@@ -337,12 +375,29 @@ def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     views = [x.copy() if any(_overlaps(x, y) for y in ys) else x for x in views]
     broadcast = _vectorizable(p, views, ys)
     if broadcast is None:
-        _kernel(*p.source())(*views, *ys)
+        _strided(p, views, ys)
         return
     n = ys[0].size
     blocks = max(1, min(ceil_div(ceil_div(n, VECTOR), 256), 16 * multiprocessors()))
     kernel = _vector_kernel(p, tuple(broadcast))
     kernel((blocks,), (256,), (*views, *ys, np.int64(n)))
+
+
+def _strided(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
+    """The kernel of `Plan.strided_source` over the operands broadcast to the results' shape."""
+    import cupy
+
+    shape = ys[0].shape
+    n = ys[0].size
+    if n == 0:
+        return
+    arrays = [cupy.broadcast_to(x, shape) for x in xs] + list(ys)
+    dims = list(shape) or [1]
+    strides = [st // a.itemsize for a in arrays for st in (a.strides or (0,))]
+    blocks = max(1, min(ceil_div(n, 256), 16 * multiprocessors()))
+    launch.early(_strided_kernel(p, len(dims)), (blocks,), (256,),
+                 (*arrays, np.int64(n), *(np.int64(d) for d in dims),
+                  *(np.int64(st) for st in strides)))
 
 
 def operand_view(x: Any, o: Operand) -> Any:
@@ -354,7 +409,7 @@ def operand_view(x: Any, o: Operand) -> Any:
     return x.reshape((1,) * axis + (x.shape[0],) + (1,) * (rank - axis - 1))
 
 
-VECTOR_AT_LEAST = 1 << 16  # elements: below, CuPy's elementwise kernel (launch costs alike)
+VECTOR_AT_LEAST = 1 << 16  # elements: below, the strided kernel (launch costs alike)
 
 
 def _vectorizable(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> list[bool] | None:
@@ -444,8 +499,10 @@ def _scalar(node: Node) -> str:
 
 
 @cache
-def _kernel(params: str, outs: str, body: str) -> Any:
+def _strided_kernel(p: Plan, rank: int) -> Any:
     import cupy
 
-    name = f"dslc_fused_{zlib.crc32((params + outs + body).encode()):08x}"
-    return cupy.ElementwiseKernel(params, outs, body, name, preamble=PREAMBLE + CONVERSIONS)
+    source = p.strided_source("dslc_fused", rank)
+    name = f"dslc_fused_{zlib.crc32(source.encode()):08x}"
+    return cupy.RawKernel(PREAMBLE + CONVERSIONS + launch.DEVICE
+                          + source.replace("dslc_fused(", f"{name}(", 1), name)

@@ -18,8 +18,16 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from dslc.backend import attention, depthwise, fused
-from dslc.backend.cuda import PREAMBLE, elementwise, flat, needs_int64, vector_width
+from dslc.backend import attention, depthwise, fused, launch
+from dslc.backend.cuda import (
+    PREAMBLE,
+    ceil_div,
+    elementwise,
+    flat,
+    multiprocessors,
+    needs_int64,
+    vector_width,
+)
 from dslc.backend.device import KERNEL_DTYPES
 from dslc.backend.groupnorm import groupnorm
 from dslc.ops.attention import named_operands
@@ -237,34 +245,59 @@ def arange(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
 
 # Thread i -> element (b, h, s, d) of `new`, stored at row at[0] + s of the cache `y`: the
 # offset is read on the device, so a CUDA graph of the step serves every position. Rows outside
-# the cache are not written (the reference drops them too).
-_CACHE_WRITE = r"""I idx = (I)i;
-const I d = idx % D; idx /= D;
-const I s = idx % S; idx /= S;
-const I h = idx % H; const I b = idx / H;
-const long long row = (long long)at[0] + (long long)s;
-if (row >= 0 && row < (long long)MAX)
-  y[b * yb + h * yh + (I)row * ys + d * yd] = x[b * xb + h * xh + s * xs + d * xd];
+# the cache are not written (the reference drops them too). Elements move as their bytes (T: an
+# unsigned type of their size). Launched early (`backend.launch`): between a decoder's
+# projections and its attention, launched so too, it costs no launch gap.
+_CACHE_WRITE = r"""
+extern "C" __global__ void dslc_cache_write(
+    const T* __restrict__ x, const int* __restrict__ at, T* __restrict__ y, const long long n,
+    const long long H, const long long S, const long long D, const long long MAX,
+    const long long xb, const long long xh, const long long xs, const long long xd,
+    const long long yb, const long long yh, const long long ys, const long long yd) {
+  let_next_start();
+  wait_for_previous();
+  const long long first = at[0];
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long idx = i;
+    const long long d = idx % D; idx /= D;
+    const long long s = idx % S; idx /= S;
+    const long long h = idx % H, b = idx / H;
+    const long long row = first + s;
+    if (row >= 0 && row < MAX)
+      y[b * yb + h * yh + row * ys + d * yd] = x[b * xb + h * xh + s * xs + d * xd];
+  }
+}
 """
-_CACHE_WRITE_PARAMS = ("raw T x, raw int32 at, I H, I S, I D, I MAX, I xb, I xh, I xs, I xd, "
-                       "I yb, I yh, I ys, I yd")
+_BYTES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 
 
 def cache_write(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     """`new` written into rows [at, at + S) of the cache in place: `y` is the cache's memory (the
     memory plan gives the result the input's storage), so nothing else is copied. Where it is
     not (a schedule laid out otherwise), the cache is copied into `y` first."""
+    import numpy as np
+
     cache, new, at = xs
     if (y.data.ptr, y.strides) != (cache.data.ptr, cache.strides):
         y[...] = cache
     if new.size == 0:
         return
-    nf, nst = flat(new)
-    yf, yst = flat(y)
     _b, h, s, d = new.shape
-    kernel = elementwise("cache_write", _CACHE_WRITE_PARAMS, _CACHE_WRITE,
-                          needs_int64(nf.size, yf.size, new.size))
-    kernel(nf, at, h, s, d, y.shape[2], *nst, *yst, yf, size=new.size)
+    item = new.dtype.itemsize
+    strides = [st // item for st in (*new.strides, *y.strides)]
+    blocks = max(1, min(ceil_div(new.size, 256), 16 * multiprocessors()))
+    launch.early(_cache_write_kernel(item), (blocks,), (256,),
+                 (new, at, y, *(np.int64(v) for v in (new.size, h, s, d, y.shape[2],
+                                                      *strides))))
+
+
+@cache
+def _cache_write_kernel(item: int) -> Any:
+    import cupy
+
+    source = f"typedef {_BYTES[item]} T;\n" + launch.DEVICE + _CACHE_WRITE
+    return cupy.RawKernel(source, "dslc_cache_write")
 
 
 def full(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:

@@ -7,6 +7,7 @@ no engine for, run through the runtime against the reference executor."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -186,10 +187,22 @@ def test_an_fp8_linear_equals_the_reference_with_its_quantising_cast_a_graph_or_
     assert err < 2e-2
 
 
+def _elementwise(p: Any) -> Any:
+    """The plan's body in CuPy's elementwise kernel (`Plan.source`), as the oracle of the raw
+    kernels' data movement (what ran before the strided kernel replaced it)."""
+    import cupy
+
+    from dslc.backend.cuda import PREAMBLE
+    from dslc.backend.fused import CONVERSIONS
+
+    params, outs, body = p.source()
+    return cupy.ElementwiseKernel(params, outs, body, "oracle", preamble=PREAMBLE + CONVERSIONS)
+
+
 def test_the_vector_kernel_runs_dense_steps_and_equals_the_elementwise_kernel() -> None:
     """A quantising cast of 1M f16 values by a one-element scale (+5, a tail) runs as the
     vector kernel and gives the elementwise kernel's bytes; a transposed operand falls back to
-    the elementwise kernel, with the same bytes."""
+    the strided kernel, with the same bytes."""
     import cupy
 
     from dslc.backend import fused
@@ -204,9 +217,9 @@ def test_the_vector_kernel_runs_dense_steps_and_equals_the_elementwise_kernel() 
     assert fused._vectorizable(p, [x, s], [cupy.empty(x.shape, cupy.uint8)]) == [False, True]
     y, want = cupy.empty(x.shape, cupy.uint8), cupy.empty(x.shape, cupy.uint8)
     fused.run(p, [x, s], [y])
-    fused._kernel(*p.source())(x, s, want)
+    _elementwise(p)(x, s, want)
     assert bool((y == want).all()) and int(cupy.unique(y).size) > 100
-    xt = x.T  # not dense: the elementwise kernel
+    xt = x.T  # not dense: the strided kernel
     assert fused._vectorizable(p, [xt, s], [cupy.empty(xt.shape, cupy.uint8)]) is None
     yt = cupy.empty(xt.shape, cupy.uint8)
     fused.run(p, [xt, s], [yt])
@@ -232,5 +245,5 @@ def test_the_vector_kernel_runs_arrays_dense_in_another_order_alike() -> None:
     assert fused._vectorizable(p, [x, s], [y]) == [False, True]
     fused.run(p, [x, s], [y])
     want = cupy.empty(x.shape, cupy.uint8)
-    fused._kernel(*p.source())(cupy.ascontiguousarray(x), s, want)
+    _elementwise(p)(cupy.ascontiguousarray(x), s, want)
     assert bool((y == want).all()) and int(cupy.unique(y).size) > 100
