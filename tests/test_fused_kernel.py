@@ -391,6 +391,17 @@ struct uint4 { unsigned x, y, z, w; };
 """
 
 
+# f16, bf16 and f32 operands into an f16 and a bool result (a SiLU between): the raw kernels'
+# data movement checked against the elementwise loop
+MIXED = fused.Plan(
+    (fused.Operand("a", "f16"), fused.Operand("b", "bf16"), fused.Operand("c", "f32")),
+    (fused.Member("a * b", ("x0", "x1"), "f32"),
+     fused.Member("a / (1.0f + expf(-a))", ("v0",), "f32"),
+     fused.Member("a + b", ("v1", "x2"), "f16"),
+     fused.Member("(a > b)", ("v2", "x2"), "bool")),
+    (2, 3), ("f16", "bool"))
+
+
 def host_vector_kernels(plans: list[tuple[fused.Plan, tuple[bool, ...]]],
                         folder: Path) -> ctypes.CDLL:
     """The plans' vector kernels as host functions `vec{i}(pointers..., n)`: one block of one
@@ -424,13 +435,7 @@ def test_the_vector_kernel_computes_what_the_elementwise_kernel_does(
         (fused.Operand("x", "f16"), fused.Operand("s", "f32")),
         (fused.Member("a * b", ("x0", "x1"), "f32"), fused.Member("a", ("v0",), "f8e4m3")),
         (1,), ("f8e4m3",))
-    chain = fused.Plan(
-        (fused.Operand("a", "f16"), fused.Operand("b", "bf16"), fused.Operand("c", "f32")),
-        (fused.Member("a * b", ("x0", "x1"), "f32"),
-         fused.Member("a / (1.0f + expf(-a))", ("v0",), "f32"),
-         fused.Member("a + b", ("v1", "x2"), "f16"),
-         fused.Member("(a > b)", ("v2", "x2"), "bool")),
-        (2, 3), ("f16", "bool"))
+    chain = MIXED
     lib = host_vector_kernels([(quantise, (False, True)), (chain, (False, False, False))],
                               host_folder)
     elementwise = host_kernels([quantise, chain], host_folder)
@@ -490,13 +495,7 @@ def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(host_folde
     from dslc.backend.cuda import PREAMBLE
 
     g = rng("host strided")
-    chain = fused.Plan(
-        (fused.Operand("a", "f16"), fused.Operand("b", "bf16"), fused.Operand("c", "f32")),
-        (fused.Member("a * b", ("x0", "x1"), "f32"),
-         fused.Member("a / (1.0f + expf(-a))", ("v0",), "f32"),
-         fused.Member("a + b", ("v1", "x2"), "f16"),
-         fused.Member("(a > b)", ("v2", "x2"), "bool")),
-        (2, 3), ("f16", "bool"))
+    chain = MIXED
     source = (_SHIMS + _GRID + PREAMBLE + fused.CONVERSIONS + launch.DEVICE
               + chain.strided_source("strided0", 3))
     name = f"strided_{zlib.crc32(source.encode()):08x}"
