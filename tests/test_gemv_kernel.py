@@ -20,12 +20,12 @@ import pytest
 
 from dslc.backend import gemv
 from dslc.backend.spec import group_spec
-from dslc.ir.groups import make_group
 from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Schedule
 from dslc.tune.fusion import (
     KernelMeasured,
     every_kernel,
+    join_group,
     joined,
     kernel_steps,
     norms,
@@ -179,10 +179,10 @@ def test_a_gated_mlp_up_and_gate_are_one_pair_of_steps(tmp_path: Path) -> None:
     assert g.held == g.sibling.held == "f32"
     assert {g.epilogue.operands[i].name for i in g.computed} == {
         second.nodes[0], first.nodes[0]}
-    # the tuner measures it in the buffers of its group's spec: the second matmul's operands
-    # are no epilogue's (a broadcast x would be refused as one)
-    group = make_group(program.graph, list(step.nodes), step.pattern,
-                       placement=program.placement)
+    # the tuner measures it in the buffers of its group's spec, anchored on the second matmul:
+    # the first's operands are no epilogue's (a broadcast x would be refused as one)
+    group = join_group(program, step)
+    assert group.anchor == second.nodes[0]
     spec = group_spec(program.graph, group, dict(program.bundle.buckets[0].dims), program.env,
                       program.placement)
     assert {t.name: t.role for t in spec.tensors} == {
@@ -351,3 +351,40 @@ def test_the_fallbacks_norm_attributes_are_the_ops_reference_s() -> None:
     got = reference([x, scale], gemv.norm_attrs(gemv.Norm("n", "s", 1e-5), 2))
     want = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-5) * scale
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_norm_a_view_reads_stays_its_own_step(tmp_path: Path) -> None:
+    """A view of the norm's value is no step's input (it reads its base in place): the norm
+    must stay stored for it (a join dropped it, and the bundle no longer loaded)."""
+    bundle = _normed(tmp_path, "\n  output q = n[:, :, 0:128]")
+    assert norms(Schedule(bundle)) == []
+    Bundle.from_data(every_kernel(bundle).to_data())  # still loads
+
+
+def test_a_joined_step_is_timed_in_the_buffers_of_its_own_inputs_and_outputs(
+        tmp_path: Path) -> None:
+    """Each reader of a norm joined (one with a residual add read at the matmul's shape, one a
+    pair) has a spec to be timed in: anchored on its matmul (the norm ahead is no epilogue, so
+    `x` at K is not compared with the result at N) and storing its outputs alone (the norm's
+    value, which the other reader also computes, is stored by neither)."""
+    program = Schedule(with_joins(_normed(tmp_path), norms(Schedule(_normed(tmp_path))),
+                                  every=True))
+    joined_steps = [s for s in program.steps if s.nodes[0] == "n"]
+    assert len(joined_steps) == 2
+    for step in joined_steps:
+        group = join_group(program, step)
+        assert program.nodes[group.anchor].op == "matmul"
+        spec = group_spec(program.graph, group, dict(program.bundle.buckets[0].dims),
+                          program.env, program.placement)
+        roles = {t.name: t.role for t in spec.tensors}
+        assert roles["n"] == "virtual" and roles["x"] == roles["s"] == "input"
+        assert [t for t, r in roles.items() if r == "output"] == list(step.outputs)
+
+
+def test_a_pair_whose_epilogue_does_not_read_the_first_matmul_is_refused(
+        tmp_path: Path) -> None:
+    program = _program(tmp_path)
+    [j] = pairs(program)
+    up, (gate, silu) = j.absorbed.nodes[0], j.readers[0].nodes[:2]
+    why = gemv.plan_of(program.nodes, [up, gate, silu], ["x"], [silu])
+    assert why == "its epilogue does not read its first matmul's value"

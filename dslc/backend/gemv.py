@@ -140,10 +140,14 @@ def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[
     if isinstance(epilogue, str):
         return epilogue
     operands = list(epilogue.operands)
+    if first.name not in {o.name for o in operands}:
+        return "its epilogue does not read its matmul's value"
     [anchor] = [i for i, o in enumerate(operands) if o.name == first.name]
     operands[anchor] = replace(operands[anchor], dtype="f32", along=None)
     pair = None
     if sibling is not None:
+        if sibling.name not in {o.name for o in operands}:
+            return "its epilogue does not read its first matmul's value"
         [at] = [i for i, o in enumerate(operands) if o.name == sibling.name]
         operands[at] = replace(operands[at], dtype="f32", along=None)
         pair = Sibling(sibling.inputs[1], at, stored_dtype(sibling, virtual=True))
@@ -205,6 +209,8 @@ def run(g: Gemv, xs: Sequence[Any], ys: Sequence[Any], shape: Shape | None = Non
     strides += [_row_column(y) for y in ys]
     x_row = _row_column(x)[0]  # elements
     shape = shape or shape_for(rows, n, k, len(ws))
+    # a lane a (row, column) of each weight's sums; a block's warps in whole column sets
+    assert rows * shape.columns * len(ws) <= 32 and shape.warps % shape.split == 0, shape
     norm = [] if scale is None else [scale]
     bits = [a.view(cupy.uint16) if a.dtype == cupy.float16 else a
             for a in (x, *norm, *ws, *arrays, *ys)]

@@ -255,8 +255,11 @@ def _broadcastable(tensors: list[TensorSpec], ops: tuple[OpSpec, ...], anchor: s
     by_name = {t.name: t for t in tensors}
     sizes, strides = by_name[anchor].dims, by_name[anchor].strides
     anchor_op = next(op.op for op in ops if op.node == anchor)
+    epilogue = [op.node for op in ops][[op.node for op in ops].index(anchor) + 1:]
     for op in ops:
-        if op.node == anchor or op.op == "matmul":  # a second matmul: a pair's (`backend.gemv`)
+        # the epilogue: the ops after the anchor (before it, in a step of the few-row matmul
+        # kernel, a norm of its input or a second matmul: `backend.gemv`, never cuDNN's)
+        if op.node not in epilogue:
             continue
         for name in op.inputs:
             t = by_name[name]

@@ -29,7 +29,7 @@ from typing import Any
 
 from dslc.backend import attention, fused, gemv
 from dslc.backend.measure import NOISE
-from dslc.backend.spec import GroupSpec, group_spec
+from dslc.backend.spec import GroupSpec, SpecError, group_spec
 from dslc.ir.graph import Node
 from dslc.ir.groups import Group, make_group, unique_names
 from dslc.ir.naming import StepNames
@@ -360,6 +360,7 @@ def norms(program: Schedule) -> list[Joined]:
     for step in program.steps:
         for name in step.inputs:
             readers.setdefault(name, []).append(step)
+    users = program.graph.users()
     exported = {v for _, v in program.graph.outputs}
     out = []
     for step in program.steps:
@@ -367,8 +368,10 @@ def norms(program: Schedule) -> list[Joined]:
         if not name or program.nodes[name].op != "rmsnorm" or name in exported:
             continue
         them = readers.get(name, [])
-        if them and all(r.kind == "kernel" and _matmul_kernel(program, r) and
-                        _computes(program, joined(step, r, program.nodes, "")) for r in them):
+        inside = {n for r in them for n in r.nodes}  # a view of it, or a concat it is
+        if them and all(u.name in inside for u in users[name]) and all(  # written into: no
+                r.kind == "kernel" and _matmul_kernel(program, r) and
+                _computes(program, joined(step, r, program.nodes, "")) for r in them):
             out.append(Joined(step, tuple(them)))
     return out
 
@@ -422,13 +425,24 @@ def measure_joins(bundle: Bundle, found: list[Joined],
                 step = steps[reader.name]
                 if progress:
                     progress(f"[{i + 1}/{len(found)}] {bucket.key} {step.name} joined")
-                group = make_group(program.graph, list(step.nodes), step.pattern,
-                                   placement=program.placement)
-                spec = group_spec(program.graph, group, dict(bucket.dims), program.env,
-                                  program.placement)
-                m.reader_ms.setdefault(reader.name, {})[bucket.key] = measure(
-                    step, spec, storage, f"{step.name} at {bucket.key}")
+                try:
+                    spec = group_spec(program.graph, join_group(program, step), dict(bucket.dims),
+                                      program.env, program.placement)
+                except SpecError:  # no buffers to time it in: it stays apart
+                    ms = None
+                else:
+                    ms = measure(step, spec, storage, f"{step.name} at {bucket.key}")
+                m.reader_ms.setdefault(reader.name, {})[bucket.key] = ms
     return found
+
+
+def join_group(program: Schedule, step: StepRecord) -> Group:
+    """A joined kernel step as the group it is timed as: anchored on its (last) matmul, so that
+    only the epilogue after it is an epilogue, and storing the step's outputs alone (a norm's
+    value, which each reader computes for itself, is stored by none)."""
+    [anchor] = [n for n in step.nodes if program.nodes[n].op == "matmul"][-1:]
+    return Group(step.name, step.pattern, step.nodes, anchor, step.inputs, step.outputs,
+                 step.signature, step.reason)
 
 
 def with_joins(bundle: Bundle, measured: list[Joined], every: bool = False) -> Bundle:
