@@ -56,8 +56,33 @@ def test_every_op_and_every_feature_is_generated() -> None:
     assert not missed, f"ops the batch never generates: {missed}"
     for feature in ("io=f32", "io=f16", "io=bf16", "layout NHWC", "dynamic dim N", "def",
                     "repeat", "an input declared in a def", "depthwise 5x5 conv", "fp8 matmul",
-                    "fp8 conv", "rotary"):
+                    "fp8 conv", "rotary", "gated projections"):
         assert stats.features[feature] > 0, feature
+
+
+def test_the_batch_reaches_the_projection_kernels_joins(tmp_path: Path) -> None:
+    """The GPU oracle forces every kernel and every join it can make (`tune.fusion.every_kernel`):
+    the batch holds programs whose bundle then computes a gated pair and an RMS norm inside the
+    few-row matmul kernel (`backend.gemv`), so generated programs check them on the GPU."""
+    from dslc.runtime.schedule import Schedule
+    from dslc.tune.fusion import every_kernel
+    from tests.helpers import deviceless_program
+
+    seen = {"pair": 0, "norm": 0}
+    for index in range(BATCH):
+        stats = Stats()
+        program = _program(index, stats)
+        if not stats.features["gated projections"] or "io=f32" in stats.features:
+            continue
+        (tmp_path / str(index)).mkdir()
+        schedule = Schedule(every_kernel(deviceless_program(
+            program.source(), tmp_path / str(index))[1].bundle))
+        kernels = [k for k in map(schedule.matmul_kernel, schedule.steps) if k is not None]
+        seen["pair"] += sum(k.sibling is not None for k in kernels)
+        seen["norm"] += sum(k.norm is not None for k in kernels)
+        if all(seen.values()):
+            break
+    assert all(seen.values()), seen
 
 
 def test_generated_sources_spell_every_dim() -> None:

@@ -254,6 +254,38 @@ def matmul(g: Gen) -> bool:
     return True
 
 
+def gated(g: Gen) -> bool:
+    """A gated MLP's two projections of one input, `silu(x @ Wg^T) * (x @ Wu^T)`, with PyTorch
+    linears' `[N, K]` weights, the input sometimes an RMS norm's value: the few-row matmul
+    kernel computes the two in one and the norm inside them (`tune.fusion.pairs`, `norms`;
+    the GPU oracle forces every join it can make)."""
+    x = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and static(e.type.shape[-1]))
+    if x is None:
+        return False
+    k = size(x.type.shape[-1])
+    x = tame(g, x)
+    if g.ch.coin(0.5) and not flat_rows(x, range(x.type.rank - 1, x.type.rank)):
+        normed = g.apply("rmsnorm", {"x": x, "scale": g.new_param((k,), "scale")},
+                         {"eps": 1e-5}, scale=2.0)
+        if normed is None:
+            return False
+        x = g.bind(normed)
+    width = g.ch.pick([8, 16, 24, 12])
+
+    def project() -> Expr | None:
+        w = g.apply("transpose", {"x": g.new_param((width, k))}, {"perm": (1, 0)})
+        return None if w is None else g.apply("matmul", {"a": x, "b": w})
+
+    gate, up = project(), project()
+    act = None if gate is None else g.apply("silu", {"x": gate})
+    out = None if act is None or up is None else g.apply("mul", {"a": act, "b": up}, infix=True)
+    if out is None:
+        return False
+    g.stats.features["gated projections"] += 1
+    g.bind(tame(g, out, 30.0))
+    return True
+
+
 def in_fp8(g: Gen, out: Expr) -> Expr:
     """Sometimes the call asks to compute in fp8 (`precision=f8e4m3`): its operands quantised,
     the oracles then hold it to fp8's tolerance."""

@@ -16,7 +16,7 @@ FAMILIES = [families.unary, families.binary, shapes.view, families.matmul, famil
             families.binary, families.compare_select, families.bias_scale, families.cast,
             families.attention, blocks.std_call, blocks.block, shapes.contiguous, shapes.genstats,
             shapes.view, families.conv, families.matmul, shapes.gather, shapes.cache_write,
-            shapes.rotary]
+            shapes.rotary, families.gated]
 MAX_OPS = 40
 
 
