@@ -21,12 +21,12 @@ from dslc.runtime.schedule import Schedule
 from dslc.tune.fusion import (
     KernelMeasured,
     Measured,
-    every_kernel,
     kernel_steps,
     split_is_faster,
     splits,
     with_fusion,
 )
+from dslc.tune.joins import every_kernel
 from dslc.weights import random_weights
 from tests.helpers import deviceless_program, rng, run_cli
 

@@ -61,11 +61,11 @@ def test_every_op_and_every_feature_is_generated() -> None:
 
 
 def test_the_batch_reaches_the_projection_kernels_joins(tmp_path: Path) -> None:
-    """The GPU oracle forces every kernel and every join it can make (`tune.fusion.every_kernel`):
+    """The GPU oracle forces every kernel and every join it can make (`tune.joins.every_kernel`):
     the batch holds programs whose bundle then computes a gated pair and an RMS norm inside the
     few-row matmul kernel (`backend.gemv`), so generated programs check them on the GPU."""
     from dslc.runtime.schedule import Schedule
-    from dslc.tune.fusion import every_kernel
+    from dslc.tune.joins import every_kernel
     from tests.helpers import deviceless_program
 
     seen = {"pair": 0, "norm": 0}

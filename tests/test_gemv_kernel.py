@@ -22,17 +22,8 @@ from dslc.backend import gemv
 from dslc.backend.spec import group_spec
 from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Schedule
-from dslc.tune.fusion import (
-    KernelMeasured,
-    every_kernel,
-    join_group,
-    joined,
-    kernel_steps,
-    norms,
-    pairs,
-    with_fusion,
-    with_joins,
-)
+from dslc.tune.fusion import KernelMeasured, kernel_steps, with_fusion
+from dslc.tune.joins import every_kernel, join_group, joined, norms, pairs, with_joins
 from tests.helpers import deviceless_program, nvrtc_compile, rng
 
 DECODER = """

@@ -50,7 +50,7 @@ class Sibling:
 @dataclass(frozen=True)
 class Norm:
     """An RMS norm of the input ahead of the matmuls (a decoder's layer norm, joined with its
-    readers by the tuner: `tune.fusion.norms`): its value's name, its scale vector and epsilon.
+    readers by the tuner: `tune.joins.norms`): its value's name, its scale vector and epsilon.
     The kernel sums the input's squares as it reads it and scales each element by the norm's
     scale before the products, then the sums by the root: (x * s / r) @ w = ((x * s) @ w) / r,
     the norm's value never stored."""
@@ -99,7 +99,7 @@ def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[
             outputs: Sequence[str]) -> Gemv | str:
     """The kernel of a step that is a 2-d weight's matmul and a pointwise epilogue over the
     matmul's shape (or two matmuls of one input, the first read by the second's epilogue alone:
-    `tune.fusion.pairs`; either after an RMS norm of their input: `tune.fusion.norms`), or why
+    `tune.joins.pairs`; either after an RMS norm of their input: `tune.joins.norms`), or why
     there is none."""
     first = nodes[members[0]]
     norm: Norm | None = None

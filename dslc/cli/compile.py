@@ -40,16 +40,9 @@ from dslc.pipeline import (
 from dslc.runtime.bundle import load
 from dslc.runtime.tuningdb import SpecError, is_file, open_store
 from dslc.tune import format_report, group_measurer, kernel_measurer, tune, tuned_bundle
-from dslc.tune.fusion import (
-    Joined,
-    KernelMeasured,
-    Measured,
-    join_measured,
-    measure_kernels,
-    measure_splits,
-    with_fusion,
-)
+from dslc.tune.fusion import KernelMeasured, Measured, measure_kernels, measure_splits, with_fusion
 from dslc.tune.gpus import SpreadError, across, parse_gpus
+from dslc.tune.joins import Joined, join_measured
 
 
 def compile_to(result: FrontEnd, args: argparse.Namespace, target: Target, outdir: Path,

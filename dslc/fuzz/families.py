@@ -257,7 +257,7 @@ def matmul(g: Gen) -> bool:
 def gated(g: Gen) -> bool:
     """A gated MLP's two projections of one input, `silu(x @ Wg^T) * (x @ Wu^T)`, with PyTorch
     linears' `[N, K]` weights, the input sometimes an RMS norm's value: the few-row matmul
-    kernel computes the two in one and the norm inside them (`tune.fusion.pairs`, `norms`;
+    kernel computes the two in one and the norm inside them (`tune.joins.pairs`, `norms`;
     the GPU oracle forces every join it can make)."""
     x = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and static(e.type.shape[-1]))
     if x is None:

@@ -9,7 +9,7 @@
 - the deviceless compile for the H200 profile makes the same fusion plan and the same groups;
 - the program with every step a fallback kernel also computes made that kernel (attention over
   a long cache, pointwise groups; few-row matmuls:
-  `tune.fusion.every_kernel`, what tuning may choose) equals the reference too.
+  `tune.joins.every_kernel`, what tuning may choose) equals the reference too.
 """
 
 from __future__ import annotations
@@ -172,12 +172,12 @@ def _compare(bundle: Path, tmp: Path, inputs: dict[str, np.ndarray],
 
 def _kernels_equal(bundle: Path, tmp: Path, device_inputs: dict[str, Any],
                    want: dict[str, np.ndarray], tolerance: float) -> None:
-    """The bundle with every step its fallback kernel (`tune.fusion.every_kernel`) computes
+    """The bundle with every step its fallback kernel (`tune.joins.every_kernel`) computes
     the reference's values; nothing to run where no step has one."""
     from dslc.emit import bundle as emit_bundle
     from dslc.runtime import Model
     from dslc.runtime.bundle import load
-    from dslc.tune.fusion import every_kernel
+    from dslc.tune.joins import every_kernel
 
     records = load(bundle)
     forced = every_kernel(records)

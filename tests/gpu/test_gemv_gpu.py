@@ -14,7 +14,8 @@ import pytest
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import load
 from dslc.runtime.schedule import Schedule
-from dslc.tune.fusion import KernelMeasured, every_kernel, pairs, with_fusion, with_joins
+from dslc.tune.fusion import KernelMeasured, with_fusion
+from dslc.tune.joins import every_kernel, pairs, with_joins
 from tests.gpu.common import (
     TOLERANCE,
     compile_source,
@@ -48,7 +49,7 @@ model m {{
 @pytest.mark.parametrize("io", ["bf16", "f16"])
 def test_projections_as_the_kernel_equal_the_reference(
         io: str, paired: bool, tmp_path: Path) -> None:
-    """`paired`: z's up projection and its gate's step one kernel (`tune.fusion.pairs`)."""
+    """`paired`: z's up projection and its gate's step one kernel (`tune.joins.pairs`)."""
     from dslc.runtime import Model
 
 
