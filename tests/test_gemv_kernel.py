@@ -23,7 +23,7 @@ from dslc.backend.spec import group_spec
 from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Schedule
 from dslc.tune.fusion import KernelMeasured, kernel_steps, with_fusion
-from dslc.tune.joins import every_kernel, join_group, joined, norms, pairs, with_joins
+from dslc.tune.joins import Joined, every_kernel, join_group, joined, norms, pairs, with_joins
 from tests.helpers import deviceless_program, nvrtc_compile, rng
 
 DECODER = """
@@ -217,9 +217,11 @@ def test_a_measured_pair_is_joined_only_where_one_kernel_is_faster(
 
 def test_every_kernel_joins_the_pairs_for_the_generated_programs_check(tmp_path: Path) -> None:
     out = every_kernel(_program(tmp_path).bundle)
-    assert [len(s.nodes) for s in out.steps if s.kind == "kernel"
-            and [out.graph.graph.by_name()[n].op for n in s.nodes][:2] == ["matmul", "matmul"]
-            ] == [4]
+    [pair] = [s for s in out.steps if s.kind == "kernel"
+              and [out.graph.graph.by_name()[n].op for n in s.nodes][:2] == ["matmul", "matmul"]]
+    assert len(pair.nodes) == 4 and pair.reason.endswith("joined with up: one kernel")
+    # a step no kernel computes stays a graph (the row-major weight's matmul)
+    assert {s.name: s.kind for s in out.steps}[ROW_MAJOR] == "graph"
 
 
 @pytest.mark.parametrize("rows", [1, 3, gemv.MOST_ROWS])
@@ -259,9 +261,9 @@ model m {{
 """
 
 
-def _normed(tmp_path: Path, more: str = "") -> Bundle:
-    """NORMED's bundle with its projections kernels and the pair joined."""
-    program = deviceless_program(NORMED.format(io="bf16", more=more), tmp_path)[1]
+def _normed(tmp_path: Path, more: str = "", source: str = "") -> Bundle:
+    """NORMED's bundle (or `source`'s) with its projections kernels and the pair joined."""
+    program = deviceless_program(source or NORMED.format(io="bf16", more=more), tmp_path)[1]
     bundle, _ = _kernels_taken(program)
     return with_joins(bundle, pairs(Schedule(bundle)), every=True)
 
@@ -379,3 +381,122 @@ def test_a_pair_whose_epilogue_does_not_read_the_first_matmul_is_refused(
     up, (gate, silu) = j.absorbed.nodes[0], j.readers[0].nodes[:2]
     why = gemv.plan_of(program.nodes, [up, gate, silu], ["x"], [silu])
     assert why == "its epilogue does not read its first matmul's value"
+
+
+def _plan_ms(bundle: Bundle, step: str, ms: float) -> Bundle:
+    """The bundle with its graph step's plan timed at `ms` in every bucket."""
+    from dataclasses import replace
+
+    [sig] = [s.signature for s in bundle.steps if s.name == step]
+    buckets = tuple(replace(b, graphs={**b.graphs, sig: replace(
+        b.graphs[sig], plan=replace(b.graphs[sig].plan, ms=ms))}) for b in bundle.buckets)
+    return replace(bundle, buckets=buckets)
+
+
+@pytest.mark.parametrize("joined_faster", [True, False])
+def test_joins_are_measured_in_two_rounds_and_made_where_faster(
+        joined_faster: bool, tmp_path: Path) -> None:
+    """`join_measured` with a stand-in for the GPU's timing (the CPU has none; the real one runs
+    in tests/gpu/test_gemv_gpu.py): the pair first, timed against the two kernels apart; then
+    the norm, timed against its graph plus its readers as the first round left them (the pair's
+    joined time where it was joined), each reader timed in the buffers of its own step."""
+    from dslc.tune.joins import join_measured
+
+    program = deviceless_program(NORMED.format(io="bf16", more=""), tmp_path)[1]
+    bundle, kernels = _kernels_taken(program)  # each kernel step 0.004 ms
+    bundle = _plan_ms(bundle, "s", 0.002)  # the norm's graph
+    joined_ms = {"gate+silu+mul": 0.005 if joined_faster else 0.009, "w+add": 0.0045,
+                 "up": 0.004}
+    asked: list[tuple[str, tuple[str, ...]]] = []
+
+    def measurer(b: Bundle) -> Any:
+        def measure(step: Any, spec: Any, storage: Any, where: str) -> float:
+            asked.append((step.name, tuple(t.name for t in spec.tensors if t.role == "output")))
+            ms = joined_ms[step.name]
+            return ms + 0.0002 if step.nodes[0] == "n" else ms  # a norm inside: a little more
+        return measure
+
+    said: list[str] = []
+    out, found = join_measured(bundle, kernels, measurer, said.append)
+    Bundle.from_data(out.to_data())  # reads back valid
+    assert "[1/1] B=1 gate+silu+mul joined" in said  # the pair, then the norm's readers
+    assert [m for m in said if "w+add" in m] == ["[1/1] B=1 w+add joined"]
+    [pair, norm] = found
+    assert pair.apart_ms == {"B=1": pytest.approx(0.008)}  # up and gate, 0.004 each
+    assert pair.chosen == joined_faster
+    if joined_faster:  # the norm's graph, the residual projection and the pair as joined
+        assert norm.apart_ms == {"B=1": pytest.approx(0.002 + 0.004 + 0.005)}
+        assert norm.joined_ms == {"B=1": pytest.approx(0.0047 + 0.0052)}
+    else:  # the norm's graph and three kernels apart
+        assert norm.apart_ms == {"B=1": pytest.approx(0.002 + 3 * 0.004)}
+        assert norm.joined_ms == {"B=1": pytest.approx(0.0047 + 0.0042 + 0.0092)}
+    assert norm.chosen == joined_faster
+    assert ("s" in [s.name for s in out.steps]) != joined_faster
+    assert ("gate+silu+mul", ("z",)) in asked  # timed storing its own output only
+    reasons = {s.name: s.reason for s in out.steps}
+    assert reasons["gate+silu+mul"].endswith(
+        "one kernel is faster" if joined_faster else "kept apart")
+    assert ("joined with s measured: B=1: apart" in reasons["w+add"])
+
+
+def test_a_joins_summary_names_each_bucket_and_a_missing_time() -> None:
+    step = SimpleNamespace(name="up")
+    j = Joined(step, (SimpleNamespace(name="gate"),),  # type: ignore[arg-type]
+               {"B=1": 0.01, "B=8": 0.02}, {"gate": {"B=1": 0.006}})
+    assert j.summary() == ("joined with up measured: B=1: apart 0.0100 ms, joined 0.0060 ms; "
+                           "B=8: apart 0.0200 ms, joined - ms")
+    assert not j.chosen  # a bucket without a time: apart
+
+
+PAIRS = """
+model m {{
+  precision io=bf16
+  dim B = 1..8 tune [1]
+  input x: [B, 1, 256]
+  param gate: [{gate}]
+  param up: [512, 256]
+  let u = matmul(x, transpose(up, [1, 0]))
+  output z = silu(matmul(x, {read})) * u{more}
+}}
+"""
+
+
+@pytest.mark.parametrize(("gate", "read", "more"), [
+    ("512, 256", "transpose(gate, [1, 0])", "\n  output w = u * 2.0"),  # u read elsewhere
+    ("256, 512", "gate", ""),  # the gate's weight row-major: no kernel step
+])
+def test_no_pair_where_the_first_value_is_read_elsewhere_or_one_step_is_no_kernel(
+        gate: str, read: str, more: str, tmp_path: Path) -> None:
+    program = deviceless_program(PAIRS.format(gate=gate, read=read, more=more), tmp_path)[1]
+    assert len([s for s in program.steps if program.nodes[s.nodes[0]].op == "matmul"]) == 2
+    assert pairs(program) == []
+
+
+def test_a_norm_after_other_steps_is_found(tmp_path: Path) -> None:
+    source = NORMED.format(io="bf16", more="").replace(
+        "let n = rmsnorm(x, s, eps=1e-5)", "let n = rmsnorm(relu(x), s, eps=1e-5)")
+    bundle = _normed(tmp_path, "", source)
+    program = Schedule(bundle)
+    assert program.nodes[program.steps[0].nodes[0]].op == "relu"
+    [j] = norms(program)
+    assert j.absorbed.nodes == ("n",)
+
+
+def test_a_joined_group_keeps_its_steps_signature_and_reason(tmp_path: Path) -> None:
+    program = Schedule(every_kernel(_normed(tmp_path)))
+    [step] = [s for s in program.steps if len(s.nodes) == 5]  # the norm, the pair, its epilogue
+    group = join_group(program, step)
+    assert (group.signature, group.reason, group.inputs) == (
+        step.signature, step.reason, step.inputs)
+
+
+def test_a_join_whose_step_apart_has_no_time_stays_apart(tmp_path: Path) -> None:
+    """A kernel step with no time of its own (cuDNN refused its graph at compile time: never
+    measured) leaves the pair's time apart unknown: the join is not made."""
+    from dslc.tune.joins import measure_joins
+
+    bundle, kernels = _kernels_taken(_program(tmp_path))
+    times = {k.step.name: dict(k.kernel_ms) for k in kernels if k.step.name != "up"}
+    [m] = measure_joins(bundle, pairs(Schedule(bundle)), times,
+                        lambda b: lambda step, spec, storage, where: 0.001)
+    assert m.apart_ms == {"B=1": None} and m.joined_ms == {"B=1": 0.001} and not m.chosen
