@@ -4,11 +4,11 @@
     scripts/mutation.py [GROUP ...] [--fresh] [--jobs N] [--survivors] [--report]
 
 GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, channels_last, joins, tune (all
-of them, in that order, when none is named). The modules are `[tool.mutmut] only_mutate` in pyproject.toml; GROUPS below maps
-each group to its modules and to the test files that exercise them, and mutmut runs, for each
-mutant, only those of the group's tests that call the mutated function (fastest first, stopping
-at the first failure). Each group works in its own folder, build/mutation/GROUP, so that its test
-selection and its cached results stay its own.
+of them, in that order, when none is named). The modules are `[tool.mutmut] only_mutate` in
+pyproject.toml; GROUPS below maps each group to its modules and to the test files that exercise
+them, and mutmut runs, for each mutant, only those of the group's tests that call the mutated
+function (fastest first, stopping at the first failure). Each group works in its own folder,
+build/mutation/GROUP, so that its test selection and its cached results stay its own.
 
 Results are cached: a second run tests only the mutants of functions that changed, then tests the
 earlier survivors again (new tests may kill them). `--fresh` forgets the cache. The script prints,
