@@ -3,8 +3,8 @@
 
     scripts/mutation.py [GROUP ...] [--fresh] [--jobs N] [--survivors] [--report]
 
-GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, channels_last, joins, tune (all
-of them, in that order, when none is named). The modules are `[tool.mutmut] only_mutate` in
+GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, channels_last, fusion, joins,
+tune (all of them, in that order, when none is named). The modules are `[tool.mutmut] only_mutate` in
 pyproject.toml; GROUPS below maps each group to its modules and to the test files that exercise
 them, and mutmut runs, for each mutant, only those of the group's tests that call the mutated
 function (fastest first, stopping at the first failure). Each group works in its own folder,
@@ -77,6 +77,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 ["tests/test_weights.py", "tests/test_weight_checks.py",
                  "tests/test_weights_details.py"]),
     "channels_last": (["dslc/backend/channels_last.py"], ["tests/test_channels_last_form.py"]),
+    "fusion": (["dslc/tune/fusion.py"],
+               ["tests/test_fusion_choice.py", "tests/test_gemv_kernel.py",
+                "tests/test_attention_kernel.py", "tests/test_fused_kernel.py"]),
     "joins": (["dslc/tune/joins.py"],
               ["tests/test_gemv_kernel.py", "tests/test_fusion_choice.py"]),
     "tune": (["dslc/runtime/tuningdb/*.py"],

@@ -9,6 +9,7 @@ measured. The times are given here as numbers: measuring them needs a GPU
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -245,3 +246,112 @@ def test_every_kernel_makes_each_step_a_kernel_computes_that_kernel(tmp_path: Pa
         want = arena.run(program, dims, inputs, {})["y"]
         got = arena.run(Schedule(out), dims, inputs, {})["y"]
         assert np.isfinite(want).all() and relative_error(got, want) < 1e-6, bucket.key
+
+
+def _timed(bundle: Any, ms: float) -> Any:
+    """The bundle with every graph's plan timed at `ms` (a deviceless bundle has no times)."""
+    from dataclasses import replace
+
+    return replace(bundle, buckets=tuple(
+        replace(b, graphs={sig: replace(g, plan=replace(g.plan, ms=ms))
+                           for sig, g in b.graphs.items()}) for b in bundle.buckets))
+
+
+def test_splits_are_measured_at_every_bucket_beside_the_fused_graphs_time(
+        tmp_path: Path) -> None:
+    """`measure_splits` with a stand-in for the GPU's tuning (the CPU has none; the real one:
+    tests/gpu/test_tune_gpu.py): each split's parts timed at each bucket, in their own specs,
+    beside the fused graph's time (from the plans tuning just made, else the bundle's), with
+    progress said; a part without a plan leaves the split without its parts there."""
+    from dslc.runtime.records import PlanRecord
+    from dslc.tune.fusion import measure_splits
+
+    _, program = deviceless_program(RESIDUAL, tmp_path)
+    bundle = _timed(program.bundle, 0.010)
+    c1 = next(s for s in bundle.steps if s.name == "c1+bias_add+relu")
+    tuned = {("N=4", c1.signature): PlanRecord(None, {}, 0, None, ms=0.020)}
+    said: list[str] = []
+    seen: list[tuple[str, str]] = []
+
+    def measure(spec: Any, storage: Any, where: str) -> Any:
+        seen.append((where, spec.signature))
+        ops = [op.op for op in spec.ops]
+        if ops == ["relu"] and "N=2" in where:
+            return None  # that part did not tune
+        return PlanRecord(None, {}, 0, None, ms=0.004 if "conv" in ops else 0.003)
+
+    found = {m.split.step.name: m for m in measure_splits(bundle, tuned, measure, said.append)}
+    c1m, c2m = found["c1+bias_add+relu"], found["c2+bias_add+add+relu"]
+    assert c1m.fused_ms == {"N=2": 0.010, "N=4": 0.020}  # the bundle's, then the tuning's
+    assert c1m.head_ms == {"N=2": 0.004, "N=4": 0.004}
+    assert c1m.tail_ms == {"N=2": None, "N=4": 0.003}
+    assert set(c1m.parts) == {"N=4"} and set(c2m.parts) == {"N=2", "N=4"}
+    assert c2m.tail_ms == {"N=2": 0.003, "N=4": 0.003}
+    assert "[1/2] N=2 c1+bias_add+relu split" in said and len(said) == 4
+    # two parts of two splits at two buckets; the heads (conv + bias, one shape) one graph
+    assert len(seen) == 8 and len({sig for _, sig in seen}) == 3
+    assert not c1m.chosen and c2m.chosen  # a missing time keeps c1 fused; c2: 0.007 < 0.010
+    assert c1m.summary().startswith("fusion measured: N=2: fused 0.0100 ms, split 0.0040 + - ms")
+
+
+def test_kernels_are_measured_at_every_bucket_beside_the_graphs_time(tmp_path: Path) -> None:
+    """`measure_kernels` with a stand-in for the GPU's timing: each step one kernel computes,
+    timed at each bucket in its own spec's buffers, beside its graph's time."""
+    from dslc.tune.fusion import measure_kernels
+
+    _, program = deviceless_program(
+        "model m {\n  input x: [2, 8]\n  input y: [2, 8]\n  output z = sigmoid(x) * y\n}\n",
+        tmp_path)
+    bundle = _timed(program.bundle, 0.010)
+    said: list[str] = []
+    seen: list[Any] = []
+
+    def measure(step: Any, spec: Any, storage: Any, where: str) -> float:
+        seen.append((step.name, tuple(t.name for t in spec.tensors if t.role == "output")))
+        return 0.002
+
+    [m] = measure_kernels(bundle, {}, measure, said.append)
+    assert m.graph_ms == {"static": 0.010} and m.kernel_ms == {"static": 0.002} and m.chosen
+    assert seen == [(m.step.name, m.step.outputs)]
+    assert said == [f"[1/1] static {m.step.name} as one kernel"]
+    assert m.summary() == "backend measured: static: cuDNN graph 0.0100 ms, one kernel 0.0020 ms"
+
+
+def test_a_split_exactly_at_the_noise_margin_is_not_taken() -> None:
+    assert not split_is_faster({"a": 1.0}, {"a": 0.97}, {})  # 3% faster is not faster enough
+    assert split_is_faster({"a": 1.0}, {"a": 0.96}, {})
+
+
+@pytest.mark.parametrize(("body", "found"), [
+    # a matmul's bias stays with it; a conv without a bias splits before its relu; steps that
+    # cannot split (a pointwise op, a conv with its bias alone) before the one that can
+    ("  input x: [2, 16]\n  param w: [16, 8]\n  param b: [8]\n"
+     "  output y = relu(bias_add(matmul(x, w), b))",
+     {"w+b+relu": (["matmul", "bias_add"], ["relu"])}),
+    ("  layout NHWC\n  input x: [2, 8, 6, 6]\n  param w: [8, 8, 3, 3]\n"
+     "  output y = relu(conv(relu(x), w, pad=1))",
+     {"w+relu": (["conv"], ["relu"])}),
+    ("  layout NHWC\n  input x: [2, 8, 6, 6]\n  param w: [8, 8, 3, 3]\n  param b: [8]\n"
+     "  let a = bias_add(conv(x, w, pad=1), b)\n"
+     "  output y = relu(conv(a, w, pad=1))",
+     {"w+relu": (["conv"], ["relu"])}),
+])
+def test_which_steps_split_and_where(body: str, found: dict[str, Any], tmp_path: Path) -> None:
+    _, program = deviceless_program("model m {\n" + body + "\n}\n", tmp_path)
+    got = {s.step.name: ([program.nodes[n].op for n in s.head.nodes],
+                         [program.nodes[n].op for n in s.tail.nodes]) for s in splits(program)}
+    assert got == found
+
+
+def test_a_step_touching_a_mask_is_not_offered_to_one_kernel(tmp_path: Path) -> None:
+    """cuDNN stores a mask as bits, a kernel as bytes (settled at compile time)."""
+    from dslc.backend import fused
+
+    _, program = deviceless_program(
+        "model m {\n  input x: [2, 8]\n  input y: [2, 8]\n"
+        "  output z = select(x > y, x, y) * 2.0\n}\n", tmp_path)
+    masked = [s for s in program.steps if any(program.nodes[n].type.dtype == "bool"
+                                              for n in (*s.inputs, *s.nodes))]
+    assert masked and all(isinstance(fused.plan_of(program.nodes, s.nodes, s.inputs, s.outputs),
+                                     fused.Plan) for s in masked)  # one kernel could run them
+    assert not {s.name for s in kernel_steps(program)} & {s.name for s in masked}

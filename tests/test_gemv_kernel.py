@@ -500,3 +500,12 @@ def test_a_join_whose_step_apart_has_no_time_stays_apart(tmp_path: Path) -> None
     [m] = measure_joins(bundle, pairs(Schedule(bundle)), times,
                         lambda b: lambda step, spec, storage, where: 0.001)
     assert m.apart_ms == {"B=1": None} and m.joined_ms == {"B=1": 0.001} and not m.chosen
+
+
+def test_rows_are_counted_over_every_axis_but_the_last(tmp_path: Path) -> None:
+    """Sixteen tokens of one sequence are 16 rows, past the kernel's 8: not offered."""
+    source = DECODER.format(io="bf16", rows=1, most=8).replace(
+        "input x: [B, 1, 256]", "input x: [1, 16, 256]").replace(
+        "input h: [B, 1, 512]", "input h: [1, 16, 512]")
+    program = deviceless_program(source, tmp_path)[1]
+    assert len(_matmul_steps(program)) == 4 and not kernel_steps(program)
