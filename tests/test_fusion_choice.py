@@ -355,3 +355,21 @@ def test_a_step_touching_a_mask_is_not_offered_to_one_kernel(tmp_path: Path) -> 
     assert masked and all(isinstance(fused.plan_of(program.nodes, s.nodes, s.inputs, s.outputs),
                                      fused.Plan) for s in masked)  # one kernel could run them
     assert not {s.name for s in kernel_steps(program)} & {s.name for s in masked}
+
+
+def test_a_kernels_summary_names_each_bucket_and_a_missing_time() -> None:
+    from types import SimpleNamespace
+
+    m = KernelMeasured(SimpleNamespace(name="s"),  # type: ignore[arg-type]
+                       {"N=2": 0.01, "N=4": 0.02}, {"N=2": 0.004, "N=4": None})
+    assert m.summary() == ("backend measured: N=2: cuDNN graph 0.0100 ms, one kernel 0.0040 ms; "
+                           "N=4: cuDNN graph 0.0200 ms, one kernel - ms")
+    assert not m.chosen  # a bucket where the kernel failed its check: the graph stays
+
+
+def test_a_measured_reason_follows_the_compiled_one() -> None:
+    from dslc.tune.fusion import joined_reason
+
+    assert joined_reason("split from c1: cuDNN rejected it", "one kernel is faster") == (
+        "split from c1: cuDNN rejected it; one kernel is faster")
+    assert joined_reason("", "one kernel is faster") == "one kernel is faster"
