@@ -84,6 +84,12 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def grid_blocks(items: int, threads: int = 256) -> int:
+    """Blocks of `threads` for a grid-stride loop over `items`: one an item a thread, at most
+    16 a multiprocessor (more only queue)."""
+    return max(1, min(ceil_div(items, threads), 16 * multiprocessors()))
+
+
 @cache
 def multiprocessors() -> int:
     import cupy

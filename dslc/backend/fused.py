@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from dslc.backend import launch
-from dslc.backend.cuda import PREAMBLE, ceil_div, multiprocessors
+from dslc.backend.cuda import PREAMBLE, ceil_div, grid_blocks
 from dslc.ir.graph import Node, stored_dtype
 from dslc.ir.interp import ITEMSIZE
 
@@ -259,7 +259,6 @@ class Plan:
                 f"for (long long i = n / {VECTOR} * {VECTOR} + first; i < n; i += step) {{\n"
                 f"{nl.join(tail)}\n{{\n{body}\n}}\n{put_tail}\n}}\n}}\n")
 
-
     def strided_source(self, name: str, rank: int) -> str:
         """The kernel over arrays of one shape of `rank` axes and any strides (an operand
         broadcast along an axis: stride 0), an element a thread: the shape `d{r}`, each array's
@@ -378,7 +377,7 @@ def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
         _strided(p, views, ys)
         return
     n = ys[0].size
-    blocks = max(1, min(ceil_div(ceil_div(n, VECTOR), 256), 16 * multiprocessors()))
+    blocks = grid_blocks(ceil_div(n, VECTOR))
     kernel = _vector_kernel(p, tuple(broadcast))
     kernel((blocks,), (256,), (*views, *ys, np.int64(n)))
 
@@ -394,8 +393,7 @@ def _strided(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     arrays = [cupy.broadcast_to(x, shape) for x in xs] + list(ys)
     dims = list(shape) or [1]
     strides = [st // a.itemsize for a in arrays for st in (a.strides or (0,))]
-    blocks = max(1, min(ceil_div(n, 256), 16 * multiprocessors()))
-    launch.early(_strided_kernel(p, len(dims)), (blocks,), (256,),
+    launch.early(_strided_kernel(p, len(dims)), (grid_blocks(n),), (256,),
                  (*arrays, np.int64(n), *(np.int64(d) for d in dims),
                   *(np.int64(st) for st in strides)))
 

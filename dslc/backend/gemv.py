@@ -140,15 +140,16 @@ def plan_of(nodes: Mapping[str, Node], members: Sequence[str], inputs: Sequence[
     if isinstance(epilogue, str):
         return epilogue
     operands = list(epilogue.operands)
-    if first.name not in {o.name for o in operands}:
+    names = [o.name for o in operands]
+    if first.name not in names:
         return "its epilogue does not read its matmul's value"
-    [anchor] = [i for i, o in enumerate(operands) if o.name == first.name]
+    anchor = names.index(first.name)  # the accumulator, not a load
     operands[anchor] = replace(operands[anchor], dtype="f32", along=None)
     pair = None
     if sibling is not None:
-        if sibling.name not in {o.name for o in operands}:
+        if sibling.name not in names:
             return "its epilogue does not read its first matmul's value"
-        [at] = [i for i, o in enumerate(operands) if o.name == sibling.name]
+        at = names.index(sibling.name)
         operands[at] = replace(operands[at], dtype="f32", along=None)
         pair = Sibling(sibling.inputs[1], at, stored_dtype(sibling, virtual=True))
     return Gemv(read, w.name, x.type.dtype, stored_dtype(first, virtual=bool(rest)),

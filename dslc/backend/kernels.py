@@ -21,10 +21,9 @@ from typing import Any
 from dslc.backend import attention, depthwise, fused, launch
 from dslc.backend.cuda import (
     PREAMBLE,
-    ceil_div,
     elementwise,
     flat,
-    multiprocessors,
+    grid_blocks,
     needs_int64,
     vector_width,
 )
@@ -286,8 +285,7 @@ def cache_write(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     _b, h, s, d = new.shape
     item = new.dtype.itemsize
     strides = [st // item for st in (*new.strides, *y.strides)]
-    blocks = max(1, min(ceil_div(new.size, 256), 16 * multiprocessors()))
-    launch.early(_cache_write_kernel(item), (blocks,), (256,),
+    launch.early(_cache_write_kernel(item), (grid_blocks(new.size),), (256,),
                  (new, at, y, *(np.int64(v) for v in (new.size, h, s, d, y.shape[2],
                                                       *strides))))
 

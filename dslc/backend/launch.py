@@ -1,15 +1,16 @@
 """Kernels launched early: programmatic dependent launch (sm_90 and newer). A kernel launched so
 may start while the one before it in the stream still runs; it reads nothing that kernel writes,
-and writes nothing, until its `griddepcontrol.wait` (`WAIT` below), which returns once the
-kernels before it have finished and their writes are visible. What it does before the wait is
-free: the few-row matmul kernel issues its first weight loads there (weights are load-time
-values, written by no kernel of a call), so a decoder's projections start reading their
+and writes nothing, until its `griddepcontrol.wait` (`wait_for_previous` in `DEVICE` below),
+which returns once the kernels before it have finished and their writes are visible. What it
+does before the wait is free: the few-row matmul kernel asks the L2 for its weight rows there
+(a prefetch is safe whoever writes them), so a decoder's projections start reading their
 weights while the step before them ends, and the launch's own latency is hidden too. A kernel
-lets its dependents launch early with `griddepcontrol.launch_dependents` (`LET_NEXT_START`);
+lets its dependents launch early with `griddepcontrol.launch_dependents` (`let_next_start`);
 where it does not, they start once it has finished, as a plain launch would.
 
 Only kernels that wait before they read what others write are launched so (`backend.gemv`,
-`backend.attention`); the launch goes through the driver's `cuLaunchKernelEx` (ctypes, the
+`backend.attention`, the cache write and the strided pointwise kernel of `backend.fused`);
+the launch goes through the driver's `cuLaunchKernelEx` (ctypes, the
 layouts of cuda.h's `CUlaunchConfig` and `CUlaunchAttribute`), and CUDA graphs captured from
 the stream keep the dependency as a programmatic edge. `DSLC_EARLY_LAUNCH=0` launches them as
 CuPy does (an A/B of what early launches are worth)."""

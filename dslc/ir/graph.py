@@ -7,7 +7,7 @@ Users are computed, never stored. Graph inputs and params are nodes (`input`, `p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -82,6 +82,16 @@ SOURCES = ("input", "param", "scalar", CALIBRATED)  # the nodes that read no oth
 # Ops whose result is their first operand's memory, written in place (`cache_write`: a model
 # input the caller owns; the checker sees to it that nothing else reads it).
 IN_PLACE = ("cache_write",)
+
+
+def outside_reads(nodes: Mapping[str, Node], members: Sequence[str]) -> tuple[str, ...]:
+    """What the members read from outside them, each once, in first-use order (the order a
+    step's inputs, and its cuDNN tensors' uids, follow)."""
+    inside = set(members)
+    reads: list[str] = []
+    for m in members:
+        reads.extend(i for i in nodes[m].inputs if i not in inside and i not in reads)
+    return tuple(reads)
 
 
 def renamed(node: Node, names: Mapping[str, str]) -> Node:

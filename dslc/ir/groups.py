@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from dslc.core.types import format_type
-from dslc.ir.graph import Graph, Node
+from dslc.ir.graph import Graph, Node, outside_reads
 from dslc.ir.naming import StepNames
 from dslc.ir.placement import Placement
 from dslc.ir.printer import format_node, format_value
@@ -60,15 +60,11 @@ def make_group(graph: Graph, members: list[str], pattern: str, reason: str = "",
     users = users if users is not None else graph.users()
     outputs_of_graph = {v for _, v in graph.outputs}
     member_set = set(members)
-    inputs: list[str] = []
-    for m in members:
-        for i in nodes[m].inputs:
-            if i not in member_set and i not in inputs:
-                inputs.append(i)
+    inputs = outside_reads(nodes, members)
     outputs = tuple(m for m in members if m in outputs_of_graph
                     or any(u.name not in member_set for u in users[m]))
-    return Group(names.name(members), pattern, tuple(members), members[0], tuple(inputs),
-                 outputs, signature(nodes, tuple(members), tuple(inputs), pattern, placement),
+    return Group(names.name(members), pattern, tuple(members), members[0], inputs,
+                 outputs, signature(nodes, tuple(members), inputs, pattern, placement),
                  reason)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from dslc.backend import fused, gemv
 from dslc.core.dims import bucket_key
 from dslc.core.types import DTYPES
-from dslc.ir.graph import SOURCES
+from dslc.ir.graph import SOURCES, outside_reads
 from dslc.runtime import fields as f
 from dslc.runtime.calibration import Calibration, quantised
 from dslc.runtime.fields import (
@@ -297,10 +297,7 @@ class StepRecord:
                           f.names(d["outputs"], f"{path}.outputs", members, "a node of the step"),
                           f.text(d["signature"], f"{path}.signature"),
                           f.text(d.get("reason", ""), f"{path}.reason"))
-        reads: list[str] = []  # in first-use order, as the fusion plan lists them (the uids
-        for m in members:  # of the step's cuDNN tensors follow this order)
-            reads.extend(i for i in nodes[m].inputs if i not in members and i not in reads)
-        if list(step.inputs) != reads:
+        if step.inputs != outside_reads(nodes, members):
             f.wrong(f"{path}.inputs", "not what the step's nodes read, in order")
         if kind == "kernel" and len(members) > 1:
             why: object = fused.plan_of(nodes, members, step.inputs, step.outputs)

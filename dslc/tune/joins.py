@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from dslc.backend import gemv
 from dslc.backend.spec import SpecError, group_spec
-from dslc.ir.graph import Node
+from dslc.ir.graph import Node, outside_reads
 from dslc.ir.groups import Group
 from dslc.runtime.records import BucketRecord, Bundle, StepRecord
 from dslc.runtime.schedule import Schedule
@@ -122,10 +122,7 @@ def joined(absorbed: StepRecord, reader: StepRecord, nodes: Mapping[str, Node],
     """The kernel step computing `absorbed` inside `reader` (`pairs`, `norms`), where
     `reader` was."""
     members = (*absorbed.nodes, *reader.nodes)
-    reads: list[str] = []
-    for m in members:
-        reads.extend(i for i in nodes[m].inputs if i not in members and i not in reads)
-    return StepRecord("kernel", reader.name, reader.pattern, members, tuple(reads),
+    return StepRecord("kernel", reader.name, reader.pattern, members, outside_reads(nodes, members),
                       reader.outputs, reader.signature, reason)
 
 
