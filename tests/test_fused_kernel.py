@@ -491,13 +491,11 @@ def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(host_folde
     an f32 of one element) into an f16 result written through a transposed view and a bool
     one: the strided kernel's bytes are the elementwise kernel's over the same values laid out
     densely (one block of one thread on the host: the loop visits every element once)."""
-    from dslc.backend import launch
     from dslc.backend.cuda import PREAMBLE
 
     g = rng("host strided")
     chain = MIXED
-    source = (_SHIMS + _GRID + PREAMBLE + fused.CONVERSIONS + launch.DEVICE
-              + chain.strided_source("strided0", 3))
+    source = _SHIMS + _GRID + PREAMBLE + chain.strided_source("strided0", 3)
     name = f"strided_{zlib.crc32(source.encode()):08x}"
     (host_folder / f"{name}.cpp").write_text(source)
     subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(host_folder / f"{name}.so"),
@@ -512,9 +510,9 @@ def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(host_folde
     z = np.zeros(shape, np.uint8)
     arrays = [np.broadcast_to(t, shape) for t in (a, b, c)] + [y, z]
     fn = lib.strided0
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * (1 + 3 + 5 * 3)
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * (1 + 3 + 5 * 3 + 1)
     fn(*[t.ctypes.data for t in arrays], a.size, *shape,
-       *[st // t.itemsize for t in arrays for st in t.strides])
+       *[st // t.itemsize for t in arrays for st in t.strides], 1)  # one block
     elementwise = host_kernels([chain], host_folder)
     dense = [np.ascontiguousarray(np.broadcast_to(t, shape)).ravel() for t in (a, b, c)]
     wants = [np.zeros(a.size, np.float16), np.zeros(a.size, np.bool_)]
@@ -526,14 +524,12 @@ def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(host_folde
 
 
 def test_the_strided_kernel_compiles_for_the_h200_without_a_warning() -> None:
-    from dslc.backend import launch
     from dslc.backend.cuda import PREAMBLE
     from tests.helpers import nvrtc_compile
 
     plan = fused.Plan((fused.Operand("a", "f16"), fused.Operand("m", "bool")),
                       (fused.Member("a * b", ("x0", "x1"), "bf16"),), (0,), ("bf16",))
     for rank in (1, 4):
-        source = (PREAMBLE + fused.CONVERSIONS + launch.DEVICE
-                  + plan.strided_source("dslc_fused", rank))
+        source = PREAMBLE + plan.strided_source("dslc_fused", rank)
         ok, log = nvrtc_compile(source)
         assert ok and "warning" not in log, log[:2000]

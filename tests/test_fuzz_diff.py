@@ -56,7 +56,7 @@ def test_every_op_and_every_feature_is_generated() -> None:
     assert not missed, f"ops the batch never generates: {missed}"
     for feature in ("io=f32", "io=f16", "io=bf16", "layout NHWC", "dynamic dim N", "def",
                     "repeat", "an input declared in a def", "depthwise 5x5 conv", "fp8 matmul",
-                    "fp8 conv", "rotary", "gated projections"):
+                    "fp8 conv", "rotary", "gated projections", "rotated and plain values cached"):
         assert stats.features[feature] > 0, feature
 
 
@@ -83,6 +83,27 @@ def test_the_batch_reaches_the_projection_kernels_joins(tmp_path: Path) -> None:
         if all(seen.values()):
             break
     assert all(seen.values()), seen
+
+
+def test_the_batch_reaches_steps_run_as_one_launch(tmp_path: Path) -> None:
+    """Rotated values and plain ones written into caches (`fuzz.shapes.rotary`): the batch holds
+    programs whose schedule runs a cache write and another small step as one launch
+    (`runtime.batches`), which the arena oracle checks on the CPU and the GPU oracle runs."""
+    from dslc.runtime.batches import order
+    from tests.helpers import deviceless_program
+
+    for index in range(BATCH):
+        stats = Stats()
+        program = _program(index, stats)
+        if not stats.features["rotated and plain values cached"]:
+            continue
+        (tmp_path / str(index)).mkdir()
+        schedule = deviceless_program(program.source(), tmp_path / str(index))[1]
+        dims = dict(schedule.bundle.buckets[0].dims) if schedule.bundle.buckets else {}
+        merged = [slot for slot in order(schedule, schedule.memory_plan(dims)) if len(slot) > 1]
+        if any(schedule.nodes[s.nodes[0]].op == "cache_write" for slot in merged for s in slot):
+            return
+    raise AssertionError("no generated program runs a cache write with another step at once")
 
 
 def test_generated_sources_spell_every_dim() -> None:

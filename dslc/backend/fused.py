@@ -14,8 +14,8 @@ even, e4m3 saturating at +-448 and e5m2 overflowing to infinity, as `ops.fp8` ro
 the GPU's own conversion instruction where it has one, sm_89 and later). The
 runtime knows each tensor's dslc dtype from the IR, so a uint8 array is never guessed at.
 `takes` decides which steps run here; compile and runtime both ask it. Large dense tensors run
-the vector kernel (`Plan.vector_source`), the others the strided one (`Plan.strided_source`,
-launched early: `backend.launch`).
+the vector kernel (`Plan.vector_source`), the others the strided one (`Plan.strided_kernel`,
+launched early, alone or as a part of one launch with other small steps: `backend.merge`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dslc.backend import launch
+from dslc.backend import merge
 from dslc.backend.cuda import PREAMBLE, ceil_div, grid_blocks
 from dslc.ir.graph import Node, stored_dtype
 from dslc.ir.interp import ITEMSIZE
@@ -260,12 +260,16 @@ class Plan:
                 f"{nl.join(tail)}\n{{\n{body}\n}}\n{put_tail}\n}}\n}}\n")
 
     def strided_source(self, name: str, rank: int) -> str:
+        """`strided_kernel` as a kernel of its own (`backend.merge.source`)."""
+        return merge.source([self.strided_kernel(rank)], name)
+
+    def strided_kernel(self, rank: int) -> merge.Kernel:
         """The kernel over arrays of one shape of `rank` axes and any strides (an operand
         broadcast along an axis: stride 0), an element a thread: the shape `d{r}`, each array's
         strides in elements (`p{i}s{r}`, `q{j}s{r}`) and the count `n` are arguments, so one
-        compiled kernel serves every size. Launched early (`backend.launch`): it lets the next
-        kernel launch at once and waits for the kernels ahead before it reads; between a
-        decoder's projections (launched so too) its launch then costs no gap."""
+        compiled kernel serves every size. Launched early, alone or merged with other small
+        steps' kernels (`backend.merge`): between a decoder's projections (launched so too) its
+        launch then costs no gap."""
         types = [_RAW_CTYPE[o.dtype] for o in self.operands]
         outs = [_RAW_CTYPE[d] for d in self.output_dtypes]
         arrays = [f"p{i}" for i in range(len(types))] + [f"q{j}" for j in range(len(outs))]
@@ -277,11 +281,8 @@ class Plan:
                 + " ".join(f"o{a} += c * {a}s{r};" for a in arrays) + " }"
                 for r in reversed(range(rank))]
         nl = "\n"
-        return (f'extern "C" __global__ void {name}({", ".join(params)}) {{\n'
-                "let_next_start();\nwait_for_previous();\n"
-                "const long long step = (long long)gridDim.x * blockDim.x;\n"
-                "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;"
-                " i += step) {\n"
+        body = ("const long long step = BLOCKS * blockDim.x;\n"
+                "for (long long i = BLOCK * blockDim.x + threadIdx.x; i < n; i += step) {\n"
                 "long long rest = i;\n"
                 + "".join(f"long long o{a} = 0;\n" for a in arrays)
                 + nl.join(walk) + "\n"
@@ -289,7 +290,8 @@ class Plan:
                 + "".join(f"{t} y{j};\n" for j, t in enumerate(outs))
                 + f"{{\n{self._body(_RAW_LOAD, _RAW_STORE)}\n}}\n"
                 + "".join(f"q{j}[oq{j}] = y{j};\n" for j in range(len(outs)))
-                + "}\n}\n")
+                + "}")
+        return merge.Kernel(("strided", self, rank), tuple(params), body, CONVERSIONS)
 
 
 def _word(dtype: str) -> tuple[str, int]:
@@ -383,19 +385,37 @@ def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
 
 
 def _strided(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
-    """The kernel of `Plan.strided_source` over the operands broadcast to the results' shape."""
+    """The kernel of `Plan.strided_kernel` over the operands broadcast to the results' shape."""
+    part = strided_part(p, xs, ys)
+    if part is not None:
+        merge.run([part])
+
+
+def strided_part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | None:
+    """The strided kernel over these operands (views as `operand_view` gives them) into these
+    results, as a part of a merged launch; None where it has nothing to compute."""
     import cupy
 
     shape = ys[0].shape
     n = ys[0].size
     if n == 0:
-        return
+        return None
     arrays = [cupy.broadcast_to(x, shape) for x in xs] + list(ys)
     dims = list(shape) or [1]
     strides = [st // a.itemsize for a in arrays for st in (a.strides or (0,))]
-    launch.early(_strided_kernel(p, len(dims)), (grid_blocks(n),), (256,),
-                 (*arrays, np.int64(n), *(np.int64(d) for d in dims),
-                  *(np.int64(st) for st in strides)))
+    return merge.Part(_strided_kernel(p, len(dims)),
+                      (*arrays, np.int64(n), *(np.int64(d) for d in dims),
+                       *(np.int64(st) for st in strides)), grid_blocks(n))
+
+
+def part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | None:
+    """`run` as a part of a merged launch where it runs the strided kernel on these arrays
+    (small results; no operand overlapping a result), else None: then `run` it alone."""
+    views = [operand_view(x, o) for x, o in zip(xs, p.operands, strict=True)]
+    if any(_overlaps(x, y) for x in views for y in ys) or \
+            _vectorizable(p, views, ys) is not None or ys[0].size == 0:
+        return None
+    return strided_part(p, views, ys)
 
 
 def operand_view(x: Any, o: Operand) -> Any:
@@ -497,10 +517,5 @@ def _scalar(node: Node) -> str:
 
 
 @cache
-def _strided_kernel(p: Plan, rank: int) -> Any:
-    import cupy
-
-    source = p.strided_source("dslc_fused", rank)
-    name = f"dslc_fused_{zlib.crc32(source.encode()):08x}"
-    return cupy.RawKernel(PREAMBLE + CONVERSIONS + launch.DEVICE
-                          + source.replace("dslc_fused(", f"{name}(", 1), name)
+def _strided_kernel(p: Plan, rank: int) -> merge.Kernel:
+    return p.strided_kernel(rank)

@@ -14,11 +14,11 @@ dslc has no 16-bit integer dtype, so uint16 always means bf16), and the kernels 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from dslc.backend import attention, depthwise, fused, launch
+from dslc.backend import attention, depthwise, fused, merge
 from dslc.backend.cuda import (
     PREAMBLE,
     elementwise,
@@ -245,19 +245,17 @@ def arange(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
 # Thread i -> element (b, h, s, d) of `new`, stored at row at[0] + s of the cache `y`: the
 # offset is read on the device, so a CUDA graph of the step serves every position. Rows outside
 # the cache are not written (the reference drops them too). Elements move as their bytes (T: an
-# unsigned type of their size). Launched early (`backend.launch`): between a decoder's
-# projections and its attention, launched so too, it costs no launch gap.
+# unsigned type of their size). Launched early, alone or merged with other small steps' kernels
+# (`backend.merge`): between a decoder's projections and its attention it costs no launch gap.
+_CACHE_WRITE_PARAMS = (
+    "const T* __restrict__ x", "const int* __restrict__ at", "T* __restrict__ y",
+    "const long long n", "const long long H", "const long long S", "const long long D",
+    "const long long MAX", "const long long xb", "const long long xh", "const long long xs",
+    "const long long xd", "const long long yb", "const long long yh", "const long long ys",
+    "const long long yd")
 _CACHE_WRITE = r"""
-extern "C" __global__ void dslc_cache_write(
-    const T* __restrict__ x, const int* __restrict__ at, T* __restrict__ y, const long long n,
-    const long long H, const long long S, const long long D, const long long MAX,
-    const long long xb, const long long xh, const long long xs, const long long xd,
-    const long long yb, const long long yh, const long long ys, const long long yd) {
-  let_next_start();
-  wait_for_previous();
   const long long first = at[0];
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
+  for (long long i = BLOCK * blockDim.x + threadIdx.x; i < n; i += BLOCKS * blockDim.x) {
     long long idx = i;
     const long long d = idx % D; idx /= D;
     const long long s = idx % S; idx /= S;
@@ -266,7 +264,6 @@ extern "C" __global__ void dslc_cache_write(
     if (row >= 0 && row < MAX)
       y[b * yb + h * yh + row * ys + d * yd] = x[b * xb + h * xh + s * xs + d * xd];
   }
-}
 """
 _BYTES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 
@@ -275,27 +272,36 @@ def cache_write(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     """`new` written into rows [at, at + S) of the cache in place: `y` is the cache's memory (the
     memory plan gives the result the input's storage), so nothing else is copied. Where it is
     not (a schedule laid out otherwise), the cache is copied into `y` first."""
-    import numpy as np
-
-    cache, new, at = xs
+    cache = xs[0]
     if (y.data.ptr, y.strides) != (cache.data.ptr, cache.strides):
         y[...] = cache
+    part = cache_write_part(xs, y)
+    if part is not None:
+        merge.run([part])
+
+
+def cache_write_part(xs: Sequence[Any], y: Any) -> merge.Part | None:
+    """The cache write's kernel as a part of a merged launch (`y` the cache's own memory), or
+    None where it writes nothing."""
+    import numpy as np
+
+    _cache, new, at = xs
     if new.size == 0:
-        return
+        return None
     _b, h, s, d = new.shape
     item = new.dtype.itemsize
     strides = [st // item for st in (*new.strides, *y.strides)]
-    launch.early(_cache_write_kernel(item), (grid_blocks(new.size),), (256,),
-                 (new, at, y, *(np.int64(v) for v in (new.size, h, s, d, y.shape[2],
-                                                      *strides))))
+    return merge.Part(cache_write_kernel(item), (new, at, y, *(np.int64(v) for v in (
+        new.size, h, s, d, y.shape[2], *strides))), grid_blocks(new.size))
 
 
 @cache
-def _cache_write_kernel(item: int) -> Any:
-    import cupy
-
-    source = f"typedef {_BYTES[item]} T;\n" + launch.DEVICE + _CACHE_WRITE
-    return cupy.RawKernel(source, "dslc_cache_write")
+def cache_write_kernel(item: int) -> merge.Kernel:
+    """The cache write's kernel for elements of `item` bytes."""
+    t = _BYTES[item]
+    return merge.Kernel(("cache_write", item),
+                        tuple(p.replace("T*", f"{t}*") for p in _CACHE_WRITE_PARAMS),
+                        _CACHE_WRITE)
 
 
 def full(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:

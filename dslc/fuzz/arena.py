@@ -11,7 +11,7 @@ Masks are held as bytes here (cuDNN's bits are `compile.stage.masks_as_bytes`' b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from dslc.ir.groups import make_group
 from dslc.ir.interp import ITEMSIZE, NUMPY_DTYPES, concrete_attrs
 from dslc.ir.placement import placed_in
 from dslc.ir.storage import Storage
+from dslc.runtime import batches
 from dslc.runtime.schedule import MemoryPlan, Schedule
 
 POISON = 0xA7  # as f32 bytes about -4.6e-15 repeated: never an output of a well-formed run
@@ -100,6 +101,21 @@ def _apart(step: Any, reads: list[Extent], writes: list[Extent]) -> None:
                               f"({w.first}..{w.end} and {r.first}..{r.end})")
 
 
+def _independent(mem: Memory, slot: Sequence[Any]) -> None:
+    """Steps the runtime runs as one launch (`runtime.batches`): none writes a byte another
+    reads or writes (their threads run in no order)."""
+    storage = mem.plan.storage
+    touched = [([mem.extent(*_where(storage[i])) for i in step.inputs
+                 if mem.program.nodes[i].op != "scalar"],
+                [mem.extent(*_where(storage[o])) for o in (step.outputs if len(step.nodes) > 1 else step.nodes)])
+               for step in slot]
+    for a, (_, writes) in enumerate(touched):
+        for b, (reads, others) in enumerate(touched):
+            if a != b and any(w.meets(t) for w in writes for t in (*reads, *others)):
+                raise Overlap(f"steps `{slot[a].name[:60]}` and `{slot[b].name[:60]}` run as "
+                              "one launch, but the one writes bytes the other touches")
+
+
 def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndarray],
         weights: Mapping[str, np.ndarray],
         written: dict[str, np.ndarray] | None = None,
@@ -118,12 +134,14 @@ def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndar
         if program.nodes[name].op != "scalar" and name in loaded:
             np.copyto(mem.value(plan.storage[name]), loaded[name])
     specs = _bucket_specs(program, dims)
-    for step in program.steps:
-        if step.kind == "graph":
-            spec = specs.get(step.signature) or _spec_at(program, step, dims)
-            _graph_step(mem, program, step, spec, dims)
-        else:
-            _kernel_step(mem, program, step, dims)
+    for slot in batches.order(program, plan):  # the runtime's order
+        _independent(mem, slot)
+        for step in reversed(slot):  # one launch: no order among them
+            if step.kind == "graph":
+                spec = specs.get(step.signature) or _spec_at(program, step, dims)
+                _graph_step(mem, program, step, spec, dims)
+            else:
+                _kernel_step(mem, program, step, dims)
     if written is not None:
         for name in program.written_inputs():
             written[name] = np.array(mem.value(plan.storage[program.inputs[name]]))

@@ -199,18 +199,25 @@ def gather(g: Gen) -> bool:
 
 
 def cache_write(g: Gen) -> bool:
-    """A rank-4 value written into a key/value cache in place: the cache a new model input that
-    nothing else reads (E0211 otherwise: it leaves the pool at once), a few rows longer than the
-    value, at a new i32 offset input drawn in [0, rows + 2), so some writes reach past the end
-    (those rows are dropped, on every backend). Drawn less often than the others: each one
-    adds two inputs."""
+    """A rank-4 value written into a key/value cache in place (`written`). Drawn less often
+    than the others: each one adds two inputs."""
     if not g.ch.coin(0.3):
         return False
-    # the cache is a model input, so each of its dims must be one the source can spell
     new = g.pick(lambda e: is_float(e) and e.type.rank == 4 and static(e.type.shape[2])
                  and all(printable(d) for d in e.type.shape))
-    if new is None:
+    out = None if new is None else written(g, new)
+    if out is None:
         return False
+    g.bind(out)
+    return True
+
+
+def written(g: Gen, new: Expr) -> Expr | None:
+    """`new` (rank 4, its rows static, every dim one the source can spell: the cache is a model
+    input) written into a cache in place: the cache a new model input that nothing else reads
+    (E0211 otherwise: it leaves the pool at once), a few rows longer than the value, at a new
+    i32 offset input drawn in [0, rows + 2), so some writes reach past the end (those rows are
+    dropped, on every backend)."""
     b, h, s, d = new.type.shape
     rows = size(s) + g.ch.between(0, 4)
     cache = g.new_input((b, h, rows, d), dtype=new.type.dtype)
@@ -219,18 +226,17 @@ def cache_write(g: Gen) -> bool:
     g.pool.remove(at)
     g.prog.index_bounds[at.text] = rows + 2
     out = g.apply("cache_write", {"cache": cache, "new": new, "at": at})
-    if out is None:
-        return False
-    g.stats.features["cache written in place"] += 1
-    g.bind(out)
-    return True
+    if out is not None:
+        g.stats.features["cache written in place"] += 1
+    return out
 
 
 def rotary(g: Gen) -> bool:
     """A rotary embedding's rotation as a Llama layer writes it, `x * cos + rotate_half(x) *
     sin` with `rotate_half(x) = concat([-x[.., h:], x[.., :h]], axis=-1)`: the slices, negation,
     concat and products a decoder step runs twice a layer (docs/benchmarks.md, the decoder).
-    cos and sin are of a param along the last axis, as the positions' angles are."""
+    cos and sin are of a param along the last axis, as the positions' angles are. Sometimes,
+    the rotated value and the value rotated (of rank 4) then written into caches."""
     x = g.pick(lambda e: is_float(e) and e.type.rank >= 2 and static(e.type.shape[-1])
                and size(e.type.shape[-1]) % 2 == 0 and all(printable(d) for d in e.type.shape))
     if x is None:
@@ -256,5 +262,14 @@ def rotary(g: Gen) -> bool:
     if out is None:
         return False
     g.stats.features["rotary"] += 1
+    if x.type.rank == 4 and static(x.type.shape[2]) and g.ch.coin(0.4):
+        # as a decoder step writes its rotated keys and its values: small steps of no
+        # dependency between them, which the runtime runs as one launch (`runtime.batches`)
+        k = written(g, out)
+        v = None if k is None else written(g, x)
+        if v is not None:
+            g.stats.features["rotated and plain values cached"] += 1
+            g.bind(v)
+        out = out if k is None else k
     g.bind(out)
     return True

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from dslc import fsutil
-from dslc.backend import device, environment, fused, gemv
-from dslc.backend.kernels import run_kernel
+from dslc.backend import device, environment, fused, gemv, merge
+from dslc.backend.kernels import cache_write_part, run_kernel
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.core.dims import bucket_key
 from dslc.core.errors import RunnerError
 from dslc.ir.groups import make_group
 from dslc.ir.interp import concrete_attrs
 from dslc.ir.storage import Storage
+from dslc.runtime import batches, fleet, params, plancache, startup
 from dslc.runtime import bundle as bundlefile
-from dslc.runtime import fleet, params, plancache, startup
 from dslc.runtime.decoder import Decoder
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.manifest import Manifest
@@ -72,6 +72,8 @@ class Executable:
         self.arena = cupy.empty(max(self.memory.arena, 1), dtype=cupy.uint8)
         workspace = max((r.workspace for r in self.graphs.values()), default=0)
         self.workspace = cupy.empty(max(workspace, 256), dtype=cupy.uint8)
+        # Small kernel steps of no dependency between them run as one launch (`batches`).
+        self.slots = batches.order(model.program, self.memory)
         self.bindings = {}
         for step in model.program.steps:
             if step.kind == "graph":
@@ -455,14 +457,19 @@ class Model:
         cudnn.set_stream(handle=self.handle, stream=stream.ptr)
         workspace = int(exe.workspace.data.ptr)
         with stream:
-            for step in self.program.steps:
-                if events is not None:
-                    start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
-                    events.append((start, end))
-                    start.record(stream)
+            if events is None:
+                for slot in exe.slots:
+                    if len(slot) == 1:
+                        self._step(exe, slot[0], refs, outputs, workspace)
+                    else:
+                        self._merged(exe, slot, refs, outputs, workspace)
+                return
+            for step in self.program.steps:  # one at a time: each timed
+                start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
+                events.append((start, end))
+                start.record(stream)
                 self._step(exe, step, refs, outputs, workspace)
-                if events is not None:
-                    end.record(stream)
+                end.record(stream)
 
     def _step(self, exe: Executable, step: Any, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef], workspace: int) -> None:
@@ -485,6 +492,31 @@ class Model:
         xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
         y = self._view(exe, node.name, refs, outputs)
         run_kernel(node.op, xs, y, concrete_attrs(node, exe.dims, self.program.env))
+
+    def _merged(self, exe: Executable, slot: list[StepRecord],
+                refs: Mapping[str, device.ArrayRef], outputs: Mapping[str, device.ArrayRef],
+                workspace: int) -> None:
+        """Steps no one of which reads or writes what another writes, as one kernel
+        (`backend.merge`); a step whose kernel cannot be a part here (an operand overlapping its
+        result, a result large enough for the vector kernel) runs on its own first."""
+        parts = []
+        for step in slot:
+            part = None
+            p = self.program.pointwise_kernel(step)
+            if p is not None:
+                part = fused.part(p, [self._view(exe, o.name, refs, outputs) for o in p.operands],
+                                  [self._view(exe, v, refs, outputs) for v in step.outputs])
+            else:
+                node = self.program.nodes[step.nodes[0]]
+                xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
+                y = self._view(exe, node.name, refs, outputs)
+                if (y.data.ptr, y.strides) == (xs[0].data.ptr, xs[0].strides):
+                    part = cache_write_part(xs, y)  # else: the cache copied first, alone
+            if part is None:
+                self._step(exe, step, refs, outputs, workspace)
+            else:
+                parts.append(part)
+        merge.run(parts)
 
     def _view(self, exe: Executable, name: str, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef]) -> Any:

@@ -1,0 +1,161 @@
+"""Which steps run as one launch and in what order (dslc/runtime/batches.py): a small kernel step
+joins the earliest slot of such steps after the last step that touches its memory, never moves
+ahead of a reader of the bytes it overwrites (arena bytes the memory plan reuses included), and
+a decoder step's rotary halves and value cache write become one launch. The arena run
+(`dslc.fuzz.arena`, which runs the schedule in this order, every slot's steps in reverse and
+checked byte for byte to touch nothing another writes) holds it to the reference in the fuzz
+tests and here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dslc.fuzz import arena
+from dslc.ir import interp
+from dslc.runtime import batches
+from dslc.runtime.batches import Region, Touch
+from dslc.runtime.schedule import Schedule
+from tests.helpers import deviceless_program, rng
+
+
+def _touch(reads: list[Region], writes: list[Region]) -> Touch:
+    return Touch(tuple(reads), tuple(writes))
+
+
+def _r(key: str, lo: int = 0, hi: int = 16, part: tuple[str, str] | None = None) -> Region:
+    return Region(key, lo, hi, part)
+
+
+def test_independent_small_steps_share_a_slot_and_a_reader_of_theirs_follows() -> None:
+    touches = [_touch([_r("x")], [_r("a")]),        # 0: big, writes a
+               _touch([_r("a")], [_r("b")]),        # 1: small
+               _touch([_r("a")], [_r("c")]),        # 2: small, apart from 1
+               _touch([_r("b")], [_r("d")]),        # 3: small, reads 1's
+               _touch([_r("a")], [_r("e")])]        # 4: small, apart from all
+    small = {1, 2, 3, 4}.__contains__
+    assert batches.slots(touches, small) == [[0], [1, 2, 4], [3]]
+    assert batches.slots(touches, lambda i: False) == [[0], [1], [2], [3], [4]]
+
+
+def test_a_step_never_moves_ahead_of_a_reader_of_what_it_overwrites() -> None:
+    """Step 2 writes arena bytes 8..24, which step 1 (a big step) still reads at 0..16 (the
+    memory plan gave both values those bytes, one after the other): it stays after step 1, as
+    does step 3, which writes what step 1 writes."""
+    touches = [_touch([], [_r("arena", 0, 16)]),
+               _touch([_r("arena", 0, 16)], [_r("y")]),
+               _touch([_r("x")], [_r("arena", 8, 24)]),
+               _touch([_r("x")], [_r("y", 4, 8)])]
+    assert batches.slots(touches, {0, 2, 3}.__contains__) == [[0], [1], [2, 3]]
+    apart = [*touches[:2], _touch([_r("x")], [_r("arena", 16, 24)])]
+    assert batches.slots(apart, {0, 2}.__contains__) == [[0, 2], [1]]
+
+
+def test_slices_of_one_concatenation_are_apart_however_their_bytes_interleave() -> None:
+    q0, q1 = _r("q", 0, 64, ("q", "q.part0")), _r("q", 4, 68, ("q", "q.part1"))
+    assert not q0.meets(q1) and q0.meets(q0) and q0.meets(_r("q", 60, 61))
+    assert q0.meets(_r("q", 0, 64, ("k", "k.part1")))  # another concat's slice: bytes decide
+    assert not _r("a", 0, 8).meets(_r("b", 0, 8)) and not _r("a", 0, 8).meets(_r("a", 8, 9))
+    touches = [_touch([_r("x")], [q0]), _touch([_r("x")], [q1]), _touch([_r("q", 0, 68)], [])]
+    assert batches.slots(touches, {0, 1}.__contains__) == [[0, 1], [2]]
+
+
+def test_a_step_moves_ahead_over_a_window_of_slots_at_most() -> None:
+    touches = [_touch([], [_r("s")])] + [_touch([], [_r(f"big{i}")]) for i in range(10)] + \
+        [_touch([], [_r("t")])]
+    small = {0, 11}.__contains__
+    assert batches.slots(touches, small, window=12)[0] == [0, 11]
+    assert batches.slots(touches, small, window=8)[-1] == [11]
+
+
+DECODER = """cgraph 0.1
+import "std/nn.cgraph"
+import "llama_layer.cgraph" as llama
+import "llama_decode.cgraph" as dec
+
+model tiny_decode {
+  precision io=f32, intermediate=f32, compute=f32
+  dim B = 1
+  dim S = 1
+  input hidden_states: [B, S, 32]
+  input position: i32[1]
+  let positions  = arange(S, dtype=i32) + position
+  let kv_len     = expand(positions[S - 1:S] + full([1], 1), [B])
+  let (cos, sin) = llama.rotary_embedding(positions, head_dim=8, theta=10000.0)
+  let layers = repeat 2 dec.decoder_step(hidden_states, cos, sin, position, kv_len,
+                                         max_len=16, heads=4, kv_heads=2, head_dim=8, ffn=48,
+                                         eps=1e-5) as "model.layers.{i}"
+  output out = layers
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory: pytest.TempPathFactory) -> Schedule:
+    folder = tmp_path_factory.mktemp("decoder")
+    for name in ("llama_layer.cgraph", "llama_decode.cgraph", "encoder.cgraph"):
+        (folder / name).write_text((Path(__file__).parents[1] / "models" / name).read_text())
+    return deviceless_program(DECODER, folder)[1]
+
+
+def test_a_decoder_steps_rotary_halves_and_value_cache_write_are_one_launch(
+        decoder: Schedule) -> None:
+    memory = decoder.memory_plan({})
+    order = batches.order(decoder, memory)
+    assert sorted(s.name for slot in order for s in slot) == sorted(s.name for s in decoder.steps)
+    merged = [[s.name for s in slot] for slot in order if len(slot) > 1]
+    assert len(merged) == 2  # one a layer
+    for i, names in enumerate(merged):
+        layer = f"model.layers.{i}."
+        assert len(names) == 5 and all(n.startswith(layer) for n in names)
+        assert sum(n.startswith(layer + "q.") for n in names) == 2
+        assert sum(n.startswith(layer + "k_new.") for n in names) == 2
+        assert layer + "v" in names
+    position = {s.name: i for i, slot in enumerate(order) for s in slot}
+    for i in range(2):  # the keys' cache write after the keys' concatenation of the halves
+        assert position[f"model.layers.{i}.k"] > position[f"model.layers.{i}.k_new"]
+
+
+def _weights(decoder: Schedule, g: np.random.Generator) -> dict[str, np.ndarray]:
+    return {n.attrs["path"]: (g.standard_normal([int(d) for d in n.type.shape]) * 0.3)
+            .astype(np.float32) for n in decoder.graph.nodes if n.op == "param"}
+
+
+def _decoder_inputs(g: np.random.Generator) -> dict[str, np.ndarray]:
+    x = {"hidden_states": g.standard_normal((1, 1, 32)).astype(np.float32),
+         "position": np.array([5], np.int32)}
+    for i in range(2):
+        for kv in ("k", "v"):
+            x[f"model.layers.{i}.{kv}_cache"] = g.standard_normal((1, 2, 16, 8)).astype(np.float32)
+    return x
+
+
+def test_the_decoder_run_in_slots_equals_the_reference(decoder: Schedule) -> None:
+    g = rng("decoder in slots")
+    x = _decoder_inputs(g)
+    weights = _weights(decoder, g)
+    want = interp.run(decoder.graph, x, weights, decoder.env, virtual=decoder.virtual())
+    got = arena.run(decoder, {}, x, weights)
+    # a reduction's additions may come in another order (numpy over strided or dense arrays)
+    np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-6)
+    assert np.unique(got["out"]).size > 20
+
+
+def test_the_arena_run_refuses_a_slot_whose_steps_touch_each_others_bytes(
+        decoder: Schedule, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong order (the keys' halves merged with their cache write, which reads them) fails
+    the arena run, so the fuzz oracle would see a defect of `slots`."""
+    real = batches.order
+
+    def tangled(program: Schedule, memory: object) -> list[list[object]]:
+        out = real(program, memory)  # type: ignore[arg-type]
+        k = next(i for i, slot in enumerate(out) if slot[0].name == "model.layers.0.k")
+        first = next(i for i, slot in enumerate(out) if len(slot) > 1)
+        return [*out[:first], out[first] + out[k], *out[first + 1:k], *out[k + 1:]]
+
+    monkeypatch.setattr(batches, "order", tangled)
+    g = rng("tangled slots")
+    with pytest.raises(arena.Overlap, match="run as one launch"):
+        arena.run(decoder, {}, _decoder_inputs(g), _weights(decoder, g))
