@@ -2,8 +2,9 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|ops|models|startup|fp8|bench|families|tune|probe|fuzz|all] [extra args...]
-#   tests: every GPU test; ops/models/startup: one file's worth (startup: tuning, start-up
+# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|families|tune|probe|fuzz|all] [extra args...]
+#   tests: every GPU test (over 10 minutes since session 15: one device call runs tests-a, the
+#   files up to test_models_gpu.py, another tests-b, the rest); ops/models/startup: one file's worth (startup: tuning, start-up
 #   decisions, CLI); fp8: the fp8 GPT blocks against fp16 (tests/gpu/test_fp8_gpu.py); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
 #   start, tuned benchmarks); probe: scripts/probe_gpu.py (where the time goes); fuzz:
 #   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
@@ -39,6 +40,8 @@ case $what in
   fp8) run_tests fp8 tests/gpu/test_fp8_gpu.py ;;
   startup) run_tests startup tests/gpu/test_tune_gpu.py tests/gpu/test_cli_gpu.py ;;
   tests|all) run_tests all tests/gpu ;;
+  tests-a) run_tests a $(ls tests/gpu/test_*.py | awk '$0 <= "tests/gpu/test_models_gpu.py"') ;;
+  tests-b) run_tests b $(ls tests/gpu/test_*.py | awk '$0 > "tests/gpu/test_models_gpu.py"') ;;
 esac
 case $what in
   bench)

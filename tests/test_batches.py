@@ -159,3 +159,60 @@ def test_the_arena_run_refuses_a_slot_whose_steps_touch_each_others_bytes(
     g = rng("tangled slots")
     with pytest.raises(arena.Overlap, match="run as one launch"):
         arena.run(decoder, {}, _decoder_inputs(g), _weights(decoder, g))
+
+
+def test_regions_meet_wherever_the_steps_bytes_do(decoder: Schedule) -> None:
+    """Every value a step reads or writes, as a region, spans the bytes the arena run places it
+    in (`fuzz.arena.Memory.extent`: the arena's offset of its base, its own offset in it) and
+    meets every other whose bytes it shares (the arena run's exact byte sets), arena bytes the
+    plan reused for another value included."""
+    memory = decoder.memory_plan({})
+    mem = arena.Memory(decoder, memory)
+    pairs = []
+    for step, touch in zip(decoder.steps, batches.touches(decoder, memory), strict=True):
+        values = [v for v in step.inputs if decoder.nodes[v].op != "scalar"] + list(step.outputs)
+        pairs += zip(values, (*touch.reads, *touch.writes), strict=True)
+    shared = 0
+    for va, ra in pairs:
+        extent = mem.extent(*_where(memory.storage[va]))
+        assert (ra.lo, ra.hi) == (extent.first, extent.end), va
+    for a, (va, ra) in enumerate(pairs):
+        sa = memory.storage[va]
+        for vb, rb in pairs[a + 1:]:
+            sb = memory.storage[vb]
+            if mem.extent(*_where(sa)).meets(mem.extent(*_where(sb))):
+                assert ra.meets(rb), (va, vb)
+                shared += sa.base != sb.base and sa.base in memory.offsets
+    assert shared > 0  # values of different bases in the same arena bytes were compared
+
+
+def _where(s: object) -> tuple[object, ...]:
+    return (s.shape, s.strides, s.dtype, s.base, s.offset)  # type: ignore[attr-defined]
+
+
+ROTARY = """cgraph 0.1
+model m {
+  precision io=f32
+  dim S = 1..128 tune [63, 64]
+  input x: [1, 32, S, 64]
+  param angles: [64]
+  let turned = concat([-x[:, :, :, 32:64], x[:, :, :, 0:32]], axis=3)
+  output y = x * cos(angles) + turned * sin(angles)
+}
+"""
+
+
+def test_halves_written_into_an_output_run_as_one_launch_below_the_vector_kernels_size(
+        tmp_path: Path) -> None:
+    """The two halves of a rotation (pointwise steps writing their slices of the model's output
+    in place, outside the arena) are apart and run as one launch, until a half holds 65,536
+    elements: from there the vector kernel computes it, alone."""
+    from dslc.backend import fused
+
+    program = deviceless_program(ROTARY, tmp_path)[1]
+    halves = [s.name for s in program.steps if s.outputs[0] in program.placement]
+    assert len(halves) == 2 and fused.VECTOR_AT_LEAST == 32 * 64 * 32
+    below = batches.order(program, program.memory_plan({"S": 63}))
+    at = batches.order(program, program.memory_plan({"S": 64}))
+    assert [s.name for s in below[0]] == halves and len(below) == 2
+    assert [[s.name for s in slot] for slot in at[:2]] == [[h] for h in halves]

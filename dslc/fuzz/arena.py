@@ -107,7 +107,8 @@ def _independent(mem: Memory, slot: Sequence[Any]) -> None:
     storage = mem.plan.storage
     touched = [([mem.extent(*_where(storage[i])) for i in step.inputs
                  if mem.program.nodes[i].op != "scalar"],
-                [mem.extent(*_where(storage[o])) for o in (step.outputs if len(step.nodes) > 1 else step.nodes)])
+                [mem.extent(*_where(storage[o]))
+                 for o in (step.outputs if len(step.nodes) > 1 else step.nodes)])
                for step in slot]
     for a, (_, writes) in enumerate(touched):
         for b, (reads, others) in enumerate(touched):
