@@ -373,3 +373,108 @@ def test_a_measured_reason_follows_the_compiled_one() -> None:
     assert joined_reason("split from c1: cuDNN rejected it", "one kernel is faster") == (
         "split from c1: cuDNN rejected it; one kernel is faster")
     assert joined_reason("", "one kernel is faster") == "one kernel is faster"
+
+
+PLACED = """import "std/nn.cgraph"
+model m {
+  layout NHWC
+  dim N = 1..4 tune [1, 2]
+  input x: [N, 8, 6, 6]
+  let a = relu(conv2d(x, out=8, k=3, pad=1, has_bias=true)) as "c1"
+  let b = relu(conv2d(a, out=8, k=3, pad=1, has_bias=true) + x) as "c2"
+  let c = relu(conv2d(b, out=8, k=3, pad=1, has_bias=true) + x) as "c3"
+  output y = concat([a, x], axis=1)
+  output z = c
+}
+"""
+
+
+def test_a_step_written_into_a_concat_or_a_kernel_step_is_not_split(tmp_path: Path) -> None:
+    """c1's result is written in place into y's buffer: it stays whole. c2 and c3 split, and
+    their heads (one shape, one computation) differ in signature: c2's reads `a` with the
+    concat's strides, so the two cannot share a plan; their tails are alike. A step already a
+    kernel is no graph to split."""
+    from dataclasses import replace
+
+    _, program = deviceless_program(PLACED, tmp_path)
+    assert "a" in program.placement
+    found = {s.step.name: s for s in splits(program)}
+    assert sorted(found) == ["c2+bias_add+add+relu", "c3+bias_add+add+relu"]
+    c2, c3 = found["c2+bias_add+add+relu"], found["c3+bias_add+add+relu"]
+    assert "a" in c2.head.inputs and c2.head.signature != c3.head.signature
+    assert c2.tail.signature == c3.tail.signature and c2.tail.pattern == "pointwise"
+    kernels = replace(program.bundle, steps=tuple(replace(s, kind="kernel")
+                                                  for s in program.bundle.steps))
+    assert splits(Schedule(kernels)) == []
+
+
+def test_split_parts_are_measured_in_the_memory_they_read(tmp_path: Path) -> None:
+    """Each part's spec binds the strides its values have in the memory plan: c2's head reads
+    `a` where y's concatenation holds it (16 channels a pixel, not 8). The parts recorded at
+    a bucket are the head's then the tail's."""
+    from dslc.runtime.records import PlanRecord
+    from dslc.tune.fusion import measure_splits
+
+    _, program = deviceless_program(PLACED, tmp_path)
+    bound: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+
+    def measure(spec: Any, storage: Any, where: str) -> Any:
+        for t in spec.tensors:
+            if t.role in ("input", "output") and t.dims == storage[t.name].shape:
+                bound.append((t.name, t.strides, storage[t.name].strides))
+        ops = [op.op for op in spec.ops]
+        return PlanRecord(None, {}, 0, None, ms=0.004 if "conv" in ops else 0.003)
+
+    found = {m.split.step.name: m for m in measure_splits(_timed(program.bundle, 0.01), {},
+                                                         measure)}
+    assert any(name == "a" and mine[3] == 16 for name, mine, _ in bound)
+    assert all(mine == want for _, mine, want in bound) and len(bound) > 8
+    (head, head_plan), (tail, tail_plan) = found["c2+bias_add+add+relu"].parts["N=2"]
+    assert [op.op for op in head.ops] == ["conv", "bias_add"] and head_plan.ms == 0.004
+    assert [op.op for op in tail.ops] == ["add", "relu"] and tail_plan.ms == 0.003
+
+
+def test_a_pointwise_kernel_is_measured_in_the_memory_it_reads(tmp_path: Path) -> None:
+    from dslc.tune.fusion import measure_kernels
+
+    _, program = deviceless_program(
+        "model m {\n  layout NHWC\n  input x: [2, 8, 4, 4]\n  input w: [2, 8, 4, 4]\n"
+        "  let a = x * 2.0\n  output c = concat([a, w], axis=1)\n"
+        "  output z = sigmoid(a) * w\n}\n", tmp_path)
+    assert "a" in program.placement
+    bound: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+
+    def measure(step: Any, spec: Any, storage: Any, where: str) -> float:
+        bound.extend((t.name, t.strides, storage[t.name].strides) for t in spec.tensors
+                     if t.role in ("input", "output") and t.dims == storage[t.name].shape)
+        return 0.002
+
+    measure_kernels(_timed(program.bundle, 0.01), {}, measure)
+    assert any(name == "a" and mine[3] == 16 for name, mine, _ in bound)
+    assert all(mine == want for _, mine, want in bound)
+
+
+def test_split_parts_are_named_as_the_compiler_names_steps(tmp_path: Path) -> None:
+    """A tail reading a weight computed at load time is named by that weight, as compiled steps
+    are; parts whose names meet earlier ones get `#2`, `#3` (the runtime keys steps by name);
+    the memory plans are made again (a split adds the head's result to the arena)."""
+    _, program = deviceless_program("""model m {
+  layout NHWC
+  input x: [2, 8, 6, 6]
+  param w: [8, 8, 3, 3]
+  param b: [8]
+  param s: [8]
+  let a = relu(scale_mul(bias_add(conv(x, w, pad=1), b), s * 2.0))
+  let c = relu(bias_add(conv(a, w, pad=1), b) + a)
+  output y = relu(bias_add(conv(c, w, pad=1), b) + c)
+}
+""", tmp_path)
+    found = splits(program)
+    assert (found[0].head.name, found[0].tail.name) == ("w+b", "s+relu")
+    out = with_fusion(program.bundle, _measured(program, {s.step.name: (1.0, 0.3, 0.3)
+                                                          for s in found}))
+    assert [s.name for s in out.steps] == ["w+b", "s+relu", "w+b#2", "c.add+relu", "w+b#3",
+                                           "y.add+relu"]
+    for bucket in out.buckets:
+        assert bucket.arena_bytes == Schedule(out).memory_plan(dict(bucket.dims)).arena
+        assert bucket.arena_bytes > program.memory_plan(dict(bucket.dims)).arena
