@@ -82,7 +82,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 "tests/test_attention_kernel.py", "tests/test_fused_kernel.py"]),
     "joins": (["dslc/tune/joins.py"],
               ["tests/test_gemv_kernel.py", "tests/test_fusion_choice.py"]),
-    "batches": (["dslc/runtime/batches.py"],
+    "batches": (["dslc/runtime/batches.py", "dslc/runtime/cachewrites.py"],
                 ["tests/test_batches.py", "tests/test_kv_cache.py", "tests/test_packing.py"]),
     "tune": (["dslc/runtime/tuningdb/*.py"],
              ["tests/test_tuning_db.py", "tests/test_tuning_db_hostile.py",

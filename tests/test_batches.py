@@ -100,22 +100,24 @@ def decoder(tmp_path_factory: pytest.TempPathFactory) -> Schedule:
     return deviceless_program(DECODER, folder)[1]
 
 
-def test_a_decoder_steps_rotary_halves_and_value_cache_write_are_one_launch(
+def test_a_decoder_steps_rotary_halves_and_cache_writes_are_one_launch(
         decoder: Schedule) -> None:
+    """The key cache write runs as the rotary halves that write the keys (`cachewrites`), so it
+    reads what they read and joins their launch with the value cache write."""
     memory = decoder.memory_plan({})
-    order = batches.order(decoder, memory)
+    order, again = batches.plan(decoder, memory)
     assert sorted(s.name for slot in order for s in slot) == sorted(s.name for s in decoder.steps)
     merged = [[s.name for s in slot] for slot in order if len(slot) > 1]
     assert len(merged) == 2  # one a layer
     for i, names in enumerate(merged):
         layer = f"model.layers.{i}."
-        assert len(names) == 5 and all(n.startswith(layer) for n in names)
+        assert len(names) == 6 and all(n.startswith(layer) for n in names)
         assert sum(n.startswith(layer + "q.") for n in names) == 2
         assert sum(n.startswith(layer + "k_new.") for n in names) == 2
-        assert layer + "v" in names
-    position = {s.name: i for i, slot in enumerate(order) for s in slot}
-    for i in range(2):  # the keys' cache write after the keys' concatenation of the halves
-        assert position[f"model.layers.{i}.k"] > position[f"model.layers.{i}.k_new"]
+        assert {layer + "k", layer + "v"} <= set(names)
+        k = again[layer + "k"]
+        assert [w.name for w in k.writers] == [n for n in names if n.startswith(layer + "k_new.")]
+        assert k.rows == 16 and layer + "v" not in again  # v is no computed value: a copy
 
 
 def _weights(decoder: Schedule, g: np.random.Generator) -> dict[str, np.ndarray]:
@@ -137,7 +139,13 @@ def test_the_decoder_run_in_slots_equals_the_reference(decoder: Schedule) -> Non
     x = _decoder_inputs(g)
     weights = _weights(decoder, g)
     want = interp.run(decoder.graph, x, weights, decoder.env, virtual=decoder.virtual())
-    got = arena.run(decoder, {}, x, weights)
+    _, caches = interp.run_in_place(decoder.graph, x, weights, decoder.env)
+    written: dict[str, np.ndarray] = {}
+    got = arena.run(decoder, {}, x, weights, written)
+    assert sorted(written) == sorted(caches) and len(caches) == 4
+    for name, cache in caches.items():  # row 5 of each cache written, the others kept
+        np.testing.assert_allclose(written[name], cache, rtol=1e-5, atol=1e-6)
+        assert not np.array_equal(cache[:, :, 5], x[name][:, :, 5])
     # a reduction's additions may come in another order (numpy over strided or dense arrays)
     np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-6)
     assert np.unique(got["out"]).size > 20
@@ -145,17 +153,17 @@ def test_the_decoder_run_in_slots_equals_the_reference(decoder: Schedule) -> Non
 
 def test_the_arena_run_refuses_a_slot_whose_steps_touch_each_others_bytes(
         decoder: Schedule, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A wrong order (the keys' halves merged with their cache write, which reads them) fails
-    the arena run, so the fuzz oracle would see a defect of `slots`."""
-    real = batches.order
+    """A wrong order (the attention merged with the cache writes it reads) fails the arena
+    run, so the fuzz oracle would see a defect of `slots`."""
+    real = batches.plan
 
-    def tangled(program: Schedule, memory: object) -> list[list[object]]:
-        out = real(program, memory)  # type: ignore[arg-type]
-        k = next(i for i, slot in enumerate(out) if slot[0].name == "model.layers.0.k")
+    def tangled(program: Schedule, memory: object) -> tuple[list[list[object]], object]:
+        out, again = real(program, memory)  # type: ignore[arg-type]
+        ctx = next(i for i, slot in enumerate(out) if slot[0].name == "model.layers.0.ctx")
         first = next(i for i, slot in enumerate(out) if len(slot) > 1)
-        return [*out[:first], out[first] + out[k], *out[first + 1:k], *out[k + 1:]]
+        return [*out[:first], out[first] + out[ctx], *out[first + 1:ctx], *out[ctx + 1:]], again
 
-    monkeypatch.setattr(batches, "order", tangled)
+    monkeypatch.setattr(batches, "plan", tangled)
     g = rng("tangled slots")
     with pytest.raises(arena.Overlap, match="run as one launch"):
         arena.run(decoder, {}, _decoder_inputs(g), _weights(decoder, g))
@@ -216,3 +224,24 @@ def test_halves_written_into_an_output_run_as_one_launch_below_the_vector_kernel
     at = batches.order(program, program.memory_plan({"S": 64}))
     assert [s.name for s in below[0]] == halves and len(below) == 2
     assert [[s.name for s in slot] for slot in at[:2]] == [[h] for h in halves]
+
+
+def test_a_cache_write_whose_writers_operands_are_overwritten_before_it_stays_a_copy(
+        tmp_path: Path) -> None:
+    """Generated program 149 of the suite's batch: a rotation's halves read a cast's result,
+    whose arena bytes the memory plan gives a later step before the cache write; run again by
+    the cache write, the halves' kernels would read that step's bytes (the arena oracle saw it:
+    "memory"). The write stays a copy of the rotated value, and the program passes every
+    oracle."""
+    from dslc.fuzz import oracle
+    from dslc.fuzz.choices import Choices
+    from dslc.fuzz.generate import generate
+    from dslc.runtime.cachewrites import recomputed
+
+    program = generate(Choices(2026_000_149))
+    schedule = deviceless_program(program.source(), tmp_path)[1]
+    memory = schedule.memory_plan(dict(schedule.bundle.buckets[0].dims))
+    could = recomputed(schedule, memory, lambda s: batches.small(schedule, memory, s))
+    assert list(could) == ["v31"] and batches.plan(schedule, memory)[1] == {}
+    outcome = oracle.run(program, 2026_000_149, compile=True)
+    assert not outcome.failed, outcome.detail

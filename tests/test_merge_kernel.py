@@ -97,3 +97,43 @@ def test_parts_go_into_as_few_launches_as_their_arguments_fit() -> None:
     launches = merge.launches([small, big, small, small, big])
     assert [[p is big for p in b] for b in launches] == [[False, True, False, False], [True]]
     assert merge.launches([]) == []
+
+
+@pytest.mark.parametrize("at", [0, 2, -1, 5])
+def test_a_shifted_kernel_stores_its_results_at_the_rows_the_device_reads(
+        at: int, host_folder: Path) -> None:  # noqa: F811
+    """The strided kernel with its results moved `at[0]` rows along axis 1 of a larger buffer
+    (a cache's rows), rows past the buffer dropped: equal to the kernel's results unshifted,
+    placed by numpy; every other element left as it was."""
+    g = rng("shifted kernel", at)
+    plan = MIXED
+    shifted = _library(_SHIMS + _GRID + PREAMBLE + merge.source([plan.strided_kernel(3, 1)],
+                                                                "shifted"), host_folder)
+    alone = _library(_SHIMS + _GRID + PREAMBLE + plan.strided_source("alone", 3), host_folder)
+    shape, rows = (3, 4, 5), 6
+    a = (g.standard_normal(shape) * 2).astype(np.float16)
+    b = g.standard_normal(shape).astype(ml_dtypes.bfloat16).view(np.uint16)
+    c = np.full(shape, 0.25, np.float32)
+    want = [np.zeros(shape, np.float16), np.zeros(shape, np.uint8)]
+    got = [np.full((3, rows, 5), 7, np.float16), np.full((3, rows, 5), 9, np.uint8)]
+    base = [a.ctypes.data, b.ctypes.data, c.ctypes.data]
+
+    def strides(arrays: list[np.ndarray]) -> list[int]:
+        return [st // t.itemsize for t in arrays for st in t.strides]
+
+    one = alone.alone
+    one.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * 20
+    one(*base, *(t.ctypes.data for t in want), a.size, *shape, *strides([a, b, c, *want]), 1)
+    offset = np.array([at], np.int32)
+    fn = shifted.shifted
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * 19 + [ctypes.c_void_p] + \
+        [ctypes.c_longlong] * 2
+    fn(*base, *(t.ctypes.data for t in got), a.size, *shape,
+       *strides([a, b, c]), *strides(got), offset.ctypes.data, rows, 1)
+    expect = [np.full((3, rows, 5), 7, np.float16), np.full((3, rows, 5), 9, np.uint8)]
+    for s in range(shape[1]):
+        if 0 <= at + s < rows:
+            for e, w in zip(expect, want, strict=True):
+                e[:, at + s] = w[:, s]
+    assert np.array_equal(got[0].view(np.uint16), expect[0].view(np.uint16))
+    assert np.array_equal(got[1], expect[1]) and (got[1] != 9).any()

@@ -263,35 +263,50 @@ class Plan:
         """`strided_kernel` as a kernel of its own (`backend.merge.source`)."""
         return merge.source([self.strided_kernel(rank)], name)
 
-    def strided_kernel(self, rank: int) -> merge.Kernel:
+    def strided_kernel(self, rank: int, shift: int | None = None) -> merge.Kernel:
         """The kernel over arrays of one shape of `rank` axes and any strides (an operand
         broadcast along an axis: stride 0), an element a thread: the shape `d{r}`, each array's
         strides in elements (`p{i}s{r}`, `q{j}s{r}`) and the count `n` are arguments, so one
         compiled kernel serves every size. Launched early, alone or merged with other small
         steps' kernels (`backend.merge`): between a decoder's projections (launched so too) its
-        launch then costs no gap."""
+        launch then costs no gap. With `shift`, the results are stored `at[0]` further along
+        that axis (an offset read on the device, as a cache write's), those past [0, rows)
+        dropped."""
         types = [_RAW_CTYPE[o.dtype] for o in self.operands]
         outs = [_RAW_CTYPE[d] for d in self.output_dtypes]
-        arrays = [f"p{i}" for i in range(len(types))] + [f"q{j}" for j in range(len(outs))]
+        ins = [f"p{i}" for i in range(len(types))]
+        results = [f"q{j}" for j in range(len(outs))]
         params = [f"const {t}* __restrict__ p{i}" for i, t in enumerate(types)]
         params += [f"{t}* __restrict__ q{j}" for j, t in enumerate(outs)]
         params += ["const long long n", *(f"const long long d{r}" for r in range(rank))]
-        params += [f"const long long {a}s{r}" for a in arrays for r in range(rank)]
-        walk = [f"{{ const long long c = rest % d{r}; rest /= d{r}; "
-                + " ".join(f"o{a} += c * {a}s{r};" for a in arrays) + " }"
+        params += [f"const long long {a}s{r}" for a in ins + results for r in range(rank)]
+        if shift is not None:
+            params += ["const int* __restrict__ at", "const long long rows"]
+
+        def step(r: int) -> str:
+            moved = " ".join(f"o{a} += c * {a}s{r};" for a in ins)
+            if r != shift:
+                return moved + " " + " ".join(f"o{a} += c * {a}s{r};" for a in results)
+            return (moved + " const long long row = c + first; keep = row >= 0 && row < rows; "
+                    + " ".join(f"o{a} += row * {a}s{r};" for a in results))
+
+        walk = [f"{{ const long long c = rest % d{r}; rest /= d{r}; {step(r)} }}"
                 for r in reversed(range(rank))]
         nl = "\n"
-        body = ("const long long step = BLOCKS * blockDim.x;\n"
+        store = "if (keep) " if shift is not None else ""
+        body = (("const long long first = at[0];\n" if shift is not None else "")
+                + "const long long step = BLOCKS * blockDim.x;\n"
                 "for (long long i = BLOCK * blockDim.x + threadIdx.x; i < n; i += step) {\n"
                 "long long rest = i;\n"
-                + "".join(f"long long o{a} = 0;\n" for a in arrays)
+                + ("bool keep = true;\n" if shift is not None else "")
+                + "".join(f"long long o{a} = 0;\n" for a in ins + results)
                 + nl.join(walk) + "\n"
                 + "".join(f"const {t} x{i} = p{i}[op{i}];\n" for i, t in enumerate(types))
                 + "".join(f"{t} y{j};\n" for j, t in enumerate(outs))
                 + f"{{\n{self._body(_RAW_LOAD, _RAW_STORE)}\n}}\n"
-                + "".join(f"q{j}[oq{j}] = y{j};\n" for j in range(len(outs)))
+                + "".join(f"{store}q{j}[oq{j}] = y{j};\n" for j in range(len(outs)))
                 + "}")
-        return merge.Kernel(("strided", self, rank), tuple(params), body, CONVERSIONS)
+        return merge.Kernel(("strided", self, rank, shift), tuple(params), body, CONVERSIONS)
 
 
 def _word(dtype: str) -> tuple[str, int]:
@@ -408,6 +423,24 @@ def strided_part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | 
                        *(np.int64(st) for st in strides)), grid_blocks(n))
 
 
+def shifted_part(p: Plan, xs: Sequence[Any], ys: Sequence[Any], at: Any, axis: int,
+                 rows: int) -> merge.Part | None:
+    """The strided kernel storing its results `at[0]` further along `axis` (rows past
+    [0, rows) dropped), as a part of a merged launch; None where it has nothing to compute."""
+    import cupy
+
+    views = [operand_view(x, o) for x, o in zip(xs, p.operands, strict=True)]
+    shape = ys[0].shape
+    if ys[0].size == 0:
+        return None
+    arrays = [cupy.broadcast_to(x, shape) for x in views] + list(ys)
+    strides = [st // a.itemsize for a in arrays for st in a.strides]
+    return merge.Part(_strided_kernel(p, len(shape), axis),
+                      (*arrays, np.int64(ys[0].size), *(np.int64(d) for d in shape),
+                       *(np.int64(st) for st in strides), at, np.int64(rows)),
+                      grid_blocks(ys[0].size))
+
+
 def part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | None:
     """`run` as a part of a merged launch where it runs the strided kernel on these arrays
     (small results; no operand overlapping a result), else None: then `run` it alone."""
@@ -517,5 +550,5 @@ def _scalar(node: Node) -> str:
 
 
 @cache
-def _strided_kernel(p: Plan, rank: int) -> merge.Kernel:
-    return p.strided_kernel(rank)
+def _strided_kernel(p: Plan, rank: int, shift: int | None = None) -> merge.Kernel:
+    return p.strided_kernel(rank, shift)

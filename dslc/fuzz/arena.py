@@ -25,6 +25,7 @@ from dslc.ir.interp import ITEMSIZE, NUMPY_DTYPES, concrete_attrs
 from dslc.ir.placement import placed_in
 from dslc.ir.storage import Storage
 from dslc.runtime import batches
+from dslc.runtime.cachewrites import ROWS_AXIS, Recomputed
 from dslc.runtime.schedule import MemoryPlan, Schedule
 
 POISON = 0xA7  # as f32 bytes about -4.6e-15 repeated: never an output of a well-formed run
@@ -101,20 +102,53 @@ def _apart(step: Any, reads: list[Extent], writes: list[Extent]) -> None:
                               f"({w.first}..{w.end} and {r.first}..{r.end})")
 
 
-def _independent(mem: Memory, slot: Sequence[Any]) -> None:
+def _independent(mem: Memory, slot: Sequence[Any], again: Mapping[str, Recomputed]) -> None:
     """Steps the runtime runs as one launch (`runtime.batches`): none writes a byte another
-    reads or writes (their threads run in no order)."""
+    reads or writes (their threads run in no order). A cache write run as its value's writers
+    reads what they read."""
     storage = mem.plan.storage
-    touched = [([mem.extent(*_where(storage[i])) for i in step.inputs
+
+    def reads(step: Any) -> list[str]:
+        r = again.get(step.name)
+        return [v for w in r.writers for v in w.inputs] + [r.at] if r else list(step.inputs)
+
+    touched = [([mem.extent(*_where(storage[i])) for i in reads(step)
                  if mem.program.nodes[i].op != "scalar"],
-                [mem.extent(*_where(storage[o]))
-                 for o in (step.outputs if len(step.nodes) > 1 else step.nodes)])
+                [mem.extent(*_where(storage[o])) for o in batches.written(step)])
                for step in slot]
     for a, (_, writes) in enumerate(touched):
-        for b, (reads, others) in enumerate(touched):
-            if a != b and any(w.meets(t) for w in writes for t in (*reads, *others)):
+        for b, (read, others) in enumerate(touched):
+            if a != b and any(w.meets(t) for w in writes for t in (*read, *others)):
                 raise Overlap(f"steps `{slot[a].name[:60]}` and `{slot[b].name[:60]}` run as "
                               "one launch, but the one writes bytes the other touches")
+
+
+def _recomputed_step(mem: Memory, program: Schedule, r: Recomputed,
+                     dims: Mapping[str, int]) -> None:
+    """A cache write run as its value's writers (`runtime.cachewrites`): each writer's ops
+    again, its result stored in its region of the cache `at` rows on, rows past the cache
+    dropped."""
+    storage = mem.plan.storage
+    at = int(np.asarray(mem.value(storage[r.at])).reshape(-1)[0])
+    for writer, region in zip(r.writers, r.regions, strict=True):
+        values: dict[str, np.ndarray] = {}
+        for name in writer.nodes:
+            node = program.nodes[name]
+            operands = [values[i] if i in values else
+                        np.asarray(float(program.nodes[i].attrs["value"]), np.float32)
+                        if program.nodes[i].op == "scalar"
+                        else np.ascontiguousarray(mem.value(storage[i])) for i in node.inputs]
+            values[name] = interp.evaluate_node(node, operands,
+                                                concrete_attrs(node, dims, program.env),
+                                                stored_dtype(node, name not in writer.outputs))
+        result = values[writer.outputs[0]]
+        for s in range(result.shape[ROWS_AXIS]):
+            row = at + s
+            if 0 <= row < r.rows:
+                moved = Storage((*region.shape[:ROWS_AXIS], 1, *region.shape[ROWS_AXIS + 1:]),
+                                region.strides, region.dtype, region.base,
+                                region.offset + row * region.strides[ROWS_AXIS])
+                np.copyto(mem.value(moved), result[:, :, s:s + 1])
 
 
 def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndarray],
@@ -135,10 +169,13 @@ def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndar
         if program.nodes[name].op != "scalar" and name in loaded:
             np.copyto(mem.value(plan.storage[name]), loaded[name])
     specs = _bucket_specs(program, dims)
-    for slot in batches.order(program, plan):  # the runtime's order
-        _independent(mem, slot)
+    slots, again = batches.plan(program, plan)  # the runtime's order
+    for slot in slots:
+        _independent(mem, slot, again)
         for step in reversed(slot):  # one launch: no order among them
-            if step.kind == "graph":
+            if step.name in again:
+                _recomputed_step(mem, program, again[step.name], dims)
+            elif step.kind == "graph":
                 spec = specs.get(step.signature) or _spec_at(program, step, dims)
                 _graph_step(mem, program, step, spec, dims)
             else:

@@ -14,11 +14,12 @@ construction (`ir.placement`), however their spans interleave.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dslc.backend import fused
 from dslc.ir.interp import ITEMSIZE
+from dslc.runtime.cachewrites import Recomputed, recomputed
 from dslc.runtime.records import StepRecord
 from dslc.runtime.schedule import MemoryPlan, Schedule
 
@@ -73,30 +74,71 @@ def slots(touches: Sequence[Touch], mergeable: Callable[[int], bool],
     return out
 
 
+def small(program: Schedule, memory: MemoryPlan, step: StepRecord) -> bool:
+    """Whether the step runs a kernel that can be a part of a merged launch: a cache write, or
+    a pointwise step small enough for the strided kernel."""
+    if step.kind == "graph":
+        return False
+    if len(step.nodes) == 1 and program.nodes[step.nodes[0]].op == "cache_write":
+        return True
+    shape = memory.storage[step.outputs[0]].shape
+    return program.pointwise_kernel(step) is not None and \
+        math.prod(shape) < fused.VECTOR_AT_LEAST
+
+
+def plan(program: Schedule, memory: MemoryPlan,
+         ) -> tuple[list[list[StepRecord]], dict[str, Recomputed]]:
+    """The program's steps in slots at this memory plan (`slots`, the mergeable steps those
+    `small` takes), and the cache writes run as their value's writers (`cachewrites`)."""
+    again = _kept(program, memory, recomputed(program, memory,
+                                              lambda s: small(program, memory, s)))
+    steps = program.steps
+    return ([[steps[i] for i in slot]
+             for slot in slots(touches(program, memory, again),
+                               lambda i: small(program, memory, steps[i]))], again)
+
+
+def _kept(program: Schedule, memory: MemoryPlan,
+          again: dict[str, Recomputed]) -> dict[str, Recomputed]:
+    """The cache writes that may run as their value's writers: those whose writers' operands
+    no step between the first writer and the cache write overwrites (the memory plan reuses
+    an operand's bytes once its last reader in the schedule's order has run; run again by the
+    cache write, the writers' kernels would read what came after)."""
+    plain = touches(program, memory)
+    index = {s.name: i for i, s in enumerate(program.steps)}
+    out = {}
+    for name, r in again.items():
+        first = min(index[w.name] for w in r.writers)
+        reads = [t for w in r.writers for t in plain[index[w.name]].reads]
+        if not any(w.meets(t) for j in range(first + 1, index[name])
+                   for w in plain[j].writes for t in reads):
+            out[name] = r
+    return out
+
+
 def order(program: Schedule, memory: MemoryPlan) -> list[list[StepRecord]]:
-    """The program's steps in slots at this memory plan (`slots`): the mergeable ones are the
-    cache writes and the pointwise steps small enough for the strided kernel."""
-
-    def mergeable(i: int) -> bool:
-        step = program.steps[i]
-        if step.kind == "graph":
-            return False
-        if len(step.nodes) == 1 and program.nodes[step.nodes[0]].op == "cache_write":
-            return True
-        shape = memory.storage[step.outputs[0]].shape
-        return program.pointwise_kernel(step) is not None and \
-            math.prod(shape) < fused.VECTOR_AT_LEAST
-
-    return [[program.steps[i] for i in slot]
-            for slot in slots(touches(program, memory), mergeable)]
+    """`plan`'s slots."""
+    return plan(program, memory)[0]
 
 
-def touches(program: Schedule, memory: MemoryPlan) -> list[Touch]:
-    """Each step's reads and writes at this memory plan."""
-    return [Touch(tuple(_region(program, memory, v) for v in step.inputs
-                        if program.nodes[v].op != "scalar"),
-                  tuple(_region(program, memory, v) for v in step.outputs))
-            for step in program.steps]
+def touches(program: Schedule, memory: MemoryPlan,
+            again: Mapping[str, Recomputed] | None = None) -> list[Touch]:
+    """Each step's reads and writes at this memory plan (a cache write run as its value's
+    writers reads what they read)."""
+    out = []
+    for step in program.steps:
+        r = (again or {}).get(step.name)
+        reads = [v for w in r.writers for v in w.inputs] + [r.at] if r else list(step.inputs)
+        out.append(Touch(tuple(_region(program, memory, v) for v in reads
+                               if program.nodes[v].op != "scalar"),
+                         tuple(_region(program, memory, v) for v in written(step))))
+    return out
+
+
+def written(step: StepRecord) -> tuple[str, ...]:
+    """What a step stores: its outputs, and a single op its result even where no other step
+    reads it (a cache written in place)."""
+    return step.outputs if len(step.nodes) > 1 else step.nodes
 
 
 def _region(program: Schedule, memory: MemoryPlan, value: str) -> Region:

@@ -30,6 +30,7 @@ from dslc.ir.interp import concrete_attrs
 from dslc.ir.storage import Storage
 from dslc.runtime import batches, fleet, params, plancache, startup
 from dslc.runtime import bundle as bundlefile
+from dslc.runtime.cachewrites import ROWS_AXIS, Recomputed
 from dslc.runtime.decoder import Decoder
 from dslc.runtime.inputs import bind_inputs
 from dslc.runtime.manifest import Manifest
@@ -72,8 +73,9 @@ class Executable:
         self.arena = cupy.empty(max(self.memory.arena, 1), dtype=cupy.uint8)
         workspace = max((r.workspace for r in self.graphs.values()), default=0)
         self.workspace = cupy.empty(max(workspace, 256), dtype=cupy.uint8)
-        # Small kernel steps of no dependency between them run as one launch (`batches`).
-        self.slots = batches.order(model.program, self.memory)
+        # Small kernel steps of no dependency between them run as one launch (`batches`); a
+        # cache write may run as its value's writers (`cachewrites`).
+        self.slots, self.recomputed = batches.plan(model.program, self.memory)
         self.bindings = {}
         for step in model.program.steps:
             if step.kind == "graph":
@@ -459,7 +461,7 @@ class Model:
         with stream:
             if events is None:
                 for slot in exe.slots:
-                    if len(slot) == 1:
+                    if len(slot) == 1 and slot[0].name not in exe.recomputed:
                         self._step(exe, slot[0], refs, outputs, workspace)
                     else:
                         self._merged(exe, slot, refs, outputs, workspace)
@@ -499,8 +501,12 @@ class Model:
         """Steps no one of which reads or writes what another writes, as one kernel
         (`backend.merge`); a step whose kernel cannot be a part here (an operand overlapping its
         result, a result large enough for the vector kernel) runs on its own first."""
-        parts = []
+        parts: list[merge.Part] = []
         for step in slot:
+            again = exe.recomputed.get(step.name)
+            if again is not None:
+                parts += self._recomputed(exe, again, refs, outputs)
+                continue
             part = None
             p = self.program.pointwise_kernel(step)
             if p is not None:
@@ -517,6 +523,25 @@ class Model:
             else:
                 parts.append(part)
         merge.run(parts)
+
+    def _recomputed(self, exe: Executable, again: Recomputed,
+                    refs: Mapping[str, device.ArrayRef],
+                    outputs: Mapping[str, device.ArrayRef]) -> list[merge.Part]:
+        """A cache write as its value's writers' kernels storing into the cache's rows
+        (`runtime.cachewrites`)."""
+        at = self._view(exe, again.at, refs, outputs)
+        parts = []
+        for writer, region in zip(again.writers, again.regions, strict=True):
+            p = self.program.pointwise_kernel(writer)
+            assert p is not None, writer.name  # `cachewrites` takes no other writer
+            ptr = self._pointer(exe, region.base, refs, outputs) + \
+                region.offset * ITEMSIZE[region.dtype]
+            y = device.view(ptr, region.shape, region.strides, region.dtype, device.STORED_AS)
+            part = fused.shifted_part(p, [self._view(exe, o.name, refs, outputs)
+                                          for o in p.operands], [y], at, ROWS_AXIS, again.rows)
+            if part is not None:
+                parts.append(part)
+        return parts
 
     def _view(self, exe: Executable, name: str, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef]) -> Any:
