@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +51,19 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, target: Target, outdi
     """Front end done: build into `outdir` (`pipeline.build`) and say what was made."""
     assert result.model is not None
     model = result.model
+    started = time.monotonic()
     checked = None
     if args.weights is not None:
         checked = checked_weights(args, out, result, convert=args.precision is not None)
         if checked is None:
             return EXIT_ERRORS
     decision = None
+    fp8_seconds = None
     if args.fp8 == "auto":
         assert checked is not None  # --fp8 auto asks for --weights (`fp8_choice.usage`)
         result, decision = fp8_choice.choose(result, args, target, checked,
                                              _buckets(args.bucket, model), out.progress)
+        fp8_seconds = time.monotonic() - started
     wanted = frozenset(STAGES) if "all" in args.dump else frozenset(args.dump)
     as_json = args.format == "json"  # stdout holds the one JSON document: dumps go to files
     show = None if as_json else _show_dump if len(wanted) > 1 else _show_text
@@ -86,7 +90,7 @@ def compile_to(result: FrontEnd, args: argparse.Namespace, target: Target, outdi
         if not args.quiet:
             print("\n".join(decision.table()), file=sys.stderr)
     summary = compile_summary(args.file, built, len(model.buckets), sorted(wanted),
-                              checked is not None)
+                              checked is not None, fp8_seconds)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -104,9 +108,10 @@ def _show_text(name: str, text: str) -> None:
 
 
 def compile_summary(source: Path, built: Built, buckets: int, dumps: list[str],
-                    weights: bool) -> dict[str, Any]:
+                    weights: bool, fp8_seconds: float | None = None) -> dict[str, Any]:
     """What `dslc compile` made (its `--format json` document); `weights`: whether the weights
-    were written beside the bundle."""
+    were written beside the bundle; `fp8_seconds`: the time `--fp8 auto` spent measuring (the
+    command's `seconds` count it too)."""
     compiled = built.compiled
     assert compiled is not None and built.bundle is not None
     graphs = sum(1 for s in compiled.steps if s.kind == "graph")
@@ -126,7 +131,8 @@ def compile_summary(source: Path, built: Built, buckets: int, dumps: list[str],
                                               "seconds": round(tuning.seconds, 3),
                                               "geomean_speedup": tuning.geomean_speedup()},
         "dumps": [str(folder / f"{STAGES.index(d) + 1}.{d}.txt") for d in dumps],
-        "seconds": round(built.seconds, 3),
+        "fp8_seconds": None if fp8_seconds is None else round(fp8_seconds, 3),
+        "seconds": round(built.seconds + (fp8_seconds or 0.0), 3),
     }
 
 
@@ -136,8 +142,9 @@ def _summary_text(s: dict[str, Any]) -> str:
     splits = f", {s['split']} split" if s["split"] else ""
     return (f"compiled {s['source']} for {s['target']}: {s['steps']} steps ({s['cudnn_graphs']} "
             f"cuDNN graphs, {kernels} fallback kernel{plural}{splits}), {s['graphs']} graphs over "
-            f"{s['buckets']} buckets, {s['plans_built']} plans built, in {s['seconds']:.1f} s -> "
-            f"{Path(s['bundle']).parent}/")
+            f"{s['buckets']} buckets, {s['plans_built']} plans built, in {s['seconds']:.1f} s"
+            + (f" ({s['fp8_seconds']:.1f} s of it measuring fp8)" if s.get("fp8_seconds") else "")
+            + f" -> {Path(s['bundle']).parent}/")
 
 
 def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
