@@ -157,8 +157,9 @@ def test_the_arena_run_refuses_a_slot_whose_steps_touch_each_others_bytes(
     run, so the fuzz oracle would see a defect of `slots`."""
     real = batches.plan
 
-    def tangled(program: Schedule, memory: object) -> tuple[list[list[object]], object]:
-        out, again = real(program, memory)  # type: ignore[arg-type]
+    def tangled(program: Schedule, memory: object,
+                graphs: object = ()) -> tuple[list[list[object]], object]:
+        out, again = real(program, memory, graphs)  # type: ignore[arg-type]
         ctx = next(i for i, slot in enumerate(out) if slot[0].name == "model.layers.0.ctx")
         first = next(i for i, slot in enumerate(out) if len(slot) > 1)
         return [*out[:first], out[first] + out[ctx], *out[first + 1:ctx], *out[ctx + 1:]], again
@@ -245,3 +246,59 @@ def test_a_cache_write_whose_writers_operands_are_overwritten_before_it_stays_a_
     assert list(could) == ["v31"] and batches.plan(schedule, memory)[1] == {}
     outcome = oracle.run(program, 2026_000_149, compile=True)
     assert not outcome.failed, outcome.detail
+
+
+WRITES = """model m {
+  input x: [1, 2, 4, 8]
+  input y: [1, 2, 4, 8]
+  input big: [1, 8, 128, 64]
+  input c1: [1, 2, 6, 8]
+  input c2: [1, 2, 6, 8]
+  input c3: [1, 2, 6, 16]
+  input c4: [1, 8, 130, 64]
+  input at: i32[1]
+  let b = y + 1.0
+  output k2 = cache_write(c2, b, at)
+  output ob = b
+  output k3 = cache_write(c3, concat([x * 3.0, y], axis=3), at)
+  output k4 = cache_write(c4, big * 2.0, at)
+  output k1 = cache_write(c1, x * 2.0, at)
+}
+"""
+
+
+def test_a_cache_write_runs_as_its_writers_where_they_are_small_pointwise_kernels(
+        tmp_path: Path) -> None:
+    """With every pointwise step a kernel (`tune.joins.every_kernel`): k3's concatenation
+    copies an input and k4's value is too large for the strided kernel (the vector kernel runs
+    it, alone): each stays a copy. k2's value, an output too, and k1's run as their kernels
+    into the cache's rows (all of a row: the region starts at the cache's first element); the
+    kernels still write the values, so `ob` reads b as before. The arena run equals the
+    reference, caches included."""
+    from dslc.runtime.cachewrites import recomputed
+    from dslc.tune.joins import every_kernel
+
+    program = Schedule(every_kernel(deviceless_program(WRITES, tmp_path)[1].bundle))
+    memory = program.memory_plan({})
+    again = recomputed(program, memory, lambda s: batches.small(program, memory, s))
+    assert sorted(again) == ["k1", "k2"]  # k3 and k4, between them, stay copies
+    r = again["k1"]
+    assert r.rows == 6 and r.at == program.inputs["at"]
+    assert batches.plan(program, memory)[1] == again
+    [region] = r.regions
+    assert (region.base, region.offset, region.shape) == (program.inputs["c1"], 0, (1, 2, 4, 8))
+    assert region.strides == memory.storage[program.inputs["c1"]].strides
+    g = rng("cache writes as writers")
+    x = {n: g.standard_normal(t).astype(np.float32) for n, t in
+         (("x", (1, 2, 4, 8)), ("y", (1, 2, 4, 8)), ("big", (1, 8, 128, 64)),
+          ("c1", (1, 2, 6, 8)), ("c2", (1, 2, 6, 8)), ("c3", (1, 2, 6, 16)),
+          ("c4", (1, 8, 130, 64)))}
+    x["at"] = np.array([3], np.int32)  # rows 3..6 of 6: the last dropped
+    want, caches = interp.run_in_place(program.graph, x, {}, program.env)
+    written: dict[str, np.ndarray] = {}
+    got = arena.run(program, {}, x, {}, written)
+    for name in ("k1", "k2", "k3", "k4", "ob"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+    for name, cache in caches.items():
+        np.testing.assert_allclose(written[name], cache, rtol=1e-6)
+    assert np.array_equal(written["c1"][:, :, 3:6], x["x"][:, :, :3] * 2.0)

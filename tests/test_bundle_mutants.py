@@ -408,7 +408,7 @@ def test_a_bucket_graph_under_an_unknown_signature_is_named_by_forty_characters(
     data = payload()
     graphs = data["buckets"][0]["graphs"]
     graphs["s" * 50] = graphs.pop("sig-s")
-    with refuses(f"buckets[0].graphs.{'s' * 40}: not the signature of a graph step"):
+    with refuses(f"buckets[0].graphs.{'s' * 40}: not the signature of a step"):
         Bundle.from_data(data)
 
 
@@ -533,11 +533,18 @@ def test_a_damaged_payload_is_refused_by_its_path(edit: Any, message: str) -> No
     assert str(err.value).startswith(message)
 
 
-def test_a_graph_step_of_another_kind_is_no_signature_a_bucket_may_hold() -> None:
+def test_a_kernel_step_may_keep_its_graph_at_a_bucket() -> None:
+    """The tuner keeps a kernel step's graph at the buckets where the graph measured faster
+    (`tune.fusion.KernelMeasured.graph_at`): the reader takes it, and the step runs it there."""
+    from dslc.runtime.schedule import Schedule
+
     data = payload()
     data["steps"][1]["kind"] = "kernel"
-    with refuses("buckets[0].graphs.sig-s: not the signature of a graph step"):
-        Bundle.from_data(data)
+    bundle = Bundle.from_data(data)
+    step = bundle.steps[1]
+    assert step.kind == "kernel" and step.signature in bundle.buckets[0].graphs
+    assert Schedule.runs_graph(step, bundle.buckets[0].graphs)
+    assert not Schedule.runs_graph(step, ())
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -93,7 +93,7 @@ def test_a_bucket_graph_under_a_signature_no_step_has_is_refused(tmp_path: Path)
     sig = next(iter(graphs))
     graphs["nosuchsignature"] = graphs.pop(sig)
     refused(write(tmp_path, data), "buckets[0].graphs.nosuchsignature: not the signature of a "
-            "graph step")
+            "step")
     graphs["s" * 60] = graphs.pop("nosuchsignature")  # named up to 40 characters
     refused(write(tmp_path, data), f"buckets[0].graphs.{'s' * 40}: not the signature")
 

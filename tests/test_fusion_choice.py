@@ -478,3 +478,49 @@ def test_split_parts_are_named_as_the_compiler_names_steps(tmp_path: Path) -> No
     for bucket in out.buckets:
         assert bucket.arena_bytes == Schedule(out).memory_plan(dict(bucket.dims)).arena
         assert bucket.arena_bytes > program.memory_plan(dict(bucket.dims)).arena
+
+
+@pytest.mark.parametrize(("kernel", "chosen", "graph_at"), [
+    ({"N=2": 0.5, "N=4": 0.5}, True, set()),  # faster at both buckets
+    ({"N=2": 0.5, "N=4": 2.0}, True, {"N=4"}),  # faster at one (slower in sum): both kept
+    ({"N=2": 0.98, "N=4": 2.0}, False, {"N=2", "N=4"}),  # within the noise, or slower
+    ({"N=2": 0.5, "N=4": None}, False, {"N=4"}),  # failed its check at one: the graph stays
+])
+def test_a_kernel_is_chosen_where_it_wins_at_a_bucket_and_the_graph_kept_where_not(
+        kernel: dict[str, float | None], chosen: bool, graph_at: set[str]) -> None:
+    from types import SimpleNamespace
+
+    m = KernelMeasured(SimpleNamespace(name="s"), {"N=2": 1.0, "N=4": 1.0},  # type: ignore[arg-type]
+                       kernel)
+    assert m.chosen is chosen and m.graph_at == graph_at
+
+
+def test_a_kernel_chosen_at_one_bucket_keeps_the_graph_at_the_other(tmp_path: Path) -> None:
+    """The kernel faster at N=2, the graph at N=4: the step is a kernel that runs its graph at
+    N=4 (a decoder's attention: the kernel at one query a step, cuDNN over a prompt). The
+    bundle is valid, keeps the graph there through later rewrites (`with_joins` makes the bundle
+    again), `inspect` says where cuDNN runs it, and each bucket computes what the compiled
+    bundle computes, the arena running the graph at N=4 and the kernel at N=2."""
+    from dslc.cli.inspect import bundle_report
+
+    _, program = deviceless_program(POINTWISE, tmp_path)
+    [m] = _kernels(program, {"a.mul+add+sigmoid": (1.0, 0.5)})
+    m.kernel_ms["N=4"] = 2.0
+    out = Bundle.from_data(with_fusion(program.bundle, [], [m]).to_data())
+    out = Bundle.from_data(with_fusion(out, []).to_data())  # made again: the graph stays
+    step = next(s for s in out.steps if s.name == "a.mul+add+sigmoid")
+    assert step.kind == "kernel" and "the graph kept at N=4, where it is not" in step.reason
+    assert {b.key: step.signature in b.graphs for b in out.buckets} == {"N=2": False,
+                                                                         "N=4": True}
+    [row] = [r for r in bundle_report(out)["steps"] if r["name"] == step.name]
+    assert row["runs_on"] == "fallback kernel, cuDNN at N=4" and list(row["plans"]) == ["N=4"]
+    schedule = Schedule(out)
+    for bucket in out.buckets:
+        assert schedule.runs_graph(step, bucket.graphs) is (bucket.key == "N=4")
+        dims = dict(bucket.dims)
+        g = rng("kernel at a bucket", bucket.key)
+        inputs = {"x": g.standard_normal((dims["N"], 64)).astype(np.float32),
+                  "s": g.standard_normal(64).astype(np.float32)}
+        want = arena.run(program, dims, inputs, {})["y"]
+        got = arena.run(schedule, dims, inputs, {})["y"]
+        assert relative_error(got, want) < 1e-6, bucket.key

@@ -51,9 +51,10 @@ def bundle_report(bundle: Bundle) -> dict[str, Any]:
     steps = []
     for i, step in enumerate(program.steps, start=1):
         plans = {b.key: _plan(b.graphs[step.signature].plan) for b in bundle.buckets
-                 if step.kind == "graph" and step.signature in b.graphs}
-        steps.append({"index": i, "name": step.name, "kind": step.kind,
-                      "runs_on": "cuDNN" if step.kind == "graph" else "fallback kernel",
+                 if step.signature in b.graphs}
+        runs_on = "cuDNN" if step.kind == "graph" else \
+            "fallback kernel, cuDNN at " + ", ".join(plans) if plans else "fallback kernel"
+        steps.append({"index": i, "name": step.name, "kind": step.kind, "runs_on": runs_on,
                       "pattern": step.pattern, "ops": [nodes[n].op for n in step.nodes],
                       "nodes": list(step.nodes), "signature": step.signature,
                       "reason": step.reason, "plans": plans,
@@ -112,7 +113,8 @@ def _bundle_text(r: dict[str, Any]) -> str:
               f"{b['saved_plans']} with a saved plan" for b in r["buckets"]]
     lines.append(f"\n{len(r['steps'])} steps:")
     for s in r["steps"]:
-        where = "cuDNN" if s["kind"] == "graph" else "OUTSIDE cuDNN (fallback kernel)"
+        where = "cuDNN" if s["kind"] == "graph" else "OUTSIDE cuDNN (fallback kernel)" + (
+            f"; cuDNN at {', '.join(s['plans'])}" if s["plans"] else "")
         lines.append(f"{s['index']:4d}. {s['name']}  [{' -> '.join(s['ops'])}]  {where}")
         for key, plan in s["plans"].items():
             state = (f"engine {plan['engine_id']} knobs {plan['knobs']}, workspace "

@@ -14,7 +14,7 @@ construction (`ir.placement`), however their spans interleave.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dslc.backend import fused
@@ -74,10 +74,12 @@ def slots(touches: Sequence[Touch], mergeable: Callable[[int], bool],
     return out
 
 
-def small(program: Schedule, memory: MemoryPlan, step: StepRecord) -> bool:
-    """Whether the step runs a kernel that can be a part of a merged launch: a cache write, or
-    a pointwise step small enough for the strided kernel."""
-    if step.kind == "graph":
+def small(program: Schedule, memory: MemoryPlan, step: StepRecord,
+          graphs: Collection[str] = ()) -> bool:
+    """Whether the step runs a kernel that can be a part of a merged launch (no graph where the
+    bucket's `graphs` are at hand): a cache write, or a pointwise step small enough for the
+    strided kernel."""
+    if program.runs_graph(step, graphs):
         return False
     if len(step.nodes) == 1 and program.nodes[step.nodes[0]].op == "cache_write":
         return True
@@ -86,16 +88,17 @@ def small(program: Schedule, memory: MemoryPlan, step: StepRecord) -> bool:
         math.prod(shape) < fused.VECTOR_AT_LEAST
 
 
-def plan(program: Schedule, memory: MemoryPlan,
+def plan(program: Schedule, memory: MemoryPlan, graphs: Collection[str] = (),
          ) -> tuple[list[list[StepRecord]], dict[str, Recomputed]]:
     """The program's steps in slots at this memory plan (`slots`, the mergeable steps those
-    `small` takes), and the cache writes run as their value's writers (`cachewrites`)."""
+    `small` takes; `graphs`: the bucket's), and the cache writes run as their value's writers
+    (`cachewrites`)."""
     again = _kept(program, memory, recomputed(program, memory,
-                                              lambda s: small(program, memory, s)))
+                                              lambda s: small(program, memory, s, graphs)))
     steps = program.steps
     return ([[steps[i] for i in slot]
              for slot in slots(touches(program, memory, again),
-                               lambda i: small(program, memory, steps[i]))], again)
+                               lambda i: small(program, memory, steps[i], graphs))], again)
 
 
 def _kept(program: Schedule, memory: MemoryPlan,

@@ -1,12 +1,12 @@
 """Cache writes computed from their value's inputs, not from the value: a decoder step's rotated
 keys, written into their slices of `k_new` by small pointwise steps, then copied into the key
 cache at row `position` (`cache_write`), cost a launch after those steps (~3 us on the H200:
-the copy waits for them). Where every step writing `new` is such a step and nothing but the
-cache write reads `new`, the cache write runs those steps' kernels again with their results
-stored straight into the cache's rows (`fused.Plan.strided_kernel` with a shift read on the
-device): it then reads what they read, not what they write, and runs in their launch
-(`runtime.batches`). The steps still write `new` (the concatenation placing them reads it;
-a few kilobytes).
+the copy waits for them). Where every step writing `new` is such a step, the cache write runs
+those steps' kernels again with their results stored straight into the cache's rows
+(`fused.Plan.strided_kernel` with a shift read on the device): it then reads what they read,
+not what they write, and runs in their launch (`runtime.batches`, which also keeps it from
+running where a step before it overwrote what they read). The steps still write `new`, for
+whatever else reads it (a few kilobytes).
 """
 
 from __future__ import annotations
@@ -36,19 +36,16 @@ class Recomputed:
 def recomputed(program: Schedule, memory: MemoryPlan,
                small: Callable[[StepRecord], bool]) -> dict[str, Recomputed]:
     """The cache write steps (by name) that run as their value's writers at this memory plan:
-    each writer a pointwise step of one result that `small` (the strided kernel runs it) and
-    reads nothing of the cache."""
+    each writer a pointwise step of one result that `small` takes (the strided kernel runs it).
+    The writers still write the value, so whatever else reads it reads it as before; nothing
+    but the cache write reads the cache (E0211), so they read nothing of it."""
     out: dict[str, Recomputed] = {}
     writer_of = {v: s for s in program.steps for v in s.outputs}
-    readers: dict[str, list[StepRecord]] = {}
-    for s in program.steps:
-        for v in s.inputs:
-            readers.setdefault(v, []).append(s)
     for step in program.steps:
         node = program.nodes[step.nodes[0]]
         if len(step.nodes) != 1 or node.op != "cache_write":
             continue
-        cache, new, at = node.inputs
+        _cache, new, at = node.inputs
         value = program.nodes[new]
         parts = list(value.inputs) if value.op == "concat" else [new]
         if value.op == "concat" and any(program.placement.get(p, ("",))[0] != new
@@ -57,15 +54,6 @@ def recomputed(program: Schedule, memory: MemoryPlan,
         writers = [writer_of.get(p) for p in parts]
         if any(w is None or w.outputs != (p,) or program.pointwise_kernel(w) is None
                or not small(w) for w, p in zip(writers, parts, strict=True)):
-            continue
-        # nothing else reads the value (the concatenation placing the parts reads them)
-        if [r.name for r in readers.get(new, [])] != [step.name] or \
-                any(r.name != writer_of[new].name for p in parts if p != new
-                    for r in readers.get(p, [])):
-            continue
-        cache_base = memory.storage[cache].base
-        if any(memory.storage[i].base == cache_base for w in writers if w is not None
-               for i in w.inputs if i in memory.storage):
             continue
         into = memory.storage[step.nodes[0]]
         regions = tuple(_region(memory.storage[new], memory.storage[p], into) for p in parts)

@@ -250,7 +250,7 @@ class BucketRecord:
         for sig, entry in f.mapping(d["graphs"], f"{path}.graphs").items():
             at = f"{path}.graphs.{sig[:40]}"
             if sig not in signatures:
-                f.wrong(at, "not the signature of a graph step")
+                f.wrong(at, "not the signature of a step")
             entry = f.mapping(entry, at, ("spec", "plan"), ())
             spec = SpecRecord.from_data(entry["spec"], f"{at}.spec", nodes)
             if spec.signature != sig:
@@ -398,7 +398,8 @@ class Bundle:
         steps = tuple(StepRecord.from_data(s, f"steps[{i}]", nodes)
                       for i, s in enumerate(f.items(d["steps"], "steps")))
         _check_schedule(graph, load_time, steps)
-        signatures = {s.signature for s in steps if s.kind == "graph"}
+        # a kernel step's graph too, where the tuner kept it at a bucket (measured faster there)
+        signatures = {s.signature for s in steps}
         buckets = tuple(BucketRecord.from_data(b, f"buckets[{i}]", graph, nodes, signatures)
                         for i, b in enumerate(f.items(d["buckets"], "buckets")))
         if len({b.key for b in buckets}) != len(buckets):

@@ -11,7 +11,7 @@ memory of the value it is bound to.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,13 @@ class Schedule:
             p = fused.plan_of(self.nodes, step.nodes, step.inputs, step.outputs)
             self._pointwise[step.name] = p if isinstance(p, fused.Plan) else None
         return self._pointwise[step.name]
+
+    @staticmethod
+    def runs_graph(step: StepRecord, graphs: Collection[str]) -> bool:
+        """Whether the step runs a cuDNN graph where a bucket's graphs (`graphs`, signatures)
+        are at hand: a graph step always, a kernel step where the tuner kept its graph at that
+        bucket (`tune.fusion.KernelMeasured.graph_at`)."""
+        return step.kind == "graph" or step.signature in graphs
 
     def matmul_kernel(self, step: StepRecord) -> gemv.Gemv | None:
         """The matmul kernel with its epilogue (`backend.gemv`) that runs a step of a matmul and
@@ -225,7 +232,7 @@ class _Lazy(dict[str, Storage]):
 def check_bucket(program: Schedule, bucket: BucketRecord, path: str) -> None:
     storage = _Lazy(program, bucket.dims)
     for step in program.steps:
-        entry = bucket.graphs.get(step.signature) if step.kind == "graph" else None
+        entry = bucket.graphs.get(step.signature)
         if entry is not None:
             program.check_bindings(step, entry.spec, storage, bucket.dims,
                                    f"{path}.graphs.{step.signature[:40]}.spec")

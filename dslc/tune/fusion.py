@@ -97,9 +97,20 @@ class KernelMeasured:
 
     @property
     def chosen(self) -> bool:
-        """The kernel, summed over the buckets, faster than the graph by more than NOISE (not
-        where a time is missing: a kernel that failed its check stays a graph)."""
-        return split_is_faster(self.graph_ms, self.kernel_ms, {})
+        """The kernel faster than the graph by more than NOISE at one bucket or more (not where
+        a time is missing: a kernel that failed its check stays a graph)."""
+        times = [*self.graph_ms.values(), *(self.kernel_ms.get(k) for k in self.graph_ms)]
+        if not self.graph_ms or any(t is None or not math.isfinite(t) for t in times):
+            return False
+        return len(self.graph_at) < len(self.graph_ms)
+
+    @property
+    def graph_at(self) -> frozenset[str]:
+        """The buckets where the graph stays, the kernel chosen: the kernel not faster there by
+        more than NOISE (a decoder's attention: the kernel at one query a step, cuDNN's flash
+        engine over a prompt)."""
+        return frozenset(k for k, g in self.graph_ms.items()
+                         if not split_is_faster({k: g}, {k: self.kernel_ms.get(k)}, {}))
 
     def summary(self) -> str:
         def ms(t: float | None) -> str:
@@ -263,6 +274,12 @@ def with_fusion(bundle: Bundle, measured: list[Measured],
     chosen kernel its step's (the step a fallback kernel, its graphs dropped), and every
     measured step saying what was measured."""
     as_kernel = {k.step.name: k for k in kernels or []}
+    # per bucket, the kernel steps' graphs kept there: measured faster there (`graph_at`)
+    keep = {b.key: {s.signature for s in bundle.steps
+                    if s.kind == "kernel" and s.signature in b.graphs} for b in bundle.buckets}
+    for k in kernels or []:
+        for key in k.graph_at if k.chosen else ():
+            keep[key].add(k.step.signature)
     bundle = replace(bundle, steps=tuple(_kernel_or_graph(s, as_kernel.get(s.name))
                                          for s in bundle.steps))
     by_step = {m.split.step.name: m for m in measured}
@@ -285,7 +302,8 @@ def with_fusion(bundle: Bundle, measured: list[Measured],
     nodes = bundle.graph.graph.by_name()
     buckets = []
     for bucket in bundle.buckets:
-        graphs = {sig: g for sig, g in bucket.graphs.items() if sig in used}
+        graphs = {sig: g for sig, g in bucket.graphs.items()
+                  if sig in used or sig in keep[bucket.key]}
         for m in taken:
             for spec, plan in m.parts[bucket.key]:
                 at = f"buckets.{bucket.key}.graphs.{spec.signature}"
@@ -303,8 +321,10 @@ def _kernel_or_graph(step: StepRecord, m: KernelMeasured | None) -> StepRecord:
         return step
     if not m.chosen:
         return replace(step, reason=joined_reason(step.reason, f"{m.summary()}: kept the graph"))
-    return replace(step, kind="kernel", reason=joined_reason(step.reason, f"{m.summary()}: one "
-                                                                    "kernel is faster"))
+    graph_at = sorted(m.graph_at)
+    why = f"{m.summary()}: one kernel is faster" + (
+        f" (the graph kept at {', '.join(graph_at)}, where it is not)" if graph_at else "")
+    return replace(step, kind="kernel", reason=joined_reason(step.reason, why))
 
 
 def _step(group: Group, reason: str) -> StepRecord:

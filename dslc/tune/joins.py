@@ -225,6 +225,10 @@ def every_kernel(bundle: Bundle) -> Bundle:
     steps = tuple(replace(s, kind="kernel", reason=joined_reason(s.reason, "made its fallback kernel "
                                                                      "to check it"))
                   if s.name in names else s for s in bundle.steps)
-    out = with_fusion(replace(bundle, steps=steps), [])
+    graphs = {s.signature for s in steps if s.kind == "graph"}
+    forced = {s.signature for s in steps if s.name in names} - graphs  # a kernel everywhere
+    buckets = tuple(replace(b, graphs={k: g for k, g in b.graphs.items() if k not in forced})
+                    for b in bundle.buckets)
+    out = with_fusion(replace(bundle, steps=steps, buckets=buckets), [])
     out = with_joins(out, pairs(Schedule(out)), every=True)
     return with_joins(out, norms(Schedule(out)), every=True)
