@@ -302,3 +302,140 @@ def test_a_cache_write_runs_as_its_writers_where_they_are_small_pointwise_kernel
     for name, cache in caches.items():
         np.testing.assert_allclose(written[name], cache, rtol=1e-6)
     assert np.array_equal(written["c1"][:, :, 3:6], x["x"][:, :, :3] * 2.0)
+
+
+def test_a_parts_region_in_the_cache_is_where_its_slice_of_the_value_is() -> None:
+    """`cachewrites._region`: a part's coordinates in the value, found from its offset, laid
+    out by the cache's strides, at row 0. Checked by hand: the value [1, 2, 4, 8] dense (its
+    size-1 axis given stride 1, as PyTorch may), a cache [1, 2, 6, 16]."""
+    from dslc.ir.storage import Storage
+    from dslc.runtime.cachewrites import _region
+
+    whole = Storage((1, 2, 4, 8), (1, 32, 8, 1), "f32", "v", 0)
+    cache = Storage((1, 2, 6, 16), (192, 96, 16, 1), "f32", "c", 0)
+    half = Storage((1, 2, 4, 4), (1, 32, 8, 1), "f32", "v", 4)  # d 4..8
+    assert _region(whole, half, cache) == Storage((1, 2, 4, 4), cache.strides, "f32", "c", 4)
+    head = Storage((1, 1, 4, 8), (1, 32, 8, 1), "f32", "v", 32)  # head 1
+    assert _region(whole, head, cache) == Storage((1, 1, 4, 8), cache.strides, "f32", "c", 96)
+    inner = Storage((1, 2, 4, 8), (1, 32, 8, 1), "f32", "v", 10)  # the value 10 elements on
+    shifted = Storage((1, 1, 4, 2), (1, 32, 8, 1), "f32", "v", 10 + 32 + 8 + 2)
+    assert _region(inner, shifted, cache).offset == 96 + 16 + 2  # type: ignore[union-attr]
+    assert _region(whole, Storage((1, 2, 4, 4), (64, 32, 8, 1), "f32", "w", 0), cache) is None
+    assert _region(whole, half, Storage((2, 6, 16), (96, 16, 1), "f32", "c", 0)) is None
+    gaps = Storage((1, 2, 4, 8), (1, 64, 16, 1), "f32", "v", 0)  # not dense
+    assert _region(gaps, half, cache) is None
+
+
+WRITERS = """model m {
+  input x: [1, 2, 4, 8]
+  input z: [1, 2, 4, 3]
+  input c2: [1, 2, 6, 11]
+  input c3: [1, 2, 6, 8]
+  input at: i32[1]
+  output k2 = cache_write(c2, concat([x * 3.0, z * 2.0], axis=3), at)
+  output k3 = cache_write(c3, x * 4.0, at)
+}
+"""
+
+
+def test_a_cache_write_whose_writers_store_elsewhere_stays_a_copy(tmp_path: Path) -> None:
+    """k2's concatenation copies its operands (3 f32 channels of 11: no slice on 16 bytes),
+    whose kernels write buffers of their own: it stays a copy, and k3 after it runs as its
+    writer."""
+    from dslc.runtime.cachewrites import recomputed
+    from dslc.tune.joins import every_kernel
+
+    program = Schedule(every_kernel(deviceless_program(WRITERS, tmp_path)[1].bundle))
+    memory = program.memory_plan({})
+    concat = program.nodes[program.nodes["k2"].inputs[1]]
+    assert concat.op == "concat" and not set(concat.inputs) & set(program.placement)
+    again = recomputed(program, memory, lambda s: batches.small(program, memory, s))
+    assert list(again) == ["k3"]
+
+
+TWO = """model m {
+  dim N = 1..8 tune [2, 4]
+  input x: [N, 64]
+  output y1 = sigmoid(x * 2.0 + 1.0)
+  output y2 = tanh(x * 3.0)
+}
+"""
+
+
+def test_a_step_running_its_graph_at_a_bucket_joins_no_launch_there(tmp_path: Path) -> None:
+    """Two kernel steps of no dependency run as one launch, but at a bucket where the first
+    keeps its graph (`Schedule.runs_graph`) it runs alone, as the graph."""
+    from dataclasses import replace
+
+    bundle = deviceless_program(TWO, tmp_path)[1].bundle
+    first = bundle.steps[0]
+    kept = replace(bundle, steps=tuple(replace(s, kind="kernel") for s in bundle.steps),
+                   buckets=tuple(replace(b, graphs={k: g for k, g in b.graphs.items()
+                                                    if b.key == "N=4" and k == first.signature})
+                                 for b in bundle.buckets))
+    program = Schedule(kept)
+    for bucket in kept.buckets:
+        slots = batches.plan(program, program.memory_plan(dict(bucket.dims)), bucket.graphs)[0]
+        assert [len(s) for s in slots] == ([1, 1] if bucket.key == "N=4" else [2])
+
+
+def test_a_parts_coordinates_follow_the_values_memory_order() -> None:
+    """A value stored BSHD ([B, H, S, D] with S outside H): a part one row on (s = 1) is 16
+    elements in, which is h = 2 only if the axes were taken in their own order."""
+    from dslc.ir.storage import Storage
+    from dslc.runtime.cachewrites import _region
+
+    whole = Storage((1, 2, 4, 8), (64, 8, 16, 1), "f32", "v", 0)
+    cache = Storage((1, 2, 6, 8), (96, 48, 8, 1), "f32", "c", 0)
+    row = Storage((1, 2, 1, 8), (64, 8, 16, 1), "f32", "v", 16)
+    assert _region(whole, row, cache).offset == 8  # type: ignore[union-attr]
+
+
+REUSED = """model m {
+  input x: [1, 2, 4, 8]
+  input y: [1, 2, 4, 8]
+  input c: [1, 2, 6, 8]
+  input d: [1, 2, 6, 8]
+  input at: i32[1]
+  let a = x + 1.0
+  output v = a * 5.0
+  let w = a * 2.0
+  let b = y * 3.0
+  output k = cache_write(c, w, at)
+  output ob = b + 0.5
+  output ob2 = b * 0.5
+  let e = y - 1.0
+  output k2 = cache_write(d, e * 2.0, at)
+  output ov = e * 7.0
+}
+"""
+
+
+def test_a_cache_write_is_run_as_its_writers_only_while_their_operands_last(
+        tmp_path: Path) -> None:
+    """k's writer reads `a`, whose arena bytes the memory plan gives `b` right after the
+    writer (its last reader): run again at k, the writer would read b. k2's writer reads `e`,
+    written just before it (the step ahead of a writer is no step between) and kept until
+    `ov`: it runs as its writer. Where the writer runs
+    its graph (a bucket that keeps it), k2 stays a copy."""
+    from dslc.runtime.cachewrites import recomputed
+    from dslc.tune.joins import every_kernel
+
+    program = Schedule(every_kernel(deviceless_program(REUSED, tmp_path)[1].bundle))
+    memory = program.memory_plan({})
+    assert memory.offsets["a"] == memory.offsets["b"]  # b takes a's bytes
+    could = recomputed(program, memory, lambda s: batches.small(program, memory, s))
+    assert sorted(could) == ["k", "k2"]
+    assert list(batches.plan(program, memory)[1]) == ["k2"]
+    writer = could["k2"].writers[0]
+    assert batches.plan(program, memory, {writer.signature})[1] == {}
+    g = rng("reused operands")
+    x = {n: g.standard_normal((1, 2, 6 if n in "cd" else 4, 8)).astype(np.float32)
+         for n in ("x", "y", "c", "d")}
+    x["at"] = np.array([1], np.int32)
+    want, caches = interp.run_in_place(program.graph, x, {}, program.env)
+    written: dict[str, np.ndarray] = {}
+    got = arena.run(program, {}, x, {}, written)
+    np.testing.assert_allclose(got["ob"], want["ob"], rtol=1e-6)
+    for name, cache in caches.items():
+        np.testing.assert_allclose(written[name], cache, rtol=1e-6)

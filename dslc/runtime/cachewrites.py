@@ -47,10 +47,9 @@ def recomputed(program: Schedule, memory: MemoryPlan,
             continue
         _cache, new, at = node.inputs
         value = program.nodes[new]
+        # an operand of a concatenation that is copied, not written in place, has a buffer of
+        # its own: `_region` finds no place for it in the value
         parts = list(value.inputs) if value.op == "concat" else [new]
-        if value.op == "concat" and any(program.placement.get(p, ("",))[0] != new
-                                        for p in parts):
-            continue  # an operand copied into the concatenation
         writers = [writer_of.get(p) for p in parts]
         if any(w is None or w.outputs != (p,) or program.pointwise_kernel(w) is None
                or not small(w) for w, p in zip(writers, parts, strict=True)):
@@ -66,9 +65,10 @@ def recomputed(program: Schedule, memory: MemoryPlan,
 
 
 def _region(whole: Storage, part: Storage, cache: Storage) -> Storage | None:
-    """Where `part` (a slice of `whole`, dense, of the cache write's new rows) goes in `cache`
-    at row 0: its coordinates in `whole` found from the offset, laid out by the cache's
-    strides."""
+    """Where `part` (the value `whole`, or a slice of it written in place) goes in `cache` at
+    row 0: its coordinates in `whole` found from its offset (`whole` dense), laid out by the
+    cache's strides. None where `part` lives elsewhere (a copied operand) or `whole` is not
+    dense."""
     if part.base != whole.base or len(whole.shape) != len(cache.shape) or \
             math.prod(whole.shape) != whole.span:
         return None
@@ -77,7 +77,5 @@ def _region(whole: Storage, part: Storage, cache: Storage) -> Storage | None:
     for k in sorted((k for k, d in enumerate(whole.shape) if d > 1),
                     key=lambda k: -whole.strides[k]):
         coords[k], rest = divmod(rest, whole.strides[k])
-    if rest or any(c + d > w for c, d, w in zip(coords, part.shape, whole.shape, strict=True)):
-        return None
     offset = cache.offset + sum(c * s for c, s in zip(coords, cache.strides, strict=True))
     return Storage(part.shape, cache.strides, part.dtype, cache.base, offset)
