@@ -228,6 +228,8 @@ def test_the_summary_counts_the_time_fp8_auto_spent_measuring() -> None:
          "fallback_kernels": 2, "split": 0, "graphs": 25, "buckets": 3, "plans_built": 25,
          "seconds": 305.3, "fp8_seconds": 304.8, "bundle": "out/r.bundle"}
     assert _summary_text(s).endswith("in 305.3 s (304.8 s of it measuring fp8) -> out/")
+    assert "25 graphs over 3 buckets, 25 plans" in _summary_text(s)
+    assert "25 graphs over 1 bucket (of 3), 25 plans" in _summary_text({**s, "compiled_buckets": 1})
     assert _summary_text({**s, "fp8_seconds": None, "seconds": 0.5}).endswith("in 0.5 s -> out/")
 
 

@@ -142,9 +142,15 @@ def _summary_text(s: dict[str, Any]) -> str:
     splits = f", {s['split']} split" if s["split"] else ""
     return (f"compiled {s['source']} for {s['target']}: {s['steps']} steps ({s['cudnn_graphs']} "
             f"cuDNN graphs, {kernels} fallback kernel{plural}{splits}), {s['graphs']} graphs over "
-            f"{s['buckets']} buckets, {s['plans_built']} plans built, in {s['seconds']:.1f} s"
+            f"{_buckets_text(s)}, {s['plans_built']} plans built, in {s['seconds']:.1f} s"
             + (f" ({s['fp8_seconds']:.1f} s of it measuring fp8)" if s.get("fp8_seconds") else "")
             + f" -> {Path(s['bundle']).parent}/")
+
+
+def _buckets_text(s: dict[str, Any]) -> str:
+    """The buckets compiled: all of the model's, or those `--bucket` chose of them."""
+    done, of = s.get("compiled_buckets", s["buckets"]), s["buckets"]
+    return f"{done} bucket{'' if done == 1 else 's'}" + ("" if done == of else f" (of {of})")
 
 
 def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
