@@ -20,11 +20,14 @@ import pytest
 
 from dslc.backend import gemv
 from dslc.backend.spec import group_spec
+from dslc.fuzz import arena
+from dslc.fuzz.oracle import ARENA_TOLERANCE, relative_error
 from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Schedule
 from dslc.tune.fusion import KernelMeasured, kernel_steps, with_fusion
 from dslc.tune.joins import Joined, every_kernel, join_group, joined, norms, pairs, with_joins
-from tests.helpers import deviceless_program, nvrtc_compile, rng
+from dslc.weights import random_weights
+from tests.helpers import check_source, deviceless_program, nvrtc_compile, rng
 
 DECODER = """
 model m {{
@@ -509,3 +512,46 @@ def test_rows_are_counted_over_every_axis_but_the_last(tmp_path: Path) -> None:
         "input h: [B, 1, 512]", "input h: [1, 16, 512]")
     program = deviceless_program(source, tmp_path)[1]
     assert len(_matmul_steps(program)) == 4 and not kernel_steps(program)
+
+
+def test_a_join_of_a_step_that_kept_its_graph_at_a_bucket_is_a_kernel_at_every_bucket(
+        tmp_path: Path) -> None:
+    """The gate's step a kernel at B=1 that keeps its graph at B=4 (measured slower there):
+    joined with the up projection, it computes both matmuls, which its graph does not, so the
+    joined step has a signature of its own and no bucket runs the old graph for it. Each bucket
+    computes what the compiled bundle computes (within bf16's rounding: joined, the up
+    projection's value is held in f32, not stored in bf16)."""
+    program = _program(tmp_path, rows="1, 4")  # type: ignore[arg-type]
+    measured = []
+    for step in kernel_steps(program):
+        m = KernelMeasured(step)
+        for bucket in program.bundle.buckets:
+            m.graph_ms[bucket.key] = 0.010
+            m.kernel_ms[bucket.key] = 0.004 if bucket.key == "B=1" else 0.020
+        measured.append(m)
+    bundle = with_fusion(program.bundle, [], measured)
+    [j] = pairs(Schedule(bundle))
+    first, (second,) = j.absorbed, j.readers
+    assert {b.key: second.signature in b.graphs for b in bundle.buckets} == {"B=1": False,
+                                                                             "B=4": True}
+    for bucket in bundle.buckets:
+        j.apart_ms[bucket.key] = 0.010
+        j.reader_ms.setdefault(second.name, {})[bucket.key] = 0.006
+    out = Bundle.from_data(with_joins(bundle, [j]).to_data())
+    [after] = [s for s in out.steps if s.name == second.name]
+    assert after.nodes == (*first.nodes, *second.nodes) and after.signature != second.signature
+    assert not any(sig in b.graphs for b in out.buckets
+                   for sig in (after.signature, second.signature))
+    (tmp_path / "w").mkdir()
+    weights = random_weights(check_source(DECODER.format(io="bf16", rows="1, 4", most=8),
+                                          tmp_path / "w").model.params, 5)
+    for bucket in out.buckets:
+        dims = dict(bucket.dims)
+        g = rng("joined at a bucket", bucket.key)
+        inputs = {"x": g.standard_normal((dims["B"], 1, 256)).astype(np.float32),
+                  "h": g.standard_normal((dims["B"], 1, 512)).astype(np.float32)}
+        want = arena.run(program, dims, inputs, weights)
+        got = arena.run(Schedule(out), dims, inputs, weights)
+        for name in ("y", "z", "r"):
+            assert relative_error(got[name], want[name]) < ARENA_TOLERANCE["bf16"], \
+                (bucket.key, name)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from dslc.backend import gemv
 from dslc.backend.spec import SpecError, group_spec
 from dslc.ir.graph import Node, outside_reads
-from dslc.ir.groups import Group
+from dslc.ir.groups import Group, signature
 from dslc.runtime.records import BucketRecord, Bundle, StepRecord
 from dslc.runtime.schedule import Schedule
 from dslc.tune.fusion import (
@@ -122,8 +122,11 @@ def joined(absorbed: StepRecord, reader: StepRecord, nodes: Mapping[str, Node],
     """The kernel step computing `absorbed` inside `reader` (`pairs`, `norms`), where
     `reader` was."""
     members = (*absorbed.nodes, *reader.nodes)
-    return StepRecord("kernel", reader.name, reader.pattern, members, outside_reads(nodes, members),
-                      reader.outputs, reader.signature, reason)
+    inputs = outside_reads(nodes, members)
+    # its own signature: the reader's names the reader's graph, which a bucket may keep
+    # (`tune.fusion.KernelMeasured.graph_at`) and which computes the reader alone
+    return StepRecord("kernel", reader.name, reader.pattern, members, inputs, reader.outputs,
+                      signature(nodes, members, inputs, reader.pattern), reason)
 
 
 def measure_joins(bundle: Bundle, found: list[Joined],
