@@ -1069,3 +1069,25 @@ def test_a_concat_of_nothing_or_along_an_axis_it_lacks_is_refused(tmp_path: Path
     assert _said("  input x: [2, 3]\n  output y = concat([x, x], axis=2)", tmp_path) == [
         ("E0304", "axis 2 is out of range for a rank-2 tensor", "axis=2",
          "valid axes are 0..1 (or -2..-1)", (), (), ())]
+
+
+# --- conv in fp8 over a one-pixel image ---------------------------------------------------------
+
+@pytest.mark.parametrize(("image", "window", "pad", "shown"), [
+    ("[1, 16, 1, 8]", "[16, 16, 3, 3]", "1", "[3, 3]"),  # the height one pixel, a 3-high window
+    ("[1, 16, 1, 8]", "[16, 16, 2, 1]", "[1, 0]", "[2, 1]"),  # a 2-high window
+    ("[1, 16, 8, 1]", "[16, 16, 1, 3]", "[0, 1]", "[1, 3]"),  # the width one pixel
+])
+def test_an_fp8_conv_of_a_window_wider_than_a_one_pixel_image_is_refused(
+        image: str, window: str, pad: str, shown: str, tmp_path: Path) -> None:
+    said = _said(f"  input x: {image}\n  param w: {window}\n"
+                 f"  output y = conv(x, w, pad={pad}, precision=f8e4m3)", tmp_path)
+    assert [(code, message, under) for code, message, under, *_ in said] == [
+        ("E0404", f"`conv` cannot compute in f8e4m3 with a {shown} window over a one-pixel image",
+         "x")]
+
+
+def test_an_fp8_conv_of_a_one_pixel_window_over_a_one_pixel_image_is_taken(
+        tmp_path: Path) -> None:
+    assert _said("  input x: [1, 16, 1, 1]\n  param w: [16, 16, 1, 1]\n"
+                 "  output y = conv(x, w, precision=f8e4m3)", tmp_path) == []
