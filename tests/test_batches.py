@@ -439,3 +439,18 @@ def test_a_cache_write_is_run_as_its_writers_only_while_their_operands_last(
     np.testing.assert_allclose(got["ob"], want["ob"], rtol=1e-6)
     for name, cache in caches.items():
         np.testing.assert_allclose(written[name], cache, rtol=1e-6)
+
+
+def test_inspect_says_which_steps_run_as_one_launch(decoder: Schedule) -> None:
+    """`dslc inspect`: each step the runtime runs with others says so at each bucket, and the
+    key cache write that it runs as the rotary halves writing the keys."""
+    from dslc.cli.inspect import _bundle_text, bundle_report
+
+    report = bundle_report(decoder.bundle)
+    launch = {s["name"]: s["launch"] for s in report["steps"]}
+    assert launch["model.layers.0.v"] == {"static": "one launch with 5 other steps"}
+    k = launch["model.layers.1.k"]["static"]
+    assert k.startswith("runs as its value's writers (model.layers.1.k_new.") and \
+        k.endswith("into the cache; one launch with 5 other steps")
+    assert sum(bool(v) for v in launch.values()) == 12  # six a layer
+    assert "        static: one launch with 5 other steps" in _bundle_text(report)

@@ -16,7 +16,7 @@ from dslc.cli.front import EXIT_OK, command
 from dslc.core.errors import RunnerError
 from dslc.core.types import FP8
 from dslc.ir.placement import placed_in
-from dslc.runtime import startup
+from dslc.runtime import batches, startup
 from dslc.runtime.bundle import load
 from dslc.runtime.records import Bundle, Environment, PlanRecord, StepRecord
 from dslc.runtime.schedule import Schedule
@@ -45,9 +45,31 @@ def _plan(plan: PlanRecord) -> dict[str, Any]:
     return {**data, "saved": plan.serialized is not None}
 
 
+def _launches(program: Schedule) -> dict[str, dict[str, str]]:
+    """Per step, per bucket where the runtime runs it otherwise than alone (`runtime.batches`):
+    in one launch with other small steps, or, a cache write, as its value's writers."""
+    out: dict[str, dict[str, str]] = {}
+    for bucket in program.bundle.buckets:
+        slots, again = batches.plan(program, program.memory_plan(dict(bucket.dims)),
+                                    bucket.graphs)
+        for slot in slots:
+            for step in slot:
+                said = []
+                if step.name in again:
+                    writers = ", ".join(w.name for w in again[step.name].writers)
+                    said.append(f"runs as its value's writers ({writers}) into the cache")
+                if len(slot) > 1:
+                    said.append(f"one launch with {len(slot) - 1} other step"
+                                + ("" if len(slot) == 2 else "s"))
+                if said:
+                    out.setdefault(step.name, {})[bucket.key] = "; ".join(said)
+    return out
+
+
 def bundle_report(bundle: Bundle) -> dict[str, Any]:
     program = Schedule(bundle)
     nodes = program.nodes
+    launches = _launches(program)
     steps = []
     for i, step in enumerate(program.steps, start=1):
         plans = {b.key: _plan(b.graphs[step.signature].plan) for b in bundle.buckets
@@ -58,7 +80,8 @@ def bundle_report(bundle: Bundle) -> dict[str, Any]:
                       "pattern": step.pattern, "ops": [nodes[n].op for n in step.nodes],
                       "nodes": list(step.nodes), "signature": step.signature,
                       "reason": step.reason, "plans": plans,
-                      "in_place": _in_place(program, step)})
+                      "in_place": _in_place(program, step),
+                      "launch": launches.get(step.name, {})})
     return {
         "model": bundle.model, "source": bundle.source, "dslc_version": bundle.dslc_version,
         "created": bundle.created, "target": bundle.target,
@@ -104,6 +127,14 @@ def _in_place_text(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _launch_text(launch: dict[str, str]) -> list[str]:
+    """One line for every bucket alike, else a line a bucket."""
+    if len(set(launch.values())) == 1:
+        keys = list(launch)
+        return [f"{', '.join(keys)}: {launch[keys[0]]}"]
+    return [f"{key}: {text}" for key, text in launch.items()]
+
+
 def _bundle_text(r: dict[str, Any]) -> str:
     env = r["environment"]
     lines = [f"model {r['model']}  (from {r['source']}, dslc {r['dslc_version']}, {r['created']})",
@@ -124,6 +155,7 @@ def _bundle_text(r: dict[str, Any]) -> str:
         if s["reason"]:
             lines.append(f"        why: {s['reason']}")
         lines += [f"        {line}" for line in _in_place_text(s)]
+        lines += [f"        {line}" for line in _launch_text(s["launch"])]
     return "\n".join(lines + _fp8_text(r["fp8"]))
 
 
