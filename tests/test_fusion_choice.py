@@ -524,3 +524,17 @@ def test_a_kernel_chosen_at_one_bucket_keeps_the_graph_at_the_other(tmp_path: Pa
         want = arena.run(program, dims, inputs, {})["y"]
         got = arena.run(schedule, dims, inputs, {})["y"]
         assert relative_error(got, want) < 1e-6, bucket.key
+
+
+def test_a_kernels_reason_names_the_buckets_that_keep_the_graph() -> None:
+    from dslc.runtime.records import StepRecord
+    from dslc.tune.fusion import _kernel_or_graph
+
+    step = StepRecord("graph", "s", "pointwise", ("a",), ("x",), ("a",), "sig", "")
+    graphs = {"N=2": 1.0, "N=4": 1.0, "N=8": 1.0}
+    some = _kernel_or_graph(step, KernelMeasured(step, graphs, {"N=2": 0.5, "N=4": 2.0,
+                                                                "N=8": 1.0}))
+    assert some.kind == "kernel" and some.reason.endswith(
+        "one kernel is faster (the graph kept at N=4, N=8, where it is not)")
+    every = _kernel_or_graph(step, KernelMeasured(step, graphs, dict.fromkeys(graphs, 0.5)))
+    assert every.kind == "kernel" and every.reason.endswith("ms: one kernel is faster")
