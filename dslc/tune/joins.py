@@ -228,8 +228,9 @@ def every_kernel(bundle: Bundle) -> Bundle:
     steps = tuple(replace(s, kind="kernel", reason=joined_reason(s.reason, "made its fallback kernel "
                                                                      "to check it"))
                   if s.name in names else s for s in bundle.steps)
-    graphs = {s.signature for s in steps if s.kind == "graph"}
-    forced = {s.signature for s in steps if s.name in names} - graphs  # a kernel everywhere
+    # a kernel everywhere: their graphs go (a step of the same signature computes the same,
+    # so it is offered, and forced, too)
+    forced = {s.signature for s in steps if s.name in names}
     buckets = tuple(replace(b, graphs={k: g for k, g in b.graphs.items() if k not in forced})
                     for b in bundle.buckets)
     out = with_fusion(replace(bundle, steps=steps, buckets=buckets), [])
