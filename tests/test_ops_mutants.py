@@ -1091,3 +1091,16 @@ def test_an_fp8_conv_of_a_one_pixel_window_over_a_one_pixel_image_is_taken(
         tmp_path: Path) -> None:
     assert _said("  input x: [1, 16, 1, 1]\n  param w: [16, 16, 1, 1]\n"
                  "  output y = conv(x, w, precision=f8e4m3)", tmp_path) == []
+
+
+def test_sdpa_operands_named_one_to_one_with_their_values() -> None:
+    """`named_operands` pairs the names with the values strictly: a list of the wrong length
+    (a malformed `operands` attribute) is an error, not a silently shorter mapping."""
+    from dslc.ops.attention import named_operands
+
+    assert named_operands({}, ["a", "b", "c"]) == {"q": "a", "k": "b", "v": "c"}
+    assert named_operands({"operands": ("q", "k", "v", "kv_len")}, [1, 2, 3, 4])["kv_len"] == 4
+    with pytest.raises(ValueError):
+        named_operands({}, ["a", "b"])
+    with pytest.raises(ValueError):
+        named_operands({"operands": ("q", "k", "v")}, [1, 2, 3, 4])
