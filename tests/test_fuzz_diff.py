@@ -147,3 +147,24 @@ def test_a_failure_shrinks_to_a_small_program() -> None:
     assert " conv(" in small.source()
     assert len(small.source().splitlines()) < len(big.source().splitlines())
     assert len(small.source().splitlines()) <= 12, small.source()
+
+
+def test_the_arena_oracle_also_runs_the_bundle_with_every_kernel_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU oracle runs, in its memory plan, the bundle the GPU's oracle runs too (every step
+    a kernel computes made that kernel: `tune.joins.every_kernel`): a defect there (here its
+    steps run in reverse order) is a "memory" failure that names it."""
+    from dataclasses import replace
+
+    from dslc.tune import joins
+
+    real = joins.every_kernel
+    monkeypatch.setattr(joins, "every_kernel",
+                        lambda b: (lambda out: replace(out, steps=out.steps[1:]))(real(b)))
+    index = next(i for i in range(COMPILED) if _steps_of(_program(i)) > 2)
+    outcome = oracle.run(_program(index), SEED * 1_000_000 + index, torch_oracle=False)
+    assert outcome.status == "memory" and "every step a kernel computes" in outcome.detail
+
+
+def _steps_of(program) -> int:  # type: ignore[no-untyped-def]
+    return sum(line.startswith(("  let ", "  output ")) for line in program.source().splitlines())

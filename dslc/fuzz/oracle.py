@@ -337,11 +337,21 @@ def roundtrip(model: Any, tmp: Path, inputs: dict[str, np.ndarray],
             raise Failure(Outcome("mismatch", "compile", f"output {name}: finite in f32, not "
                                                          "at the declared precision"))
     _same_in_the_arena(program, dict(run_dims), inputs, weights, a, calibration)
+    # the bundle the GPU's oracle also runs: every step a kernel computes made it, the joins
+    # made (`tune.joins.every_kernel`): its small steps merged and its cache writes run as
+    # their writers as the runtime would, against the reference of its own groups
+    from dslc.tune.joins import every_kernel
+
+    forced = Schedule(every_kernel(program.bundle))
+    want = interp.run(forced.graph, inputs, weights, forced.env, virtual=forced.virtual(),
+                      amax=calibration)
+    _same_in_the_arena(forced, dict(run_dims), inputs, weights, want, calibration,
+                       "every step a kernel computes made that kernel")
 
 
 def _same_in_the_arena(program: Any, dims: dict[str, int], inputs: dict[str, np.ndarray],
                        weights: dict[str, np.ndarray], want: dict[str, np.ndarray],
-                       amax: Mapping[str, float] | None = None) -> None:
+                       amax: Mapping[str, float] | None = None, which: str = "") -> None:
     from dslc.fuzz import arena
 
     got = arena.run(program, dims, inputs, weights, amax=amax)
@@ -351,6 +361,7 @@ def _same_in_the_arena(program: Any, dims: dict[str, int], inputs: dict[str, np.
         same_nan = np.array_equal(np.isnan(a), np.isnan(b))
         err = relative_error(np.where(np.isnan(a), 0, a), np.where(np.isnan(b), 0, b))
         if not same_nan or err > tol:
-            raise Failure(Outcome("memory", "compile", f"output {name}: the schedule run in "
-                                                       f"its memory plan differs from the "
-                                                       f"reference (relative {err:.2e})"))
+            raise Failure(Outcome("memory", "compile", f"output {name}: the schedule"
+                                  + (f" with {which}" if which else "")
+                                  + " run in its memory plan differs from the reference "
+                                  f"(relative {err:.2e})"))
