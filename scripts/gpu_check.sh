@@ -2,11 +2,13 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|families|tune|probe|fuzz|all] [extra args...]
+# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|decode|families|tune|probe|fuzz|all] [extra args...]
 #   tests: every GPU test (over 10 minutes since session 15: one device call runs tests-a, the
 #   files up to test_models_gpu.py, another tests-b, the rest); ops/models/startup: one file's worth (startup: tuning, start-up
 #   decisions, CLI); fp8: the fp8 GPT blocks against fp16 (tests/gpu/test_fp8_gpu.py); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
-#   start, tuned benchmarks); probe: scripts/probe_gpu.py (where the time goes); fuzz:
+#   start, tuned benchmarks); decode: scripts/bench_decode.py (the 16-layer decoder a token
+#   against PyTorch; extra args go to it, e.g. --kernels); probe: scripts/probe_gpu.py (where
+#   the time goes); fuzz:
 #   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
 #   processes; extra args go to it); families: scripts/bench_families.py (the seven model
 #   families against PyTorch and torch.compile; extra args go to it, e.g. --untuned or --only
@@ -46,6 +48,10 @@ esac
 case $what in
   bench)
     python3 scripts/bench_gpu.py --out "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -12 || status=1 ;;
+  decode)
+    python3 scripts/bench_decode.py --layers 16 --position 1000 --repeats 50 --steps 3 \
+      --out "$out/decode.json" "${extra[@]}" > "$out/decode.log" 2>&1 || status=1
+    grep -E "joined with|^\| 16|relative error" "$out/decode.log" | tail -8 ;;
   families)
     python3 scripts/bench_families.py --out "$out" "${extra[@]}" > "$out/families.log" 2>&1 || status=1
     tail -12 "$out/families.log" ;;
