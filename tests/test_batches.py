@@ -17,6 +17,7 @@ from dslc.fuzz import arena
 from dslc.ir import interp
 from dslc.runtime import batches
 from dslc.runtime.batches import Region, Touch
+from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Schedule
 from tests.helpers import deviceless_program, rng
 
@@ -318,8 +319,12 @@ def test_a_parts_region_in_the_cache_is_where_its_slice_of_the_value_is() -> Non
     head = Storage((1, 1, 4, 8), (1, 32, 8, 1), "f32", "v", 32)  # head 1
     assert _region(whole, head, cache) == Storage((1, 1, 4, 8), cache.strides, "f32", "c", 96)
     inner = Storage((1, 2, 4, 8), (1, 32, 8, 1), "f32", "v", 10)  # the value 10 elements on
-    shifted = Storage((1, 1, 4, 2), (1, 32, 8, 1), "f32", "v", 10 + 32 + 8 + 2)
-    assert _region(inner, shifted, cache).offset == 96 + 16 + 2  # type: ignore[union-attr]
+    shifted = Storage((1, 1, 4, 2), (1, 32, 8, 1), "f32", "v", 10 + 32 + 2)
+    assert _region(inner, shifted, cache).offset == 96 + 2  # type: ignore[union-attr]
+    # a part of some rows only (a concatenation along the rows): the kernel's bounds check
+    # would count its own rows, not the cache's
+    assert _region(whole, Storage((1, 2, 2, 8), whole.strides, "f32", "v", 16), cache) is None
+    assert _region(whole, Storage((1, 2, 2, 8), whole.strides, "f32", "v", 0), cache) is None
     assert _region(whole, Storage((1, 2, 4, 4), (64, 32, 8, 1), "f32", "w", 0), cache) is None
     assert _region(whole, half, Storage((2, 6, 16), (96, 16, 1), "f32", "c", 0)) is None
     gaps = Storage((1, 2, 4, 8), (1, 64, 16, 1), "f32", "v", 0)  # not dense
@@ -369,26 +374,30 @@ def test_a_step_running_its_graph_at_a_bucket_joins_no_launch_there(tmp_path: Pa
 
     bundle = deviceless_program(TWO, tmp_path)[1].bundle
     first = bundle.steps[0]
-    kept = replace(bundle, steps=tuple(replace(s, kind="kernel") for s in bundle.steps),
+    kept = replace(bundle, steps=tuple(replace(s, kind="kernel", graph_at=("N=4",) if s is first
+                                               else ()) for s in bundle.steps),
                    buckets=tuple(replace(b, graphs={k: g for k, g in b.graphs.items()
                                                     if b.key == "N=4" and k == first.signature})
                                  for b in bundle.buckets))
-    program = Schedule(kept)
+    program = Schedule(Bundle.from_data(kept.to_data()))  # valid
     for bucket in kept.buckets:
-        slots = batches.plan(program, program.memory_plan(dict(bucket.dims)), bucket.graphs)[0]
+        slots = batches.plan(program, program.memory_plan(dict(bucket.dims)), bucket.key)[0]
         assert [len(s) for s in slots] == ([1, 1] if bucket.key == "N=4" else [2])
+    # between the buckets the step runs its graph too: its kernel was never measured there
+    assert [len(s) for s in batches.plan(program, program.memory_plan({"N": 3}))[0]] == [1, 1]
 
 
 def test_a_parts_coordinates_follow_the_values_memory_order() -> None:
-    """A value stored BSHD ([B, H, S, D] with S outside H): a part one row on (s = 1) is 16
-    elements in, which is h = 2 only if the axes were taken in their own order."""
+    """A value stored with its heads innermost ([B, H, S, D], strides 64, 1, 16, 2): the half
+    from d = 4 on is 8 elements in, which is h = 8 only if the axes were taken in their own
+    order."""
     from dslc.ir.storage import Storage
     from dslc.runtime.cachewrites import _region
 
-    whole = Storage((1, 2, 4, 8), (64, 8, 16, 1), "f32", "v", 0)
+    whole = Storage((1, 2, 4, 8), (64, 1, 16, 2), "f32", "v", 0)
     cache = Storage((1, 2, 6, 8), (96, 48, 8, 1), "f32", "c", 0)
-    row = Storage((1, 2, 1, 8), (64, 8, 16, 1), "f32", "v", 16)
-    assert _region(whole, row, cache).offset == 8  # type: ignore[union-attr]
+    half = Storage((1, 2, 4, 4), (64, 1, 16, 2), "f32", "v", 8)
+    assert _region(whole, half, cache).offset == 4  # type: ignore[union-attr]
 
 
 REUSED = """model m {
@@ -418,6 +427,8 @@ def test_a_cache_write_is_run_as_its_writers_only_while_their_operands_last(
     written just before it (the step ahead of a writer is no step between) and kept until
     `ov`: it runs as its writer. Where the writer runs
     its graph (a bucket that keeps it), k2 stays a copy."""
+    from dataclasses import replace
+
     from dslc.runtime.cachewrites import recomputed
     from dslc.tune.joins import every_kernel
 
@@ -428,7 +439,11 @@ def test_a_cache_write_is_run_as_its_writers_only_while_their_operands_last(
     assert sorted(could) == ["k", "k2"]
     assert list(batches.plan(program, memory)[1]) == ["k2"]
     writer = could["k2"].writers[0]
-    assert batches.plan(program, memory, {writer.signature})[1] == {}
+    key = program.bundle.buckets[0].key
+    keeps = Schedule(replace(program.bundle, steps=tuple(
+        replace(s, graph_at=(key,)) if s.name == writer.name else s
+        for s in program.bundle.steps)))
+    assert batches.plan(keeps, memory, key)[1] == {}
     g = rng("reused operands")
     x = {n: g.standard_normal((1, 2, 6 if n in "cd" else 4, 8)).astype(np.float32)
          for n in ("x", "y", "c", "d")}
@@ -454,3 +469,34 @@ def test_inspect_says_which_steps_run_as_one_launch(decoder: Schedule) -> None:
         k.endswith("into the cache; one launch with 5 other steps")
     assert sum(bool(v) for v in launch.values()) == 12  # six a layer
     assert "        static: one launch with 5 other steps" in _bundle_text(report)
+
+
+ROWS = """model m {
+  input x: [1, 2, 2, 8]
+  input y: [1, 2, 2, 8]
+  input c: [1, 2, 6, 8]
+  input at: i32[1]
+  output k = cache_write(c, concat([x * 3.0, y * 2.0], axis=2), at)
+}
+"""
+
+
+@pytest.mark.parametrize("at", [3, -1, 5])
+def test_a_cache_write_of_rows_concatenated_stays_a_copy(at: int, tmp_path: Path) -> None:
+    """The new rows a concatenation along the rows: the second part's rows start at 2, which
+    the kernel's bounds check (of the part's own rows) would not count; the write stays a copy
+    and the cache equals the reference's, rows past the end dropped, rows before 0 too."""
+    from dslc.runtime.cachewrites import recomputed
+    from dslc.tune.joins import every_kernel
+
+    program = Schedule(every_kernel(deviceless_program(ROWS, tmp_path)[1].bundle))
+    memory = program.memory_plan({})
+    assert recomputed(program, memory, lambda s: batches.small(program, memory, s)) == {}
+    g = rng("rows concatenated", at)
+    x = {n: g.standard_normal((1, 2, 6 if n == "c" else 2, 8)).astype(np.float32)
+         for n in ("x", "y", "c")}
+    x["at"] = np.array([at], np.int32)
+    _, caches = interp.run_in_place(program.graph, x, {}, program.env)
+    written: dict[str, np.ndarray] = {}
+    arena.run(program, {}, x, {}, written)
+    np.testing.assert_allclose(written["c"], caches["c"], rtol=1e-6)

@@ -540,11 +540,21 @@ def test_a_kernel_step_may_keep_its_graph_at_a_bucket() -> None:
 
     data = payload()
     data["steps"][1]["kind"] = "kernel"
-    bundle = Bundle.from_data(data)
-    step = bundle.steps[1]
-    assert step.kind == "kernel" and step.signature in bundle.buckets[0].graphs
-    assert Schedule.runs_graph(step, bundle.buckets[0].graphs)
-    assert not Schedule.runs_graph(step, ())
+    plain = Bundle.from_data(data).steps[1]  # a kernel step of a signature a bucket holds
+    assert not Schedule.runs_graph(plain, data["buckets"][0]["key"])
+    key = data["buckets"][0]["key"]
+    data["steps"][1]["graph_at"] = [key]
+    step = Bundle.from_data(data).steps[1]
+    assert step.kind == "kernel" and step.graph_at == (key,)
+    assert Schedule.runs_graph(step, key) and Schedule.runs_graph(step, None)
+    assert not Schedule.runs_graph(step, "N=1000")
+    data["steps"][1]["graph_at"] = ["N=1000"]
+    with refuses("steps[1].graph_at: no graph of the step at bucket `N=1000`"):
+        Bundle.from_data(data)
+    data["steps"][1]["kind"] = "graph"
+    data["steps"][1]["graph_at"] = [key]
+    with refuses("steps[1].graph_at: a graph step runs its graph at every bucket"):
+        Bundle.from_data(data)
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -510,13 +510,14 @@ def test_a_kernel_chosen_at_one_bucket_keeps_the_graph_at_the_other(tmp_path: Pa
     out = Bundle.from_data(with_fusion(out, []).to_data())  # made again: the graph stays
     step = next(s for s in out.steps if s.name == "a.mul+add+sigmoid")
     assert step.kind == "kernel" and "the graph kept at N=4, where it is not" in step.reason
+    assert step.graph_at == ("N=4",)
     assert {b.key: step.signature in b.graphs for b in out.buckets} == {"N=2": False,
                                                                          "N=4": True}
     [row] = [r for r in bundle_report(out)["steps"] if r["name"] == step.name]
     assert row["runs_on"] == "fallback kernel, cuDNN at N=4" and list(row["plans"]) == ["N=4"]
     schedule = Schedule(out)
     for bucket in out.buckets:
-        assert schedule.runs_graph(step, bucket.graphs) is (bucket.key == "N=4")
+        assert schedule.runs_graph(step, bucket.key) is (bucket.key == "N=4")
         dims = dict(bucket.dims)
         g = rng("kernel at a bucket", bucket.key)
         inputs = {"x": g.standard_normal((dims["N"], 64)).astype(np.float32),

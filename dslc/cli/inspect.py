@@ -51,7 +51,7 @@ def _launches(program: Schedule) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for bucket in program.bundle.buckets:
         slots, again = batches.plan(program, program.memory_plan(dict(bucket.dims)),
-                                    bucket.graphs)
+                                    bucket.key)
         for slot in slots:
             for step in slot:
                 said = []
@@ -73,7 +73,7 @@ def bundle_report(bundle: Bundle) -> dict[str, Any]:
     steps = []
     for i, step in enumerate(program.steps, start=1):
         plans = {b.key: _plan(b.graphs[step.signature].plan) for b in bundle.buckets
-                 if step.signature in b.graphs}
+                 if program.runs_graph(step, b.key) and step.signature in b.graphs}
         runs_on = "cuDNN" if step.kind == "graph" else \
             "fallback kernel, cuDNN at " + ", ".join(plans) if plans else "fallback kernel"
         steps.append({"index": i, "name": step.name, "kind": step.kind, "runs_on": runs_on,

@@ -169,13 +169,14 @@ def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndar
         if program.nodes[name].op != "scalar" and name in loaded:
             np.copyto(mem.value(plan.storage[name]), loaded[name])
     specs = _bucket_specs(program, dims)
-    slots, again = batches.plan(program, plan, set(specs))  # the runtime's order
+    bucket = next((b.key for b in program.bundle.buckets if dict(b.dims) == dict(dims)), None)
+    slots, again = batches.plan(program, plan, bucket)  # the runtime's order
     for slot in slots:
         _independent(mem, slot, again)
         for step in reversed(slot):  # one launch: no order among them
             if step.name in again:
                 _recomputed_step(mem, program, again[step.name], dims)
-            elif program.runs_graph(step, specs):
+            elif program.runs_graph(step, bucket):
                 spec = specs.get(step.signature) or _spec_at(program, step, dims)
                 _graph_step(mem, program, step, spec, dims)
             else:

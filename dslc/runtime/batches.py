@@ -14,7 +14,7 @@ construction (`ir.placement`), however their spans interleave.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dslc.backend import fused
@@ -75,11 +75,11 @@ def slots(touches: Sequence[Touch], mergeable: Callable[[int], bool],
 
 
 def small(program: Schedule, memory: MemoryPlan, step: StepRecord,
-          graphs: Collection[str] = ()) -> bool:
-    """Whether the step runs a kernel that can be a part of a merged launch (no graph where the
-    bucket's `graphs` are at hand): a cache write, or a pointwise step small enough for the
+          bucket: str | None = None) -> bool:
+    """Whether the step runs a kernel that can be a part of a merged launch (no graph at this
+    `bucket`: `Schedule.runs_graph`): a cache write, or a pointwise step small enough for the
     strided kernel."""
-    if program.runs_graph(step, graphs):
+    if program.runs_graph(step, bucket):
         return False
     if len(step.nodes) == 1 and program.nodes[step.nodes[0]].op == "cache_write":
         return True
@@ -88,17 +88,17 @@ def small(program: Schedule, memory: MemoryPlan, step: StepRecord,
         math.prod(shape) < fused.VECTOR_AT_LEAST
 
 
-def plan(program: Schedule, memory: MemoryPlan, graphs: Collection[str] = (),
+def plan(program: Schedule, memory: MemoryPlan, bucket: str | None = None,
          ) -> tuple[list[list[StepRecord]], dict[str, Recomputed]]:
     """The program's steps in slots at this memory plan (`slots`, the mergeable steps those
-    `small` takes; `graphs`: the bucket's), and the cache writes run as their value's writers
+    `small` takes at this `bucket`), and the cache writes run as their value's writers
     (`cachewrites`)."""
     again = _kept(program, memory, recomputed(program, memory,
-                                              lambda s: small(program, memory, s, graphs)))
+                                              lambda s: small(program, memory, s, bucket)))
     steps = program.steps
     return ([[steps[i] for i in slot]
              for slot in slots(touches(program, memory, again),
-                               lambda i: small(program, memory, steps[i], graphs))], again)
+                               lambda i: small(program, memory, steps[i], bucket))], again)
 
 
 def _kept(program: Schedule, memory: MemoryPlan,

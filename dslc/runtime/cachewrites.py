@@ -67,8 +67,9 @@ def recomputed(program: Schedule, memory: MemoryPlan,
 def _region(whole: Storage, part: Storage, cache: Storage) -> Storage | None:
     """Where `part` (the value `whole`, or a slice of it written in place) goes in `cache` at
     row 0: its coordinates in `whole` found from its offset (`whole` dense), laid out by the
-    cache's strides. None where `part` lives elsewhere (a copied operand) or `whole` is not
-    dense."""
+    cache's strides. None where `part` lives elsewhere (a copied operand), `whole` is not
+    dense, or `part` is not of every row (a concatenation along the rows: the kernel's bounds
+    check counts the part's own rows)."""
     if part.base != whole.base or len(whole.shape) != len(cache.shape) or \
             math.prod(whole.shape) != whole.span:
         return None
@@ -77,5 +78,7 @@ def _region(whole: Storage, part: Storage, cache: Storage) -> Storage | None:
     for k in sorted((k for k, d in enumerate(whole.shape) if d > 1),
                     key=lambda k: -whole.strides[k]):
         coords[k], rest = divmod(rest, whole.strides[k])
+    if coords[ROWS_AXIS] or part.shape[ROWS_AXIS] != whole.shape[ROWS_AXIS]:
+        return None  # the shift's bounds are the part's rows: a part of every row only
     offset = cache.offset + sum(c * s for c, s in zip(coords, cache.strides, strict=True))
     return Storage(part.shape, cache.strides, part.dtype, cache.base, offset)

@@ -52,9 +52,8 @@ class Executable:
         self.dims = dims
         self.key = bucket_key(dims)
         self.memory: MemoryPlan = model.program.memory_plan(dims)
-        bucket = model.buckets.get(self.key)
-        # the signatures of this bucket's graphs: a kernel step runs its graph where kept there
-        self.bucket_graphs = frozenset(bucket.graphs) if bucket is not None else frozenset()
+        # this size's bucket (None between buckets): where a kernel step runs its graph
+        self.bucket = self.key if self.key in model.buckets else None
         self.graphs: dict[str, Ready] = {}
         decision = model.decision()
         specs = self._specs()
@@ -78,11 +77,10 @@ class Executable:
         self.workspace = cupy.empty(max(workspace, 256), dtype=cupy.uint8)
         # Small kernel steps of no dependency between them run as one launch (`batches`); a
         # cache write may run as its value's writers (`cachewrites`).
-        self.slots, self.recomputed = batches.plan(model.program, self.memory,
-                                                   self.bucket_graphs)
+        self.slots, self.recomputed = batches.plan(model.program, self.memory, self.bucket)
         self.bindings = {}
         for step in model.program.steps:
-            if model.program.runs_graph(step, self.bucket_graphs):
+            if model.program.runs_graph(step, self.bucket):
                 spec = self.graphs[step.signature].spec
                 names = list(step.inputs) + list(step.nodes)
                 self.bindings[step.name] = [(t.uid, names[t.uid - 1]) for t in spec.tensors
@@ -96,7 +94,7 @@ class Executable:
         bucket = m.buckets.get(self.key)
         out: dict[str, tuple[StepRecord, Any, PlanRecord | None]] = {}
         for step in m.program.steps:
-            if not m.program.runs_graph(step, self.bucket_graphs):
+            if not m.program.runs_graph(step, self.bucket):
                 continue
             if step.signature not in out:
                 entry = bucket.graphs.get(step.signature) if bucket is not None else None
@@ -479,7 +477,7 @@ class Model:
 
     def _step(self, exe: Executable, step: Any, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef], workspace: int) -> None:
-        if self.program.runs_graph(step, exe.bucket_graphs):
+        if self.program.runs_graph(step, exe.bucket):
             pack = {uid: self._pointer(exe, value, refs, outputs)
                     for uid, value in exe.bindings[step.name]}
             exe.graphs[step.signature].graph.execute(pack, workspace, handle=self.handle)

@@ -277,16 +277,20 @@ class StepRecord:
     outputs: tuple[str, ...]
     signature: str
     reason: str
+    # a kernel step's buckets (keys) where the tuner kept its graph, measured faster there
+    # (`tune.fusion.KernelMeasured.graph_at`); it runs the graph there and between buckets
+    graph_at: tuple[str, ...] = ()
 
     def to_data(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "pattern": self.pattern,
                 "nodes": list(self.nodes), "inputs": list(self.inputs),
-                "outputs": list(self.outputs), "signature": self.signature, "reason": self.reason}
+                "outputs": list(self.outputs), "signature": self.signature, "reason": self.reason,
+                **({"graph_at": list(self.graph_at)} if self.graph_at else {})}
 
     @staticmethod
     def from_data(d: Any, path: str, nodes: Mapping[str, Any]) -> StepRecord:
         d = f.mapping(d, path, ("kind", "name", "pattern", "nodes", "inputs", "outputs",
-                                "signature"), ("reason",))
+                                "signature"), ("reason", "graph_at"))
         members = f.names(d["nodes"], f"{path}.nodes", nodes, lo=1)
         kind = f.text(d["kind"], f"{path}.kind", ("graph", "kernel"))
         if any(nodes[m].op in SOURCES for m in members):
@@ -296,7 +300,11 @@ class StepRecord:
                           f.names(d["inputs"], f"{path}.inputs", nodes),
                           f.names(d["outputs"], f"{path}.outputs", members, "a node of the step"),
                           f.text(d["signature"], f"{path}.signature"),
-                          f.text(d.get("reason", ""), f"{path}.reason"))
+                          f.text(d.get("reason", ""), f"{path}.reason"),
+                          tuple(f.text(k, f"{path}.graph_at[{i}]") for i, k in
+                                enumerate(f.items(d.get("graph_at", []), f"{path}.graph_at"))))
+        if step.graph_at and kind != "kernel":
+            f.wrong(f"{path}.graph_at", "a graph step runs its graph at every bucket")
         if step.inputs != outside_reads(nodes, members):
             f.wrong(f"{path}.inputs", "not what the step's nodes read, in order")
         if kind == "kernel" and len(members) > 1:
@@ -404,6 +412,11 @@ class Bundle:
                         for i, b in enumerate(f.items(d["buckets"], "buckets")))
         if len({b.key for b in buckets}) != len(buckets):
             f.wrong("buckets", "two buckets have one key")
+        keys = {b.key: b for b in buckets}
+        for i, step in enumerate(steps):
+            for key in step.graph_at:
+                if key not in keys or step.signature not in keys[key].graphs:
+                    f.wrong(f"steps[{i}].graph_at", f"no graph of the step at bucket `{key[:40]}`")
         return Bundle(f.text(d["model"], "model"), f.text(d["source"], "source"),
                       f.text(d["dslc_version"], "dslc_version"), f.text(d["created"], "created"),
                       Manifest.from_data(d["manifest"], graph), graph, load_time, steps,

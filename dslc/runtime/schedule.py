@@ -11,7 +11,7 @@ memory of the value it is bound to.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,11 +69,14 @@ class Schedule:
         return self._pointwise[step.name]
 
     @staticmethod
-    def runs_graph(step: StepRecord, graphs: Collection[str]) -> bool:
-        """Whether the step runs a cuDNN graph where a bucket's graphs (`graphs`, signatures)
-        are at hand: a graph step always, a kernel step where the tuner kept its graph at that
-        bucket (`tune.fusion.KernelMeasured.graph_at`)."""
-        return step.kind == "graph" or step.signature in graphs
+    def runs_graph(step: StepRecord, bucket: str | None) -> bool:
+        """Whether the step runs its cuDNN graph at a bucket (its key; None: sizes between
+        buckets): a graph step always; a kernel step the tuner chose at some buckets only, at
+        the others (`StepRecord.graph_at`) and between them, where its kernel was never
+        measured."""
+        if step.kind == "graph":
+            return True
+        return bool(step.graph_at) and (bucket is None or bucket in step.graph_at)
 
     def matmul_kernel(self, step: StepRecord) -> gemv.Gemv | None:
         """The matmul kernel with its epilogue (`backend.gemv`) that runs a step of a matmul and

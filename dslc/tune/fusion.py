@@ -274,12 +274,6 @@ def with_fusion(bundle: Bundle, measured: list[Measured],
     chosen kernel its step's (the step a fallback kernel, its graphs dropped), and every
     measured step saying what was measured."""
     as_kernel = {k.step.name: k for k in kernels or []}
-    # per bucket, the kernel steps' graphs kept there: measured faster there (`graph_at`)
-    keep = {b.key: {s.signature for s in bundle.steps
-                    if s.kind == "kernel" and s.signature in b.graphs} for b in bundle.buckets}
-    for k in kernels or []:
-        for key in k.graph_at if k.chosen else ():
-            keep[key].add(k.step.signature)
     bundle = replace(bundle, steps=tuple(_kernel_or_graph(s, as_kernel.get(s.name))
                                          for s in bundle.steps))
     by_step = {m.split.step.name: m for m in measured}
@@ -298,12 +292,12 @@ def with_fusion(bundle: Bundle, measured: list[Measured],
             steps.extend(_step(g, why) for g in (m.split.head, m.split.tail))
     named = [replace(s, name=g.name) for s, g in zip(steps, unique_names(_as_groups(steps)),
                                                      strict=True)]
-    used = {s.signature for s in named if s.kind == "graph"}
     nodes = bundle.graph.graph.by_name()
     buckets = []
     for bucket in bundle.buckets:
-        graphs = {sig: g for sig, g in bucket.graphs.items()
-                  if sig in used or sig in keep[bucket.key]}
+        # the graphs of the steps that run one here (a kernel step where its graph was kept)
+        used = {s.signature for s in named if Schedule.runs_graph(s, bucket.key)}
+        graphs = {sig: g for sig, g in bucket.graphs.items() if sig in used}
         for m in taken:
             for spec, plan in m.parts[bucket.key]:
                 at = f"buckets.{bucket.key}.graphs.{spec.signature}"
@@ -321,10 +315,11 @@ def _kernel_or_graph(step: StepRecord, m: KernelMeasured | None) -> StepRecord:
         return step
     if not m.chosen:
         return replace(step, reason=joined_reason(step.reason, f"{m.summary()}: kept the graph"))
-    graph_at = sorted(m.graph_at)
+    graph_at = tuple(sorted(m.graph_at))
     why = f"{m.summary()}: one kernel is faster" + (
         f" (the graph kept at {', '.join(graph_at)}, where it is not)" if graph_at else "")
-    return replace(step, kind="kernel", reason=joined_reason(step.reason, why))
+    return replace(step, kind="kernel", reason=joined_reason(step.reason, why),
+                   graph_at=graph_at)
 
 
 def _step(group: Group, reason: str) -> StepRecord:

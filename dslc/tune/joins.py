@@ -225,14 +225,9 @@ def every_kernel(bundle: Bundle) -> Bundle:
     kernel, whatever it measures: the generated programs' check of the kernels against the
     reference (`fuzz.gpu`), where tuning would take a kernel only where it is faster."""
     names = {s.name for s in kernel_steps(Schedule(bundle))}
-    steps = tuple(replace(s, kind="kernel", reason=joined_reason(s.reason, "made its fallback kernel "
-                                                                     "to check it"))
+    steps = tuple(replace(s, kind="kernel", graph_at=(),  # a kernel at every bucket
+                          reason=joined_reason(s.reason, "made its fallback kernel to check it"))
                   if s.name in names else s for s in bundle.steps)
-    # a kernel everywhere: their graphs go (a step of the same signature computes the same,
-    # so it is offered, and forced, too)
-    forced = {s.signature for s in steps if s.name in names}
-    buckets = tuple(replace(b, graphs={k: g for k, g in b.graphs.items() if k not in forced})
-                    for b in bundle.buckets)
-    out = with_fusion(replace(bundle, steps=steps, buckets=buckets), [])
+    out = with_fusion(replace(bundle, steps=steps), [])
     out = with_joins(out, pairs(Schedule(out)), every=True)
     return with_joins(out, norms(Schedule(out)), every=True)
