@@ -444,6 +444,10 @@ def test_a_cache_write_is_run_as_its_writers_only_while_their_operands_last(
         replace(s, graph_at=(key,)) if s.name == writer.name else s
         for s in program.bundle.steps)))
     assert batches.plan(keeps, memory, key)[1] == {}
+    elsewhere = Schedule(replace(program.bundle, steps=tuple(  # its graph kept at another bucket
+        replace(s, graph_at=("N=64",)) if s.name == writer.name else s
+        for s in program.bundle.steps)))
+    assert list(batches.plan(elsewhere, memory, key)[1]) == ["k2"]
     g = rng("reused operands")
     x = {n: g.standard_normal((1, 2, 6 if n in "cd" else 4, 8)).astype(np.float32)
          for n in ("x", "y", "c", "d")}
