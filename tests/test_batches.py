@@ -222,8 +222,8 @@ def test_halves_written_into_an_output_run_as_one_launch_below_the_vector_kernel
     program = deviceless_program(ROTARY, tmp_path)[1]
     halves = [s.name for s in program.steps if s.outputs[0] in program.placement]
     assert len(halves) == 2 and fused.VECTOR_AT_LEAST == 32 * 64 * 32
-    below = batches.order(program, program.memory_plan({"S": 63}))
-    at = batches.order(program, program.memory_plan({"S": 64}))
+    below = batches.plan(program, program.memory_plan({"S": 63}))[0]
+    at = batches.plan(program, program.memory_plan({"S": 64}))[0]
     assert [s.name for s in below[0]] == halves and len(below) == 2
     assert [[s.name for s in slot] for slot in at[:2]] == [[h] for h in halves]
 

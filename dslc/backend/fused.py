@@ -406,9 +406,12 @@ def _strided(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
         merge.run([part])
 
 
-def strided_part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | None:
+def strided_part(p: Plan, xs: Sequence[Any], ys: Sequence[Any],
+                 shift: tuple[Any, int, int] | None = None) -> merge.Part | None:
     """The strided kernel over these operands (views as `operand_view` gives them) into these
-    results, as a part of a merged launch; None where it has nothing to compute."""
+    results, as a part of a merged launch; None where it has nothing to compute. `shift`
+    (at, axis, rows): the results stored `at[0]` further along `axis`, rows past [0, rows)
+    dropped (`Plan.strided_kernel`)."""
     import cupy
 
     shape = ys[0].shape
@@ -418,27 +421,11 @@ def strided_part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | 
     arrays = [cupy.broadcast_to(x, shape) for x in xs] + list(ys)
     dims = list(shape) or [1]
     strides = [st // a.itemsize for a in arrays for st in (a.strides or (0,))]
-    return merge.Part(_strided_kernel(p, len(dims)),
+    at, axis, rows = shift if shift is not None else (None, None, 0)
+    return merge.Part(_strided_kernel(p, len(dims), axis),
                       (*arrays, np.int64(n), *(np.int64(d) for d in dims),
-                       *(np.int64(st) for st in strides)), grid_blocks(n))
-
-
-def shifted_part(p: Plan, xs: Sequence[Any], ys: Sequence[Any], at: Any, axis: int,
-                 rows: int) -> merge.Part | None:
-    """The strided kernel storing its results `at[0]` further along `axis` (rows past
-    [0, rows) dropped), as a part of a merged launch; None where it has nothing to compute."""
-    import cupy
-
-    views = [operand_view(x, o) for x, o in zip(xs, p.operands, strict=True)]
-    shape = ys[0].shape
-    if ys[0].size == 0:
-        return None
-    arrays = [cupy.broadcast_to(x, shape) for x in views] + list(ys)
-    strides = [st // a.itemsize for a in arrays for st in a.strides]
-    return merge.Part(_strided_kernel(p, len(shape), axis),
-                      (*arrays, np.int64(ys[0].size), *(np.int64(d) for d in shape),
-                       *(np.int64(st) for st in strides), at, np.int64(rows)),
-                      grid_blocks(ys[0].size))
+                       *(np.int64(st) for st in strides),
+                       *((at, np.int64(rows)) if shift is not None else ())), grid_blocks(n))
 
 
 def part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | None:

@@ -272,17 +272,25 @@ def cache_write(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     """`new` written into rows [at, at + S) of the cache in place: `y` is the cache's memory (the
     memory plan gives the result the input's storage), so nothing else is copied. Where it is
     not (a schedule laid out otherwise), the cache is copied into `y` first."""
-    cache = xs[0]
-    if (y.data.ptr, y.strides) != (cache.data.ptr, cache.strides):
-        y[...] = cache
-    part = cache_write_part(xs, y)
+    if not _in_place(xs[0], y):
+        y[...] = xs[0]
+    part = _cache_write_part(xs, y)
     if part is not None:
         merge.run([part])
 
 
 def cache_write_part(xs: Sequence[Any], y: Any) -> merge.Part | None:
-    """The cache write's kernel as a part of a merged launch (`y` the cache's own memory), or
-    None where it writes nothing."""
+    """The cache write's kernel as a part of a merged launch, or None: where `y` is not the
+    cache's own memory (the cache is copied first: `cache_write` runs it alone) or it writes
+    nothing."""
+    return _cache_write_part(xs, y) if _in_place(xs[0], y) else None
+
+
+def _in_place(cache: Any, y: Any) -> bool:
+    return bool((y.data.ptr, y.strides) == (cache.data.ptr, cache.strides))
+
+
+def _cache_write_part(xs: Sequence[Any], y: Any) -> merge.Part | None:
     import numpy as np
 
     _cache, new, at = xs

@@ -107,12 +107,7 @@ def _independent(mem: Memory, slot: Sequence[Any], again: Mapping[str, Recompute
     reads or writes (their threads run in no order). A cache write run as its value's writers
     reads what they read."""
     storage = mem.plan.storage
-
-    def reads(step: Any) -> list[str]:
-        r = again.get(step.name)
-        return [v for w in r.writers for v in w.inputs] + [r.at] if r else list(step.inputs)
-
-    touched = [([mem.extent(*_where(storage[i])) for i in reads(step)
+    touched = [([mem.extent(*_where(storage[i])) for i in batches.reads(step, again)
                  if mem.program.nodes[i].op != "scalar"],
                 [mem.extent(*_where(storage[o])) for o in batches.written(step)])
                for step in slot]
@@ -131,17 +126,7 @@ def _recomputed_step(mem: Memory, program: Schedule, r: Recomputed,
     storage = mem.plan.storage
     at = int(np.asarray(mem.value(storage[r.at])).reshape(-1)[0])
     for writer, region in zip(r.writers, r.regions, strict=True):
-        values: dict[str, np.ndarray] = {}
-        for name in writer.nodes:
-            node = program.nodes[name]
-            operands = [values[i] if i in values else
-                        np.asarray(float(program.nodes[i].attrs["value"]), np.float32)
-                        if program.nodes[i].op == "scalar"
-                        else np.ascontiguousarray(mem.value(storage[i])) for i in node.inputs]
-            values[name] = interp.evaluate_node(node, operands,
-                                                concrete_attrs(node, dims, program.env),
-                                                stored_dtype(node, name not in writer.outputs))
-        result = values[writer.outputs[0]]
+        result = _evaluated(mem, program, writer, dims)[writer.outputs[0]]
         for s in range(result.shape[ROWS_AXIS]):
             row = at + s
             if 0 <= row < r.rows:
@@ -168,8 +153,10 @@ def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndar
     for name in program.load_time:
         if program.nodes[name].op != "scalar" and name in loaded:
             np.copyto(mem.value(plan.storage[name]), loaded[name])
-    specs = _bucket_specs(program, dims)
-    bucket = next((b.key for b in program.bundle.buckets if dict(b.dims) == dict(dims)), None)
+    found = next((b for b in program.bundle.buckets if dict(b.dims) == dict(dims)), None)
+    bucket = None if found is None else found.key  # None: a size between buckets
+    specs = {} if found is None else {sig: GroupSpec.from_data(g.spec.to_data())
+                                      for sig, g in found.graphs.items()}
     slots, again = batches.plan(program, plan, bucket)  # the runtime's order
     for slot in slots:
         _independent(mem, slot, again)
@@ -186,13 +173,6 @@ def run(program: Schedule, dims: Mapping[str, int], inputs: Mapping[str, np.ndar
             written[name] = np.array(mem.value(plan.storage[program.inputs[name]]))
     return {out: np.array(mem.value(plan.storage[value]))
             for out, value in program.outputs.items()}
-
-
-def _bucket_specs(program: Schedule, dims: Mapping[str, int]) -> dict[str, GroupSpec]:
-    for bucket in program.bundle.buckets:
-        if dict(bucket.dims) == dict(dims):
-            return {sig: GroupSpec.from_data(g.spec.to_data()) for sig, g in bucket.graphs.items()}
-    return {}
 
 
 def _spec_at(program: Schedule, step: Any, dims: Mapping[str, int]) -> GroupSpec:
@@ -249,8 +229,7 @@ def _kernel_step(mem: Memory, program: Schedule, step: Any, dims: Mapping[str, i
     """A fallback kernel: its ops in order, each result rounded as the kernel holds it (a value
     inside a fused pointwise kernel to its intermediate dtype), its outputs stored."""
     storage = mem.plan.storage
-    # One op writes its result even where nothing here reads it (a cache written in place)
-    stored = step.outputs if len(step.nodes) > 1 else step.nodes
+    stored = batches.written(step)  # a single op its result even where nothing here reads it
     first = program.nodes[step.nodes[0]]
     in_place = placed_in(program.placement, first.name)  # a concat's slices, already there
     if first.op in IN_PLACE:  # the memory it writes is its first operand's (rows not rewritten)
@@ -258,14 +237,24 @@ def _kernel_step(mem: Memory, program: Schedule, step: Any, dims: Mapping[str, i
     _apart(step, [mem.extent(*_where(storage[i])) for i in step.inputs
                   if program.nodes[i].op != "scalar" and i not in in_place],
            [mem.extent(*_where(storage[o])) for o in stored])
+    values = _evaluated(mem, program, step, dims)
+    for name in stored:
+        np.copyto(mem.value(storage[name]), values[name])
+
+
+def _evaluated(mem: Memory, program: Schedule, step: Any,
+               dims: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """A fallback kernel step's ops in order, on what they read from memory, each value rounded
+    as the kernel holds it (one it does not store to its intermediate dtype)."""
+    stored = batches.written(step)
     values: dict[str, np.ndarray] = {}
     for name in step.nodes:
         node = program.nodes[name]
         operands = [values[i] if i in values else
                     np.asarray(float(program.nodes[i].attrs["value"]), np.float32)
-                    if program.nodes[i].op == "scalar" else np.ascontiguousarray(mem.value(storage[i]))
+                    if program.nodes[i].op == "scalar"
+                    else np.ascontiguousarray(mem.value(mem.plan.storage[i]))
                     for i in node.inputs]
         values[name] = interp.evaluate_node(node, operands, concrete_attrs(node, dims, program.env),
                                             stored_dtype(node, name not in stored))
-    for name in stored:
-        np.copyto(mem.value(storage[name]), values[name])
+    return values

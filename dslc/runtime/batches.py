@@ -93,49 +93,50 @@ def plan(program: Schedule, memory: MemoryPlan, bucket: str | None = None,
     """The program's steps in slots at this memory plan (`slots`, the mergeable steps those
     `small` takes at this `bucket`), and the cache writes run as their value's writers
     (`cachewrites`)."""
-    again = _kept(program, memory, recomputed(program, memory,
-                                              lambda s: small(program, memory, s, bucket)))
     steps = program.steps
+    plain = touches(program, memory)
+    again = _kept(program, plain, recomputed(program, memory,
+                                             lambda s: small(program, memory, s, bucket)))
+    moved = [_touch(program, memory, reads(s, again), s) if s.name in again else t
+             for s, t in zip(steps, plain, strict=True)]
     return ([[steps[i] for i in slot]
-             for slot in slots(touches(program, memory, again),
-                               lambda i: small(program, memory, steps[i], bucket))], again)
+             for slot in slots(moved, lambda i: small(program, memory, steps[i], bucket))],
+            again)
 
 
-def _kept(program: Schedule, memory: MemoryPlan,
+def _kept(program: Schedule, plain: Sequence[Touch],
           again: dict[str, Recomputed]) -> dict[str, Recomputed]:
     """The cache writes that may run as their value's writers: those whose writers' operands
     no step between the first writer and the cache write overwrites (the memory plan reuses
     an operand's bytes once its last reader in the schedule's order has run; run again by the
     cache write, the writers' kernels would read what came after)."""
-    plain = touches(program, memory)
     index = {s.name: i for i, s in enumerate(program.steps)}
     out = {}
     for name, r in again.items():
         first = min(index[w.name] for w in r.writers)
-        reads = [t for w in r.writers for t in plain[index[w.name]].reads]
+        operands = [t for w in r.writers for t in plain[index[w.name]].reads]
         if not any(w.meets(t) for j in range(first + 1, index[name])
-                   for w in plain[j].writes for t in reads):
+                   for w in plain[j].writes for t in operands):
             out[name] = r
     return out
 
 
-def order(program: Schedule, memory: MemoryPlan) -> list[list[StepRecord]]:
-    """`plan`'s slots."""
-    return plan(program, memory)[0]
+def touches(program: Schedule, memory: MemoryPlan) -> list[Touch]:
+    """Each step's reads and writes at this memory plan."""
+    return [_touch(program, memory, step.inputs, step) for step in program.steps]
 
 
-def touches(program: Schedule, memory: MemoryPlan,
-            again: Mapping[str, Recomputed] | None = None) -> list[Touch]:
-    """Each step's reads and writes at this memory plan (a cache write run as its value's
-    writers reads what they read)."""
-    out = []
-    for step in program.steps:
-        r = (again or {}).get(step.name)
-        reads = [v for w in r.writers for v in w.inputs] + [r.at] if r else list(step.inputs)
-        out.append(Touch(tuple(_region(program, memory, v) for v in reads
-                               if program.nodes[v].op != "scalar"),
-                         tuple(_region(program, memory, v) for v in written(step))))
-    return out
+def reads(step: StepRecord, again: Mapping[str, Recomputed]) -> tuple[str, ...]:
+    """What a step reads: a cache write run as its value's writers, what they read."""
+    r = again.get(step.name)
+    return step.inputs if r is None else (*(v for w in r.writers for v in w.inputs), r.at)
+
+
+def _touch(program: Schedule, memory: MemoryPlan, values: Sequence[str],
+           step: StepRecord) -> Touch:
+    return Touch(tuple(_region(program, memory, v) for v in values
+                       if program.nodes[v].op != "scalar"),
+                 tuple(_region(program, memory, v) for v in written(step)))
 
 
 def written(step: StepRecord) -> tuple[str, ...]:

@@ -516,10 +516,8 @@ class Model:
                                   [self._view(exe, v, refs, outputs) for v in step.outputs])
             else:
                 node = self.program.nodes[step.nodes[0]]
-                xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
-                y = self._view(exe, node.name, refs, outputs)
-                if (y.data.ptr, y.strides) == (xs[0].data.ptr, xs[0].strides):
-                    part = cache_write_part(xs, y)  # else: the cache copied first, alone
+                part = cache_write_part([self._view(exe, v, refs, outputs) for v in node.inputs],
+                                        self._view(exe, node.name, refs, outputs))
             if part is None:
                 self._step(exe, step, refs, outputs, workspace)
             else:
@@ -539,8 +537,9 @@ class Model:
             ptr = self._pointer(exe, region.base, refs, outputs) + \
                 region.offset * ITEMSIZE[region.dtype]
             y = device.view(ptr, region.shape, region.strides, region.dtype, device.STORED_AS)
-            part = fused.shifted_part(p, [self._view(exe, o.name, refs, outputs)
-                                          for o in p.operands], [y], at, ROWS_AXIS, again.rows)
+            xs = [fused.operand_view(self._view(exe, o.name, refs, outputs), o)
+                  for o in p.operands]
+            part = fused.strided_part(p, xs, [y], (at, ROWS_AXIS, again.rows))
             if part is not None:
                 parts.append(part)
         return parts

@@ -78,9 +78,6 @@ class Measured:
         return split_is_faster(self.fused_ms, self.head_ms, self.tail_ms)
 
     def summary(self) -> str:
-        def ms(t: float | None) -> str:
-            return "-" if t is None else f"{t:.4f}"
-
         return "fusion measured: " + "; ".join(
             f"{key}: fused {ms(fused)} ms, split {ms(self.head_ms.get(key))} + "
             f"{ms(self.tail_ms.get(key))} ms" for key, fused in self.fused_ms.items())
@@ -113,9 +110,6 @@ class KernelMeasured:
                          if not split_is_faster({k: g}, {k: self.kernel_ms.get(k)}, {}))
 
     def summary(self) -> str:
-        def ms(t: float | None) -> str:
-            return "-" if t is None else f"{t:.4f}"
-
         return "backend measured: " + "; ".join(
             f"{key}: cuDNN graph {ms(g)} ms, one kernel {ms(self.kernel_ms.get(key))} ms"
             for key, g in self.graph_ms.items())
@@ -336,6 +330,11 @@ def _as_groups(steps: list[StepRecord]) -> list[Group]:
 def _memory(program: Schedule, bucket: BucketRecord) -> BucketRecord:
     plan = program.memory_plan(dict(bucket.dims))
     return replace(bucket, offsets=dict(plan.offsets), arena_bytes=plan.arena)
+
+
+def ms(t: float | None) -> str:
+    """A measured time in a step's reason: milliseconds, or "-" where none was measured."""
+    return "-" if t is None else f"{t:.4f}"
 
 
 def joined_reason(reason: str, more: str) -> str:

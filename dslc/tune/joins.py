@@ -24,6 +24,7 @@ from dslc.tune.fusion import (
     MeasureKernel,
     joined_reason,
     kernel_steps,
+    ms,
     split_is_faster,
     takes_matmul_kernel,
     with_fusion,
@@ -58,9 +59,6 @@ class Joined:
         return split_is_faster(self.apart_ms, self.joined_ms, {})
 
     def summary(self) -> str:
-        def ms(t: float | None) -> str:
-            return "-" if t is None else f"{t:.4f}"
-
         joined = self.joined_ms
         return f"joined with {self.absorbed.name} measured: " + "; ".join(
             f"{key}: apart {ms(t)} ms, joined {ms(joined.get(key))} ms"
