@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Mutation testing (mutmut 3) of the modules that hold dslc's numeric and safety logic.
 
-    scripts/mutation.py [GROUP ...] [--fresh] [--jobs N] [--survivors] [--report]
+    scripts/mutation.py [GROUP ...] [--fresh] [--jobs N] [--survivors] [--report] [--save]
 
 GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, channels_last, fusion, joins,
 tune (all of them, in that order, when none is named). The modules are `[tool.mutmut] only_mutate` in
@@ -11,7 +11,12 @@ function (fastest first, stopping at the first failure). Each group works in its
 build/mutation/GROUP, so that its test selection and its cached results stay its own.
 
 Results are cached: a second run tests only the mutants of functions that changed, then tests the
-earlier survivors again (new tests may kill them). `--fresh` forgets the cache. The script prints,
+earlier survivors again (new tests may kill them). `--fresh` forgets the cache. A checkout has no
+cache (build/ is not committed), so each run also keeps its results in mutation/GROUP.json (each
+function's mutants' exit codes with the hash of the function's code, as mutmut keys them): a
+group run in a checkout without its folder starts from them, testing only the mutants of
+functions changed since and those never tested; a group too slow for one sitting thus goes on
+where the last one stopped. The script prints,
 per module, the mutants killed by a test, rejected by mypy (the CI gate), timed out or crashed,
 and the survivors; the survivors listed in docs/mutation.md as equivalent are marked so.
 `cd build/mutation/GROUP && mutmut show NAME` shows one mutant. (Not `mutmut apply` there: the
@@ -41,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "mutation"
 DOC = ROOT / "docs" / "mutation.md"
+SAVED = ROOT / "mutation"  # GROUP.json: the last results of each group, committed
 
 # group -> (module globs, test files). Tests run with the group's `-m "not gpu and not slow"`.
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
@@ -152,6 +158,64 @@ def prepare(group: str, config: dict[str, object], files: list[str], fresh: bool
     return folder
 
 
+def _hashes(module: str) -> dict[str, str]:
+    """mutmut's hash of each function of a module's code in the checkout (its mangled name ->
+    12 hex digits), as this Python parses it."""
+    from mutmut.mutation.file_mutation import compute_function_hashes
+
+    return compute_function_hashes((ROOT / module).read_text())
+
+
+def save(folder: Path) -> Path:
+    """The group's results as mutation/GROUP.json: per module, per function, the hash of its
+    code and its mutants' exit codes in mutant order (null: not tested). Written after every
+    run, when the mutants are of the checkout's code."""
+    out: dict[str, dict[str, list[object]]] = {}
+    for module, codes in results(folder).items():
+        hashes = _hashes(module)
+        functions: dict[str, dict[int, int | None]] = {}
+        for name, code in codes.items():
+            function, _, number = name.rpartition(".")[2].rpartition("__mutmut_")
+            functions.setdefault(function, {})[int(number)] = code
+        out[module] = {f: [hashes.get(f, ""), [c[i] for i in sorted(c)]]
+                       for f, c in sorted(functions.items())}
+    SAVED.mkdir(exist_ok=True)
+    path = SAVED / f"{folder.name}.json"
+    text = json.dumps({"mutmut": "3", "modules": out}, separators=(",", ":"), sort_keys=True)
+    path.write_text(text.replace("],\"", "],\n\"") + "\n")  # a line a function: small diffs
+    return path
+
+
+def seed(folder: Path) -> int:
+    """mutmut's result files of a group folder made from mutation/GROUP.json, for the modules
+    that have none yet (a new checkout): the results of functions whose code is unchanged stand
+    (mutmut keeps them; it tests the rest). Returns the mutants seeded."""
+    path = SAVED / f"{folder.name}.json"
+    if not path.exists():
+        return 0
+    seeded = 0
+    for module, functions in json.loads(path.read_text())["modules"].items():
+        meta = folder / "mutants" / f"{module}.meta"
+        if meta.exists() or not (ROOT / module).exists():
+            continue
+        hashes = _hashes(module)
+        prefix = _prefix(module)
+        codes: dict[str, int | None] = {}
+        kept: dict[str, str] = {}
+        for function, (digest, found) in functions.items():
+            if hashes.get(function) != digest:
+                continue  # changed since: mutmut tests its mutants afresh
+            kept[function] = digest
+            for i, code in enumerate(found, 1):
+                codes[f"{prefix}.{function}__mutmut_{i}"] = code
+                seeded += code is not None
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": kept,
+                                    "type_check_error_by_key": {}, "durations_by_key": {},
+                                    "estimated_durations_by_key": {}}))
+    return seeded
+
+
 def results(folder: Path) -> dict[str, dict[str, int | None]]:
     """module -> mutant name -> exit code (None: not tested yet), from mutmut's .meta files, for
     the modules the group mutates now (a module taken out of a group keeps a stale .meta)."""
@@ -161,7 +225,27 @@ def results(folder: Path) -> dict[str, dict[str, int | None]]:
         module = str(meta.relative_to(folder / "mutants"))[:-len(".meta")]
         if any(fnmatch.fnmatch(module, pattern) for pattern in globs):
             out[module] = json.loads(meta.read_text())["exit_code_by_key"]
+    return out or saved(folder.name)
+
+
+def saved(group: str) -> dict[str, dict[str, int | None]]:
+    """mutation/GROUP.json's results as `results` gives them (a checkout that never ran the
+    group: its last results, whatever the code is now)."""
+    path = SAVED / f"{group}.json"
+    if not path.exists():
+        return {}
+    out: dict[str, dict[str, int | None]] = {}
+    for module, functions in json.loads(path.read_text())["modules"].items():
+        prefix = _prefix(module)
+        out[module] = {f"{prefix}.{function}__mutmut_{i}": code
+                       for function, (_, found) in functions.items()
+                       for i, code in enumerate(found, 1)}
     return out
+
+
+def _prefix(module: str) -> str:
+    """The start of mutmut's names of a module's mutants: dslc/ops/__init__.py -> dslc.ops."""
+    return module[:-len(".py")].replace("/", ".").removesuffix(".__init__")
 
 
 def mutmut(folder: Path, jobs: int, names: list[str]) -> None:
@@ -179,6 +263,10 @@ def mutmut(folder: Path, jobs: int, names: list[str]) -> None:
 def run_group(group: str, config: dict[str, object], files: list[str], fresh: bool,
               jobs: int, survivors_only: bool = False) -> Path:
     folder = prepare(group, config, files, fresh)
+    if not fresh:
+        count = seed(folder)
+        if count:
+            print(f"{group}: {count} mutants' results from {SAVED.name}/{group}.json", flush=True)
     before = {name for codes in results(folder).values() for name, code in codes.items()
               if status(code) in (SURVIVED, NO_TESTS)}
     if not survivors_only:
@@ -187,6 +275,7 @@ def run_group(group: str, config: dict[str, object], files: list[str], fresh: bo
     again = sorted(n for n in before if status(after.get(n)) in (SURVIVED, NO_TESTS))
     if again:  # cached survivors: tests added since may kill them
         mutmut(folder, jobs, again)
+    save(folder)
     return folder
 
 
@@ -225,7 +314,7 @@ def report(folders: dict[str, Path]) -> None:
                 if what in (SURVIVED, NO_TESTS) and name in listed:
                     what = "equivalent"
                 counts[what if what in counts else "none"] += 1
-                if what not in DETECTED:
+                if what not in DETECTED and code is not None:  # the untested: counted only
                     survivors.append((group, name, what))
             counts["total"] = len(codes)
             for k in COLUMNS:
@@ -243,6 +332,9 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="forget the cached results")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="mutants at once")
     parser.add_argument("--report", action="store_true", help="only print the last results")
+    parser.add_argument("--save", action="store_true",
+                        help="only write the last results to mutation/GROUP.json (a run stopped "
+                             "before its end; a run writes them itself)")
     parser.add_argument("--survivors", action="store_true",
                         help="only test the last run's survivors again (after adding tests)")
     args = parser.parse_args()
@@ -254,8 +346,10 @@ def main() -> None:
     start = time.monotonic()
     for group in args.groups or list(GROUPS):
         t0 = time.monotonic()
-        if args.report:
+        if args.report or args.save:
             folders[group] = WORK / group
+            if args.save:
+                print(f"{group}: {save(WORK / group).relative_to(ROOT)}")
             continue
         folders[group] = run_group(group, config, files, args.fresh, args.jobs,
                                    args.survivors)
