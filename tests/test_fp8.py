@@ -459,6 +459,34 @@ def test_each_quantised_value_is_scaled_saturated_and_cast_in_its_own_precision(
         ("mul", ("x.fp8_descale", "w.fp8_descale"), F32)
 
 
+def test_an_activation_is_quantised_in_its_producers_precision_not_its_readers(
+        tmp_path: Path) -> None:
+    """A value made in a def of its own precision (intermediate f32) and read by an fp8 matmul
+    of the model (intermediate f16): its scaling, saturation and cast compute as its producer
+    did (they join the producer's step), not as the matmul does."""
+    from dslc.pipeline import lower_and_fuse
+    from tests.helpers import check_source
+
+    source = HEADER + """def producer(x: [16, 64]) -> [16, 64] {
+  precision intermediate=f32
+  return relu(x)
+}
+model m {
+  precision io=f16, intermediate=f16, compute=f32, matmul=f8e4m3
+  input x: [16, 64]
+  param w: [64, 32]
+  output y = matmul(producer(x), w)
+}
+"""
+    lowered, _ = lower_and_fuse(check_source(source, tmp_path).model)
+    nodes = lowered.by_name()
+    [made] = [n for n in lowered.nodes if n.op == "relu"]
+    assert _precision(made) == ("f16", "f32", "f32")
+    chain = [nodes[f"{made.name}.{s}"] for s in ("scaled", "floored", "saturated", "f8e4m3")]
+    assert [_precision(n) for n in chain] == [_precision(made)] * 4
+    assert _precision(nodes["y"]) == MODEL
+
+
 def test_a_weights_amax_runs_over_all_but_its_output_channel(tmp_path: Path) -> None:
     """Per channel: a matmul's right weight [K, N] over K, its left weight [M, K] over K kept
     as [M, 1], a conv's [K, C, R, S] over C, R, S kept as [K, 1, 1, 1]; the descale of a left

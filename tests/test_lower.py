@@ -456,6 +456,30 @@ def test_a_scale_along_the_concatenated_axis_is_sliced_with_it(tmp_path: Path) -
                                rtol=1e-6)
 
 
+def test_a_channel_scale_through_a_concatenation_of_channels_takes_each_part_its_channels(
+        tmp_path: Path) -> None:
+    """A per-channel scale of NCHW values (`scale_mul` along axis 1, not the last) on a
+    concatenation along the channels: each part is scaled by its own channels' entries (a
+    vector broadcast right-aligned would meet the last axis instead)."""
+    from dslc.ir import interp
+
+    model = check_source("""model m {
+  input x: [2, 4, 3, 3]
+  param s: [8]
+  output y = concat([-x, relu(x)], axis=1) * reshape(s, [1, 8, 1, 1])
+}
+""", tmp_path).model
+    lowered, _ = _lower_checked(model)
+    nodes = lowered.by_name()
+    assert [nodes[p].op for p in nodes["y"].inputs] == ["scale_mul", "scale_mul"]
+    g = rng("channel scale through concat")
+    x = g.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    s = g.standard_normal(8).astype(np.float32)
+    got = interp.run(lowered, {"x": x}, {"s": s}, model.env)["y"]
+    want = np.concatenate([-x, np.maximum(x, 0)], axis=1) * s[None, :, None, None]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 @pytest.mark.parametrize(("part", "inputs"), [
     ("x", {}), ("w", {}), ("x2[:, 2:8]", {"x2": (4, 8)}), ("reshape(x3, [4, 6])", {"x3": (24,)}),
     ("transpose(x4, [1, 0])", {"x4": (6, 4)}),
