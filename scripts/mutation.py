@@ -2,6 +2,7 @@
 """Mutation testing (mutmut 3) of the modules that hold dslc's numeric and safety logic.
 
     scripts/mutation.py [GROUP ...] [--fresh] [--jobs N] [--survivors] [--report] [--save]
+    scripts/mutation.py GROUP --typecheck-elsewhere   # then scripts/mutation_device.sh GROUP
 
 GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, channels_last, fusion, joins,
 tune (all of them, in that order, when none is named). The modules are `[tool.mutmut] only_mutate` in
@@ -279,6 +280,28 @@ def run_group(group: str, config: dict[str, object], files: list[str], fresh: bo
     return folder
 
 
+def typecheck_elsewhere(group: str, config: dict[str, object], files: list[str]) -> Path:
+    """For a run on another machine (`scripts/mutation_device.sh`, the device machine's 16
+    cores): the group's folder seeded, its mutants made, and mypy's verdict on them written to
+    the folder's mypy.json, which the other machine reads in place of running mypy (its
+    packages differ from the CI's, whose mypy is the gate). mutmut makes the same mutants from
+    the same code anywhere."""
+    folder = prepare(group, config, files, fresh=False)
+    seed(folder)
+    script = ("import os, subprocess, pathlib\n"
+              "from mutmut.__main__ import (copy_src_dir, copy_also_copy_files, config,\n"
+              "    setup_source_paths, store_lines_covered_by_tests, create_mutants)\n"
+              "os.makedirs('mutants', exist_ok=True)\n"
+              "copy_src_dir(); copy_also_copy_files(); setup_source_paths()\n"
+              "store_lines_covered_by_tests(); create_mutants(2)\n"
+              "done = subprocess.run(config().type_check_command, cwd='mutants',\n"
+              "                      capture_output=True, text=True)\n"
+              "pathlib.Path('mypy.json').write_text(done.stdout)\n")
+    subprocess.run([sys.executable, "-c", script], cwd=folder, check=True,
+                   stdout=subprocess.DEVNULL)
+    return folder / "mypy.json"
+
+
 def equivalents() -> set[str]:
     """The mutants docs/mutation.md lists as equivalent, with its reason."""
     if not DOC.exists():
@@ -335,6 +358,9 @@ def main() -> None:
     parser.add_argument("--save", action="store_true",
                         help="only write the last results to mutation/GROUP.json (a run stopped "
                              "before its end; a run writes them itself)")
+    parser.add_argument("--typecheck-elsewhere", action="store_true",
+                        help="only make the mutants and mypy's verdict on them, for a run on "
+                             "another machine (scripts/mutation_device.sh)")
     parser.add_argument("--survivors", action="store_true",
                         help="only test the last run's survivors again (after adding tests)")
     args = parser.parse_args()
@@ -346,6 +372,9 @@ def main() -> None:
     start = time.monotonic()
     for group in args.groups or list(GROUPS):
         t0 = time.monotonic()
+        if args.typecheck_elsewhere:
+            print(f"{group}: {typecheck_elsewhere(group, config, files).relative_to(ROOT)}")
+            continue
         if args.report or args.save:
             folders[group] = WORK / group
             if args.save:
@@ -354,6 +383,8 @@ def main() -> None:
         folders[group] = run_group(group, config, files, args.fresh, args.jobs,
                                    args.survivors)
         print(f"{group}: {time.monotonic() - t0:.0f} s", flush=True)
+    if args.typecheck_elsewhere:
+        return
     report(folders)
     if not args.report:
         print(f"wall time: {time.monotonic() - start:.0f} s")

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One mutation group (scripts/mutation.py) on the device machine's 16 CPU cores, its GPU hidden:
+# this machine has 2, on which `ops` and `lower` take longer than a sitting. The results come
+# back as mutmut's result files; a later call goes on from them.
+#
+# Here, first (the device machine has neither mutmut nor the CI's mypy):
+#   pip download -d .mutwhl --python-version 3.12 --only-binary=:all: \
+#       --platform manylinux_2_28_x86_64 mutmut==3.8.1        # its wheels, for the device's Python
+#   scripts/mutation.py GROUP --typecheck-elsewhere             # mutants + mypy.json, made here
+# then with the device tool, carrying .whl, .mutwhl, scripts and build/mutation/GROUP/mutants,
+# build/mutation/GROUP/mypy.json:
+#   OUT=$OUT LIMIT=540 scripts/mutation_device.sh GROUP
+# and back here:
+#   tar xf DIR/meta.tar -C build/mutation/GROUP/mutants && cp DIR/mutmut-stats.json \
+#       build/mutation/GROUP/mutants/ && scripts/mutation.py GROUP --save
+# Each call pays mutmut's start (the group's tests once, ~2-5 minutes, and the first call
+# mapping tests to functions): give it the whole 10 minutes a call may take.
+set -u
+group=${1:?usage: mutation_device.sh GROUP}
+out=${OUT:?set OUT}
+cd "$(dirname "$0")/.."
+for wheels in .whl .mutwhl; do
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/$wheels" $wheels/*.whl \
+    >> "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 1; }
+done
+# not the checkout: the tests import the mutants
+export PYTHONPATH=/tmp/.mutwhl:/tmp/.whl PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=""
+python3 - "$group" <<'PY'
+import re, sys
+sys.path.insert(0, "scripts")
+import mutation
+config, files = mutation.scope()
+folder = mutation.prepare(sys.argv[1], config, files, fresh=False)
+path = folder / "pyproject.toml"  # mypy's verdict as made on the other machine
+path.write_text(re.sub(r"type_check_command = .*",
+                       'type_check_command = ["sh", "-c", "cat ../mypy.json", "mypy"]',
+                       path.read_text()))
+PY
+cd "build/mutation/$group"
+timeout "${LIMIT:-540}" python3 -m mutmut run --max-children "${JOBS:-15}" > "$out/mutmut.log" 2>&1
+echo "mutmut exit $? (124: stopped at LIMIT, the results so far kept)" | tee -a "$out/mutmut.log"
+cp mutants/mutmut-stats.json "$out/"
+(cd mutants && find dslc -name '*.meta' | tar cf "$out/meta.tar" -T -)
+tr '\r' '\n' < "$out/mutmut.log" | grep -E "/[0-9]+ " | tail -1
