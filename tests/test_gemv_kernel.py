@@ -505,6 +505,32 @@ def test_a_join_whose_step_apart_has_no_time_stays_apart(tmp_path: Path) -> None
     assert m.apart_ms == {"B=1": None} and m.joined_ms == {"B=1": 0.001} and not m.chosen
 
 
+def test_steps_apart_are_timed_as_each_bucket_runs_them(tmp_path: Path) -> None:
+    """The up and gate steps kernels at B=1 that keep their graphs at B=4 (their kernels 0.020
+    ms there, the graphs 0.010): apart, B=4 runs the graphs, so the pair apart costs the
+    graphs' times there (a join that wins at B=1 is not charged the kernels B=4 never runs)."""
+    from dataclasses import replace
+
+    from dslc.tune.joins import measure_joins
+
+    program = _program(tmp_path, rows="1, 4")  # type: ignore[arg-type]
+    measured = []
+    for step in kernel_steps(program):
+        m = KernelMeasured(step)
+        for bucket in program.bundle.buckets:
+            m.graph_ms[bucket.key] = 0.010
+            m.kernel_ms[bucket.key] = 0.004 if bucket.key == "B=1" else 0.020
+        measured.append(m)
+    bundle = with_fusion(program.bundle, [], measured)
+    bundle = replace(bundle, buckets=tuple(  # the plans the graphs kept were timed at 0.010
+        replace(b, graphs={sig: replace(g, plan=replace(g.plan, ms=0.010))
+                           for sig, g in b.graphs.items()}) for b in bundle.buckets))
+    times = {m.step.name: dict(m.kernel_ms) for m in measured}
+    [j] = measure_joins(bundle, pairs(Schedule(bundle)), times,
+                        lambda b: lambda step, spec, storage, where: 0.001)
+    assert j.apart_ms == {"B=1": pytest.approx(0.008), "B=4": pytest.approx(0.020)}
+
+
 def test_rows_are_counted_over_every_axis_but_the_last(tmp_path: Path) -> None:
     """Sixteen tokens of one sequence are 16 rows, past the kernel's 8: not offered."""
     source = DECODER.format(io="bf16", rows=1, most=8).replace(

@@ -133,8 +133,8 @@ def measure_joins(bundle: Bundle, found: list[Joined],
                   progress: Callable[[str], None] | None = None) -> list[Joined]:
     """Each join `found` (`pairs` or `norms` of a tuned bundle) measured at every bucket: its
     readers joined, as kernels (`measurer` of the bundle with every join made), beside the
-    steps apart: a kernel step's time from `kernel_ms` (by step, then bucket), a graph step's
-    plan's."""
+    steps apart as each bucket runs them: a kernel's time from `kernel_ms` (by step, then
+    bucket), a graph's plan's."""
     if not found:
         return found
     both = with_joins(bundle, found, every=True)
@@ -143,7 +143,10 @@ def measure_joins(bundle: Bundle, found: list[Joined],
     steps = {s.name: s for s in program.steps}
 
     def apart(s: StepRecord, bucket: BucketRecord) -> float | None:
-        if s.kind == "kernel":  # one not measured (cuDNN refused it at compile time): None
+        """The step's time at the bucket as it runs there: its kernel's (None: not measured,
+        cuDNN refused its graph at compile time), or its graph's where it runs one (a graph
+        step, or a kernel step that kept its graph at this bucket: `StepRecord.graph_at`)."""
+        if not Schedule.runs_graph(s, bucket.key):
             return kernel_ms.get(s.name, {}).get(bucket.key)
         [graphs] = [b.graphs for b in bundle.buckets if b.key == bucket.key]
         return graphs[s.signature].plan.ms
