@@ -531,6 +531,27 @@ def test_steps_apart_are_timed_as_each_bucket_runs_them(tmp_path: Path) -> None:
     assert j.apart_ms == {"B=1": pytest.approx(0.008), "B=4": pytest.approx(0.020)}
 
 
+def test_every_kernel_runs_a_tuned_step_kept_as_a_graph_at_a_bucket_as_its_kernel_there(
+        tmp_path: Path) -> None:
+    """A tuned bundle whose steps kept their graphs at B=4 (their kernels slower there): the
+    generated programs' check makes them kernels at every bucket, B=4 included."""
+    from dslc.tune.joins import every_kernel
+
+    program = _program(tmp_path, rows="1, 4")  # type: ignore[arg-type]
+    measured = []
+    for step in kernel_steps(program):
+        m = KernelMeasured(step)
+        for bucket in program.bundle.buckets:
+            m.graph_ms[bucket.key] = 0.010
+            m.kernel_ms[bucket.key] = 0.004 if bucket.key == "B=1" else 0.020
+        measured.append(m)
+    tuned = with_fusion(program.bundle, [], measured)
+    assert any(s.graph_at == ("B=4",) for s in tuned.steps)
+    out = Schedule(Bundle.from_data(every_kernel(tuned).to_data()))
+    kernels = [s for s in out.steps if s.kind == "kernel"]
+    assert kernels and not any(out.runs_graph(s, "B=4") for s in kernels)
+
+
 def test_rows_are_counted_over_every_axis_but_the_last(tmp_path: Path) -> None:
     """Sixteen tokens of one sequence are 16 rows, past the kernel's 8: not offered."""
     source = DECODER.format(io="bf16", rows=1, most=8).replace(

@@ -226,9 +226,10 @@ def every_kernel(bundle: Bundle) -> Bundle:
     kernel, whatever it measures: the generated programs' check of the kernels against the
     reference (`fuzz.gpu`), where tuning would take a kernel only where it is faster."""
     names = {s.name for s in kernel_steps(Schedule(bundle))}
-    steps = tuple(replace(s, kind="kernel", graph_at=(),  # a kernel at every bucket
+    # a kernel at every bucket: also a tuned kernel step that kept its graph at some
+    steps = tuple(replace(s, kind="kernel", graph_at=(),
                           reason=joined_reason(s.reason, "made its fallback kernel to check it"))
-                  if s.name in names else s for s in bundle.steps)
+                  if s.name in names else replace(s, graph_at=()) for s in bundle.steps)
     out = with_fusion(replace(bundle, steps=steps), [])
     out = with_joins(out, pairs(Schedule(out)), every=True)
     return with_joins(out, norms(Schedule(out)), every=True)
