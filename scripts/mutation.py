@@ -43,6 +43,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "mutation"
@@ -167,22 +168,66 @@ def _hashes(module: str) -> dict[str, str]:
     return compute_function_hashes((ROOT / module).read_text())
 
 
+def _version() -> str:
+    """What mutmut's function hashes depend on besides the code: Python's `ast.dump` differs
+    between versions (3.12 added fields), so a hash is compared only with one of its version."""
+    return f"python {sys.version_info.major}.{sys.version_info.minor}"
+
+
+def _loaded(group: str) -> dict[str, Any]:
+    path = SAVED / f"{group}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _metas(folder: Path) -> dict[str, dict[str, Any]]:
+    """module -> its mutmut result file (`.meta`), for the modules the group mutates now (a
+    module taken out of a group keeps a stale one)."""
+    globs = GROUPS[folder.name][0]
+    out = {}
+    for meta in sorted((folder / "mutants").glob("dslc/**/*.py.meta")):
+        module = str(meta.relative_to(folder / "mutants"))[:-len(".meta")]
+        if any(fnmatch.fnmatch(module, pattern) for pattern in globs):
+            out[module] = json.loads(meta.read_text())
+    return out
+
+
 def save(folder: Path) -> Path:
     """The group's results as mutation/GROUP.json: per module, per function, the hash of its
-    code and its mutants' exit codes in mutant order (null: not tested). Written after every
-    run, when the mutants are of the checkout's code."""
-    out: dict[str, dict[str, list[object]]] = {}
-    for module, codes in results(folder).items():
+    code and its mutants' exit codes in mutant order (null: not tested); with the Python the
+    hashes are of and the group's tests. Only functions whose result file's hash is this
+    checkout's code's are written (results of other code are stale); a module with no result
+    file here keeps what the file had; a code the file had stays where the run left it
+    untested (a run stopped before reaching it)."""
+    metas = _metas(folder)
+    if not metas:
+        sys.exit(f"no results in {folder}: nothing to save")
+    before = _loaded(folder.name)
+    old = before.get("modules", {}) if before.get("version") == _version() else {}
+    out: dict[str, dict[str, list[object]]] = {
+        m: f for m, f in old.items() if m not in metas and (ROOT / m).exists()}
+    for module, meta in metas.items():
         hashes = _hashes(module)
         functions: dict[str, dict[int, int | None]] = {}
-        for name, code in codes.items():
+        for name, code in meta["exit_code_by_key"].items():
             function, _, number = name.rpartition(".")[2].rpartition("__mutmut_")
             functions.setdefault(function, {})[int(number)] = code
-        out[module] = {f: [hashes.get(f, ""), [c[i] for i in sorted(c)]]
-                       for f, c in sorted(functions.items())}
+        out[module] = {}
+        for function, codes in sorted(functions.items()):
+            digest = hashes.get(function)
+            if digest is None or meta["hash_by_function_name"].get(function) != digest:
+                continue
+            had_digest, had = old.get(module, {}).get(function, ["", []])
+            found = []
+            for i in sorted(codes):
+                code = codes[i]
+                if code is None and had_digest == digest and i <= len(had):
+                    code = had[i - 1]  # known before, not reached by this run
+                found.append(code)
+            out[module][function] = [digest, found]
     SAVED.mkdir(exist_ok=True)
     path = SAVED / f"{folder.name}.json"
-    text = json.dumps({"mutmut": "3", "modules": out}, separators=(",", ":"), sort_keys=True)
+    data = {"version": _version(), "tests": GROUPS[folder.name][1], "modules": out}
+    text = json.dumps(data, separators=(",", ":"), sort_keys=True)
     path.write_text(text.replace("],\"", "],\n\"") + "\n")  # a line a function: small diffs
     return path
 
@@ -190,15 +235,24 @@ def save(folder: Path) -> Path:
 def seed(folder: Path) -> int:
     """mutmut's result files of a group folder made from mutation/GROUP.json, for the modules
     that have none yet (a new checkout): the results of functions whose code is unchanged stand
-    (mutmut keeps them; it tests the rest). Returns the mutants seeded."""
-    path = SAVED / f"{folder.name}.json"
-    if not path.exists():
+    (mutmut keeps them; it tests the rest). Not where the file's hashes are of another Python,
+    or its results of tests the group no longer has (a test taken out may have been what
+    killed a mutant). Returns the mutants seeded."""
+    data = _loaded(folder.name)
+    if not data:
+        return 0
+    if data.get("version") != _version() or not set(data["tests"]) <= set(GROUPS[folder.name][1]):
+        print(f"{folder.name}: {SAVED.name}/{folder.name}.json is of {data.get('version')} or "
+              "other tests: not used")
         return 0
     seeded = 0
-    for module, functions in json.loads(path.read_text())["modules"].items():
+    for module, functions in data["modules"].items():
         meta = folder / "mutants" / f"{module}.meta"
         if meta.exists() or not (ROOT / module).exists():
             continue
+        # mutmut takes a mutants file newer than its source as up to date, with this result
+        # file as it is: made again, it compares each function's hash
+        (folder / "mutants" / module).unlink(missing_ok=True)
         hashes = _hashes(module)
         prefix = _prefix(module)
         codes: dict[str, int | None] = {}
@@ -217,16 +271,26 @@ def seed(folder: Path) -> int:
     return seeded
 
 
+def unpack(folder: Path, results_dir: Path) -> Path:
+    """The result files a run on another machine returned (`scripts/mutation_device.sh`:
+    meta.tar, mutmut-stats.json) into the group's folder, their hashes made this Python's (that
+    run carried this checkout's code and mutants, so the code is the same), then saved."""
+    import tarfile
+
+    mutants = folder / "mutants"
+    with tarfile.open(results_dir / "meta.tar") as tar:
+        tar.extractall(mutants, filter="data")
+    shutil.copy(results_dir / "mutmut-stats.json", mutants / "mutmut-stats.json")
+    for module, meta in _metas(folder).items():
+        hashes = _hashes(module)
+        meta["hash_by_function_name"] = {f: hashes.get(f, "") for f in meta["hash_by_function_name"]}
+        (mutants / f"{module}.meta").write_text(json.dumps(meta))
+    return save(folder)
+
+
 def results(folder: Path) -> dict[str, dict[str, int | None]]:
-    """module -> mutant name -> exit code (None: not tested yet), from mutmut's .meta files, for
-    the modules the group mutates now (a module taken out of a group keeps a stale .meta)."""
-    globs = GROUPS[folder.name][0]
-    out: dict[str, dict[str, int | None]] = {}
-    for meta in sorted((folder / "mutants").glob("dslc/**/*.py.meta")):
-        module = str(meta.relative_to(folder / "mutants"))[:-len(".meta")]
-        if any(fnmatch.fnmatch(module, pattern) for pattern in globs):
-            out[module] = json.loads(meta.read_text())["exit_code_by_key"]
-    return out or saved(folder.name)
+    """module -> mutant name -> exit code (None: not tested yet), from mutmut's .meta files."""
+    return {module: meta["exit_code_by_key"] for module, meta in _metas(folder).items()}
 
 
 def saved(group: str) -> dict[str, dict[str, int | None]]:
@@ -330,7 +394,7 @@ def report(folders: dict[str, Path]) -> None:
     survivors: list[tuple[str, str, str]] = []
     for group, folder in folders.items():
         totals = dict.fromkeys(COLUMNS, 0)
-        for module, codes in results(folder).items():
+        for module, codes in (results(folder) or saved(group)).items():
             counts = dict.fromkeys(COLUMNS, 0)
             for name, code in codes.items():
                 what = status(code)
@@ -358,6 +422,8 @@ def main() -> None:
     parser.add_argument("--save", action="store_true",
                         help="only write the last results to mutation/GROUP.json (a run stopped "
                              "before its end; a run writes them itself)")
+    parser.add_argument("--unpack", metavar="DIR", type=Path,
+                        help="only take the results scripts/mutation_device.sh returned in DIR")
     parser.add_argument("--typecheck-elsewhere", action="store_true",
                         help="only make the mutants and mypy's verdict on them, for a run on "
                              "another machine (scripts/mutation_device.sh)")
@@ -374,6 +440,10 @@ def main() -> None:
         t0 = time.monotonic()
         if args.typecheck_elsewhere:
             print(f"{group}: {typecheck_elsewhere(group, config, files).relative_to(ROOT)}")
+            continue
+        if args.unpack:
+            folders[group] = WORK / group
+            print(f"{group}: {unpack(WORK / group, args.unpack).relative_to(ROOT)}")
             continue
         if args.report or args.save:
             folders[group] = WORK / group

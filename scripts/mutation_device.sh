@@ -10,9 +10,8 @@
 # then with the device tool, carrying .whl, .mutwhl, scripts and build/mutation/GROUP/mutants,
 # build/mutation/GROUP/mypy.json:
 #   OUT=$OUT LIMIT=540 scripts/mutation_device.sh GROUP
-# and back here:
-#   tar xf DIR/meta.tar -C build/mutation/GROUP/mutants && cp DIR/mutmut-stats.json \
-#       build/mutation/GROUP/mutants/ && scripts/mutation.py GROUP --save
+# and back here, DIR the folder the call's files came back in:
+#   scripts/mutation.py GROUP --unpack DIR       # into build/mutation/GROUP, then mutation/GROUP.json
 # Each call pays mutmut's start (the group's tests once, ~2-5 minutes, and the first call
 # mapping tests to functions): give it the whole 10 minutes a call may take.
 set -u
