@@ -505,14 +505,9 @@ def test_a_join_whose_step_apart_has_no_time_stays_apart(tmp_path: Path) -> None
     assert m.apart_ms == {"B=1": None} and m.joined_ms == {"B=1": 0.001} and not m.chosen
 
 
-def test_steps_apart_are_timed_as_each_bucket_runs_them(tmp_path: Path) -> None:
-    """The up and gate steps kernels at B=1 that keep their graphs at B=4 (their kernels 0.020
-    ms there, the graphs 0.010): apart, B=4 runs the graphs, so the pair apart costs the
-    graphs' times there (a join that wins at B=1 is not charged the kernels B=4 never runs)."""
-    from dataclasses import replace
-
-    from dslc.tune.joins import measure_joins
-
+def _kept_at_b4(tmp_path: Path) -> tuple[Bundle, list[KernelMeasured]]:
+    """The decoder's steps at B=1 and B=4, tuned: each kernel step a kernel at B=1 (0.004 ms
+    against its graph's 0.010) that keeps its graph at B=4 (its kernel 0.020 there)."""
     program = _program(tmp_path, rows="1, 4")  # type: ignore[arg-type]
     measured = []
     for step in kernel_steps(program):
@@ -521,7 +516,18 @@ def test_steps_apart_are_timed_as_each_bucket_runs_them(tmp_path: Path) -> None:
             m.graph_ms[bucket.key] = 0.010
             m.kernel_ms[bucket.key] = 0.004 if bucket.key == "B=1" else 0.020
         measured.append(m)
-    bundle = with_fusion(program.bundle, [], measured)
+    return with_fusion(program.bundle, [], measured), measured
+
+
+def test_steps_apart_are_timed_as_each_bucket_runs_them(tmp_path: Path) -> None:
+    """The up and gate steps kernels at B=1 that keep their graphs at B=4 (their kernels 0.020
+    ms there, the graphs 0.010): apart, B=4 runs the graphs, so the pair apart costs the
+    graphs' times there (a join that wins at B=1 is not charged the kernels B=4 never runs)."""
+    from dataclasses import replace
+
+    from dslc.tune.joins import measure_joins
+
+    bundle, measured = _kept_at_b4(tmp_path)
     bundle = replace(bundle, buckets=tuple(  # the plans the graphs kept were timed at 0.010
         replace(b, graphs={sig: replace(g, plan=replace(g.plan, ms=0.010))
                            for sig, g in b.graphs.items()}) for b in bundle.buckets))
@@ -537,15 +543,7 @@ def test_every_kernel_runs_a_tuned_step_kept_as_a_graph_at_a_bucket_as_its_kerne
     generated programs' check makes them kernels at every bucket, B=4 included."""
     from dslc.tune.joins import every_kernel
 
-    program = _program(tmp_path, rows="1, 4")  # type: ignore[arg-type]
-    measured = []
-    for step in kernel_steps(program):
-        m = KernelMeasured(step)
-        for bucket in program.bundle.buckets:
-            m.graph_ms[bucket.key] = 0.010
-            m.kernel_ms[bucket.key] = 0.004 if bucket.key == "B=1" else 0.020
-        measured.append(m)
-    tuned = with_fusion(program.bundle, [], measured)
+    tuned, _ = _kept_at_b4(tmp_path)
     assert any(s.graph_at == ("B=4",) for s in tuned.steps)
     out = Schedule(Bundle.from_data(every_kernel(tuned).to_data()))
     kernels = [s for s in out.steps if s.kind == "kernel"]
@@ -568,15 +566,8 @@ def test_a_join_of_a_step_that_kept_its_graph_at_a_bucket_is_a_kernel_at_every_b
     joined step has a signature of its own and no bucket runs the old graph for it. Each bucket
     computes what the compiled bundle computes (within bf16's rounding: joined, the up
     projection's value is held in f32, not stored in bf16)."""
-    program = _program(tmp_path, rows="1, 4")  # type: ignore[arg-type]
-    measured = []
-    for step in kernel_steps(program):
-        m = KernelMeasured(step)
-        for bucket in program.bundle.buckets:
-            m.graph_ms[bucket.key] = 0.010
-            m.kernel_ms[bucket.key] = 0.004 if bucket.key == "B=1" else 0.020
-        measured.append(m)
-    bundle = with_fusion(program.bundle, [], measured)
+    program = _program(tmp_path, rows="1, 4")  # type: ignore[arg-type]  # the compiled one
+    bundle, _ = _kept_at_b4(tmp_path)
     [j] = pairs(Schedule(bundle))
     first, (second,) = j.absorbed, j.readers
     assert {b.key: second.signature in b.graphs for b in bundle.buckets} == {"B=1": False,
