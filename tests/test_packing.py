@@ -278,6 +278,37 @@ model m {
      "  output t = reshape(matmul(x, u), [12, 8])\n"
      "  output y = reshape(matmul(x, p), [12, 8])\n  output z = reshape(matmul(x, r), [12, 8])",
      2),
+    # nor does a projection the model outputs, first in the program
+    ("  param e: [16, 8]\n  param p: [16, 8]\n  param r: [16, 8]\n  output t = matmul(x, e)\n"
+     "  output y = reshape(matmul(x, p), [12, 8])\n  output z = reshape(matmul(x, r), [12, 8])",
+     2),
 ])
 def test_what_packs_and_what_stays_apart(body: str, count: int, tmp_path: Path) -> None:
     assert len(_matmuls(HEAD + body + "\n}\n", tmp_path)) == count
+
+
+def test_a_packed_step_is_named_by_its_weights_blocks_else_by_its_matmuls(
+        tmp_path: Path) -> None:
+    """A def's params with dotted paths (Hugging Face's `self_attn.q_proj.weight`, read
+    transposed as a linear reads them): the block is the weight's path, not the def instance's
+    (`layers.0`); model-level params without a dot: the matmuls' own names."""
+    text = """cgraph 0.1
+def attn(x: [2, 6, 16]) -> [2, 6, 16] {
+  param self_attn.q_proj.weight: [8, 16]
+  param self_attn.k_proj.weight: [8, 16]
+  let q = matmul(x, transpose(self_attn.q_proj.weight, [1, 0]))
+  let k = matmul(x, transpose(self_attn.k_proj.weight, [1, 0]))
+  return concat([q, k], axis=2)
+}
+model m {
+  input x: [2, 6, 16]
+  input u: [2, 6, 16]
+  param p: [16, 8]
+  param r: [16, 8]
+  output y = attn(x) as "layers.0"
+  output z = concat([matmul(u, p), matmul(u, r)], axis=2)
+}
+"""
+    lowered, _ = lower_and_fuse(check_source(text, tmp_path).model)
+    paths = {n.inputs[0]: n.path for n in lowered.nodes if n.op == "matmul"}
+    assert paths == {"x": "layers.0.self_attn.q_proj|k_proj", "u": "z.matmul|matmul_1"}

@@ -25,8 +25,8 @@ from dslc.lower.rewrite import Rewriter
 def padding_mask_lengths(rw: Rewriter, node: Node) -> str | None:
     if node.op != "sdpa":
         return None
-    operands = tuple(node.attrs.get("operands") or ("q", "k", "v"))
-    if "kv_len" not in operands or "q_len" in operands:
+    operands = tuple(node.attrs.get("operands", ()))  # no `kv_len` without them
+    if "kv_len" not in operands:  # the pass runs once: no sdpa has `q_len` before it
         return None
     q = rw.node(node.inputs[operands.index("q")]).type
     batch, sq = q.shape[0], q.shape[2]

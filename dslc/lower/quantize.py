@@ -22,7 +22,7 @@ a subset given. (`--fp8 off` acts earlier: the checker applies no request.)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
@@ -57,17 +57,15 @@ def _unrequested(node: Node) -> Node:
                 node.type, node.span, node.path, node.precision)
 
 
-def quantize(graph: Graph, chosen: Mapping[str, str] | None = None) -> Graph:
-    """The graph with the ops of `chosen` (name -> fp8 dtype; default: `requested`) computing
-    from quantised operands; an fp8 request not chosen is dropped from its node."""
-    chosen = requested(graph) if chosen is None else chosen
+def quantize(graph: Graph) -> Graph:
+    """The graph with the ops the source asks to compute in fp8 computing from quantised
+    operands (`--fp8 auto` drops the requests it does not keep beforehand: `only`)."""
+    chosen = requested(graph)
     constants = load_time(graph)
 
     def rule(rw: Rewriter, node: Node) -> str | None:
         if node.name in chosen:
             return _quantized(rw, node, chosen[node.name], constants)
-        if node.attrs.get("precision") in FP8:  # asked for, not chosen: computed as it was
-            return rw.emit(_unrequested(node))
         return None
 
     return rewrite(graph, rule)
