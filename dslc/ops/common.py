@@ -8,7 +8,7 @@ from typing import Any
 
 from dslc.core import dims
 from dslc.core.dims import Dim
-from dslc.core.types import BITS, FP8, TensorType, format_shape, format_type, is_float, is_int
+from dslc.core.types import BITS, FP8, TensorType, format_type, is_float, is_int
 from dslc.diag.diagnostic import Label
 from dslc.ops.opdef import InferCtx, LowerCtx
 
@@ -214,15 +214,6 @@ def norm_axes(ctx: InferCtx, op: str, arg: str, axes: Any, rank: int) -> tuple[i
             return None
         out.append(a)
     return tuple(out)
-
-
-def same_shape(ctx: InferCtx, op: str, arg: str, t: TensorType, expected: tuple[Dim, ...],
-               what: str) -> bool:
-    if t.shape == expected:
-        return True
-    ctx.error("E0301", f"`{arg}` of `{op}` must have shape {format_shape(expected)}", at=arg,
-              label=fmt(t), notes=(f"{what}",))
-    return False
 
 
 def lower_identity(ctx: LowerCtx, xs: list[Any], a: Mapping[str, Any]) -> Any:  # pragma: no mutate block
