@@ -596,6 +596,10 @@ def test_an_fp8_matmul_reads_its_operands_k_major(tmp_path: Path) -> None:
     assert operands(head + "  input x: [16, 64]\n  param w: [32, 64]\n"
                     "  output y = matmul(x, transpose(w, [1, 0]))\n}\n") == [("cast", (0, 1)),
                                                                           ("cast", (1, 0))]
+    # batched: both activations, B [2, K, N] read through a copy with K innermost per batch
+    assert operands(head + "  input x: [2, 16, 64]\n  input z: [2, 64, 32]\n"
+                    "  output y = matmul(x, z)\n}\n") == [("cast", (0, 1, 2)),
+                                                       ("contiguous", (0, 2, 1))]
 
 
 def test_an_amax_follows_its_value_when_a_later_pass_renames_it(tmp_path: Path) -> None:

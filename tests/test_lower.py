@@ -729,3 +729,78 @@ def test_the_verifier_names_an_amax_of_a_value_not_computed_before_it(tmp_path: 
                    type=TensorType("f32", ()))
     graph = Graph((amax, *model.graph.nodes), model.graph.outputs)
     assert verify(graph) == ["%x.amax (amax): the amax of %x, which is not computed before it"]
+
+
+def test_a_broadcast_attention_bias_is_copied_once_per_size_of_its_scores(
+        tmp_path: Path) -> None:
+    """A mask broadcast over batch and heads is read as a full-size copy [B, H, Sq, Skv]: one
+    for the two attentions of 3 queries, another for the one of 5 (the copy was made once per
+    mask: the second size read the first's, E0301 from the verifier, an internal error); a
+    [Sq, Skv] bias with B = H = 2 is copied too. The results against PyTorch's attention."""
+    import torch
+
+    from dslc.ir import interp
+    from dslc.pipeline import lower_and_fuse
+
+    model = check_source("""model m {
+  input q: [2, 2, 3, 16]
+  input p: [2, 2, 5, 16]
+  input k: [2, 2, 5, 16]
+  input v: [2, 2, 5, 16]
+  input mask: [2, 1, 1, 5]
+  input near: [3, 5]
+  output y = sdpa(q, k, v, bias=mask)
+  output w = sdpa(q, v, k, bias=mask)
+  output z = sdpa(p, k, v, bias=mask)
+  output n = sdpa(q, k, v, bias=near)
+}""", tmp_path).model
+    lowered, _ = lower_and_fuse(model, verify=True)
+    nodes = lowered.by_name()
+    copies = {n.name: (n.inputs[0], n.type.shape) for n in lowered.nodes if n.op == "expand"}
+    assert sorted(copies.values()) == [("mask", (2, 2, 3, 5)), ("mask", (2, 2, 5, 5)),
+                                       ("near", (2, 2, 3, 5))]
+    assert nodes["y"].inputs[3] == nodes["w"].inputs[3] != nodes["z"].inputs[3]
+    r = rng("broadcast attention bias")
+    shapes = {"q": (2, 2, 3, 16), "p": (2, 2, 5, 16), "k": (2, 2, 5, 16), "v": (2, 2, 5, 16),
+              "mask": (2, 1, 1, 5), "near": (3, 5)}
+    x = {name: r.standard_normal(s).astype(np.float32) for name, s in shapes.items()}
+    got = interp.run(lowered, x, {}, model.env)
+    t = {name: torch.from_numpy(a) for name, a in x.items()}
+    for out, (qn, kn, vn, bias) in {"y": ("q", "k", "v", "mask"), "w": ("q", "v", "k", "mask"),
+                                    "z": ("p", "k", "v", "mask"),
+                                    "n": ("q", "k", "v", "near")}.items():
+        want = torch.nn.functional.scaled_dot_product_attention(
+            t[qn], t[kn], t[vn], attn_mask=t[bias]).numpy()
+        assert np.abs(got[out] - want).max() < 1e-5, out
+
+
+def test_a_rule_taking_a_later_nodes_name_renames_it_and_its_readers_follow(
+        tmp_path: Path) -> None:
+    """A rule's new nodes named like a later node of the graph (`b`, twice): they are `b` and
+    `b_1`, the graph's own `b` is emitted as `b_2`, and its reader reads `b_2`, so the output
+    is still exp(-relu(x)), computed here in numpy."""
+    from dslc.ir import interp
+    from dslc.ir.graph import Node
+    from dslc.lower.rewrite import Rewriter, rewrite
+
+    model = check_source("""model m {
+  input x: [4]
+  let a = relu(x)
+  let b = neg(a)
+  output c = exp(b)
+}""", tmp_path).model
+
+    def rule(rw: Rewriter, node: Node) -> str | None:
+        if node.name != "a":
+            return None
+        for _ in range(2):
+            rw.new("abs", ("x",), {}, node.type, node, "b")
+        return rw.emit(node)
+
+    graph = rewrite(model.graph, rule)
+    nodes = graph.by_name()
+    assert [n.name for n in graph.nodes] == ["x", "b", "b_1", "a", "b_2", "c"]
+    assert (nodes["b_2"].op, nodes["b_2"].inputs, nodes["c"].inputs) == ("neg", ("a",), ("b_2",))
+    x = rng("a renamed reader").standard_normal(4).astype(np.float32)
+    got = interp.run(graph, {"x": x}, {}, model.env)["c"]
+    assert np.allclose(got, np.exp(-np.maximum(x, 0)), rtol=1e-6)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from dslc.backend.target import load_target
 from dslc.compile.stage import compile_model
 from dslc.pipeline import lower_and_fuse
@@ -400,3 +402,78 @@ def test_a_conv_over_rows_sliced_from_channels_last_data_reads_a_copy(tmp_path: 
 
     assert data_of_conv("x[:, :, 0:4, :]", 2) == "contiguous"
     assert data_of_conv("x[0:1, :, 0:4, :]", 1) == "view"
+
+
+@pytest.mark.parametrize(("body", "inner_op", "suffix", "order"), [
+    ("  input x: [2, 4, 6, 6] @NHWC\n  param w: [4, 8, 2, 2]\n"
+     "  output y = conv_transpose(x, w, stride=2)", "conv_transpose", "channels_last_out",
+     (0, 2, 3, 1)),
+    ("  layout NHWC\n  input x: [2, 3, 5, 8]\n  param w: [8, 16]\n  output y = matmul(x, w)",
+     "matmul", "row_major_out", (0, 1, 2, 3)),
+])
+def test_an_op_writing_another_order_than_its_outputs_is_named_for_what_it_writes(
+        body: str, inner_op: str, suffix: str, order: tuple[int, ...], tmp_path: Path) -> None:
+    """A transposed conv writes channels-last, a matmul its batch axes outermost: where the
+    output is held to another order, the op writes its own into `y.<its order>_out` and a copy
+    gives the output's."""
+    c = _compiled(f"model m {{\n{body}\n}}\n", tmp_path)
+    nodes = c.graph.by_name()
+    assert nodes["y"].op == "contiguous" and nodes["y"].inputs == (f"y.{suffix}",)
+    inner = nodes[f"y.{suffix}"]
+    assert inner.op == inner_op and inner.type.layout is not None
+    assert inner.type.layout.order == order
+    assert nodes["y"].type.layout is not None and nodes["y"].type.layout.order != order
+
+
+def test_a_transposed_conv_on_channels_last_data_reads_channels_last_weights(
+        tmp_path: Path) -> None:
+    """As a conv does: its weight [C, K, R, S] copied once (at load time) into (0, 2, 3, 1)."""
+    c = _compiled("""model m {
+  layout NHWC
+  input x: [2, 4, 6, 6]
+  param w: [4, 8, 2, 2]
+  output y = relu(conv_transpose(x, w, stride=2))
+}
+""", tmp_path)
+    nodes = c.graph.by_name()
+    conv = next(n for n in c.graph.nodes if n.op == "conv_transpose")
+    w = nodes[conv.inputs[1]]
+    assert (w.name, w.op, w.inputs) == ("w.channels_last", "contiguous", ("w",))
+    assert w.type.layout is not None and w.type.layout.order == (0, 2, 3, 1)
+
+
+def test_an_sdpa_reads_a_view_through_a_row_major_copy_and_a_stored_value_in_place(
+        tmp_path: Path) -> None:
+    """The op's rule (`needs`: the last axis contiguous) asks for copies: a key whose last axis
+    is strided (a transpose) and a value read through a view (a slice) each read a row-major
+    copy; the query, a stored row-major value, is read as it is. The result against PyTorch's
+    attention."""
+    import numpy as np
+    import torch
+
+    from dslc.ir import interp
+    from tests.helpers import rng
+
+    model = check_source("""model m {
+  input x: [2, 2, 4, 16]
+  input kt: [2, 2, 16, 4]
+  input vv: [4, 2, 4, 16]
+  output y = sdpa(relu(x), transpose(kt, [0, 1, 3, 2]), vv[0:2])
+}
+""", tmp_path).model
+    lowered, _ = lower_and_fuse(model)
+    nodes = lowered.by_name()
+    assert nodes["y"].inputs == ("y.relu", "y.transpose.row_major", "y.slice.row_major")
+    layout = nodes["y"].type.layout  # written row-major too, not in an sdpa's own BSHD
+    assert layout is not None and layout.is_row_major
+    for name in nodes["y"].inputs[1:]:
+        assert nodes[name].op == "contiguous" and nodes[nodes[name].inputs[0]].op == "view"
+    r = rng("sdpa copies")
+    x = {"x": r.standard_normal((2, 2, 4, 16)), "kt": r.standard_normal((2, 2, 16, 4)),
+         "vv": r.standard_normal((4, 2, 4, 16))}
+    x = {k: v.astype(np.float32) for k, v in x.items()}
+    got = interp.run(lowered, x, {}, model.env)["y"]
+    t = {k: torch.from_numpy(v) for k, v in x.items()}
+    want = torch.nn.functional.scaled_dot_product_attention(
+        torch.relu(t["x"]), t["kt"].transpose(2, 3), t["vv"][0:2]).numpy()
+    assert np.abs(got - want).max() < 1e-5

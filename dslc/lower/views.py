@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dslc.core.types import FP8, Layout, TensorType
+from dslc.core.types import FP8, Layout, TensorType, format_shape
 from dslc.ir import views
 from dslc.ir.graph import Attrs, Node
 from dslc.ir.interp import ITEMSIZE
@@ -241,7 +241,7 @@ def full_size_attention_bias(rw: Rewriter, node: Node) -> str | None:
     no larger than the scores the fallback kernel holds."""
     if node.op != "sdpa":
         return None
-    operands = tuple(node.attrs.get("operands") or ("q", "k", "v"))
+    operands = tuple(node.attrs.get("operands", ()))  # no bias without them
     if "bias" not in operands:
         return None
     named = dict(zip(operands, node.inputs, strict=True))
@@ -251,10 +251,12 @@ def full_size_attention_bias(rw: Rewriter, node: Node) -> str | None:
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     if ((1,) * (4 - bias.rank) + bias.shape)[:2] == full[:2]:
         return None
-    key = f"{named['bias']}.full"
+    # One copy per bias and size: attentions of other query lengths reading one mask (a
+    # cross-attention beside a self-attention) each need their own.
+    key = f"{named['bias']}.full.{format_shape(full)}"
     if key not in rw.memo:
         rw.memo[key] = rw.new("expand", (named["bias"],), {"shape": full},
-                              TensorType(bias.dtype, full), node, key)
+                              TensorType(bias.dtype, full), node, f"{named['bias']}.full")
     inputs = tuple(rw.memo[key] if n == "bias" else i
                    for n, i in zip(operands, node.inputs, strict=True))
     return rw.emit(replace(node, inputs=inputs))
