@@ -449,6 +449,19 @@ def pool(g: Gen) -> bool:
     return True
 
 
+def _bias(g: Gen, sq: int, s: int) -> Expr:
+    """A bias [Sq, Skv] of its own, or a mask over the keys alone [1, Skv] that every attention
+    over Skv keys may read, whatever its query count (lowering copies a broadcast bias to the
+    full size of each attention's scores: one copy per size)."""
+    if s not in g.masks and g.ch.coin(0.5):
+        return g.new_param((sq, s), "shift")
+    mask, sizes = g.masks.get(s) or (g.new_param((1, s), "shift"), set())
+    if sizes and sq not in sizes:
+        g.stats.features["a key mask read by attentions of two query counts"] += 1
+    g.masks[s] = (mask, sizes | {sq})
+    return mask
+
+
 def attention(g: Gen) -> bool:
     # Its reshapes spell the batch and sequence dims: no floor atoms (a conv's output size).
     x = g.pick(lambda e: is_float(e) and e.type.rank == 3 and e.type.dtype == g.precision.io
@@ -463,7 +476,8 @@ def attention(g: Gen) -> bool:
     # Sometimes a query block: the last t positions attend to all s keys (decoding, chunked
     # prefill), masks aligned bottom-right (the last query at the last key) or top-left.
     sq, queries = s, x
-    if static(s) and size(s) >= 2 and g.ch.coin(0.25):
+    # (more often where a key mask over s keys exists: it is then read at two query counts)
+    if static(s) and size(s) >= 2 and g.ch.coin(0.6 if size(s) in g.masks else 0.25):
         sq = g.ch.between(1, size(s) - 1)
         block = g.apply("slice", {"x": x}, {"starts": (0, size(s) - sq, 0),
                                             "ends": (b, s, x.type.shape[2])})
@@ -491,8 +505,8 @@ def attention(g: Gen) -> bool:
     if g.ch.coin(0.5 if sq != s else 0.1):
         attrs["align"] = g.ch.pick(["bottom_right", "top_left"])
     tensors: dict[str, Expr | None] = dict(zip("qkv", qkv, strict=True))
-    if static(s) and g.ch.coin(0.2):
-        tensors["bias"] = g.new_param((size(sq), size(s)), "shift")
+    if static(s) and ((size(s) in g.masks and g.ch.coin(0.6)) or g.ch.coin(0.2)):
+        tensors["bias"] = _bias(g, size(sq), size(s))
     if static(s) and g.ch.coin(0.15):
         # Valid key lengths (a cache filled up to L): L >= Sq leaves every query a key, aligned
         # either way and under any window (query i stands at L - Sq + i >= 0 at the latest).
@@ -503,12 +517,32 @@ def attention(g: Gen) -> bool:
         tensors["kv_len"] = lengths
         g.stats.features["attention over valid key lengths"] += 1
     out = g.apply("sdpa", tensors, attrs)
-    if out is None:
+    first = None if out is None else _merged(g, out, b, sq, width)
+    if first is None:
         return False
+    mask = tensors.get("bias")
+    if mask is not None and mask.type.shape[0] == 1 and size(sq) >= 2 and g.ch.coin(0.5):
+        # The last queries again, reading the same key mask (lowering copies it to the full
+        # size of each attention's scores): their result added to the first's last rows.
+        last = g.ch.between(1, size(sq) - 1)
+        block = g.apply("slice", {"x": qkv[0]}, {"starts": (0, 0, size(sq) - last, 0),
+                                                 "ends": (b, heads, sq, head_dim)})
+        again = None if block is None else g.apply("sdpa", {**tensors, "q": block}, attrs)
+        second = None if again is None else _merged(g, again, b, last, width)
+        rows = None if second is None else g.apply(
+            "slice", {"x": first}, {"starts": (0, size(sq) - last, 0), "ends": (b, sq, width)})
+        both = None if rows is None or second is None else g.apply("add", {"a": rows, "b": second})
+        if both is None:
+            return False
+        g.bind(both)
+        g.masks[size(s)][1].add(last)
+        g.stats.features["a key mask read by attentions of two query counts"] += 1
+    return True
+
+
+def _merged(g: Gen, out: Expr, b: dims.Dim, sq: dims.Dim, width: int) -> Expr | None:
+    """An attention's heads merged back, [B, Sq, H * D], bound."""
     merged = g.apply("transpose", {"x": g.bind(out)}, {"perm": (0, 2, 1, 3)})
     merged = None if merged is None else g.apply("reshape", {"x": merged},
                                                  {"shape": (b, sq, width)})
-    if merged is None:
-        return False
-    g.bind(merged)
-    return True
+    return None if merged is None else g.bind(merged)
