@@ -494,10 +494,12 @@ def test_cast_from_narrow(dtype: str) -> None:
 
 
 def test_cast_f8e4m3_saturates() -> None:
+    """Past e4m3's largest finite value, 448, a cast gives +-448 (as cuDNN's and CI's PyTorch
+    do; other PyTorch versions give NaN, so the expected values are written out); 465 rounds
+    down to 448 too (the next step would be 480)."""
     x = np.array([500.0, 1000.0, -1e5, 465.0, 3e38], np.float32)
     got = run_node("cast", [x], {"dtype": "f8e4m3"}, "f8e4m3")
-    want = T(x).to(torch.float8_e4m3fn).float().numpy()
-    exact(got.astype(np.float32), want)
+    exact(got.astype(np.float32), np.array([448.0, 448.0, -448.0, 448.0, 448.0], np.float32))
 
 
 @pytest.mark.parametrize("storage", ["f32", "f16", "bf16"])

@@ -455,11 +455,9 @@ def _bias(g: Gen, sq: int, s: int) -> Expr:
     full size of each attention's scores: one copy per size)."""
     if s not in g.masks and g.ch.coin(0.5):
         return g.new_param((sq, s), "shift")
-    mask, sizes = g.masks.get(s) or (g.new_param((1, s), "shift"), set())
-    if sizes and sq not in sizes:
-        g.stats.features["a key mask read by attentions of two query counts"] += 1
-    g.masks[s] = (mask, sizes | {sq})
-    return mask
+    if s not in g.masks:
+        g.masks[s] = g.new_param((1, s), "shift")
+    return g.masks[s]
 
 
 def attention(g: Gen) -> bool:
@@ -535,7 +533,6 @@ def attention(g: Gen) -> bool:
         if both is None:
             return False
         g.bind(both)
-        g.masks[size(s)][1].add(last)
         g.stats.features["a key mask read by attentions of two query counts"] += 1
     return True
 

@@ -67,9 +67,9 @@ class Gen:
         self.precision = PrecisionSpec(io, inter, "f32")
         self.prog = Program("fuzz", (io, inter, "f32"))
         self.pool: list[Expr] = []  # bound values later ops may read
-        # A key mask [1, Skv] per key count, shared by the attentions over that many keys, and
-        # the query counts it was read with (`families.attention`).
-        self.masks: dict[int, tuple[Expr, set[int]]] = {}
+        # A key mask [1, Skv] per key count, shared by the attentions over that many keys
+        # (`families.attention`).
+        self.masks: dict[int, Expr] = {}
         self._count = 0
 
     # -- names, dims, declarations ---------------------------------------------------------------
