@@ -458,15 +458,16 @@ def test_an_sdpa_reads_a_view_through_a_row_major_copy_and_a_stored_value_in_pla
   input x: [2, 2, 4, 16]
   input kt: [2, 2, 16, 4]
   input vv: [4, 2, 4, 16]
-  output y = sdpa(relu(x), transpose(kt, [0, 1, 3, 2]), vv[0:2])
+  let a = sdpa(relu(x), transpose(kt, [0, 1, 3, 2]), vv[0:2])
+  output y = a * 2.0
 }
 """, tmp_path).model
     lowered, _ = lower_and_fuse(model)
     nodes = lowered.by_name()
-    assert nodes["y"].inputs == ("y.relu", "y.transpose.row_major", "y.slice.row_major")
-    layout = nodes["y"].type.layout  # written row-major too, not in an sdpa's own BSHD
+    assert nodes["a"].inputs == ("a.relu", "a.transpose.row_major", "a.slice.row_major")
+    layout = nodes["a"].type.layout  # written row-major too, not in an sdpa's own BSHD
     assert layout is not None and layout.is_row_major
-    for name in nodes["y"].inputs[1:]:
+    for name in nodes["a"].inputs[1:]:
         assert nodes[name].op == "contiguous" and nodes[nodes[name].inputs[0]].op == "view"
     r = rng("sdpa copies")
     x = {"x": r.standard_normal((2, 2, 4, 16)), "kt": r.standard_normal((2, 2, 16, 4)),
@@ -474,6 +475,6 @@ def test_an_sdpa_reads_a_view_through_a_row_major_copy_and_a_stored_value_in_pla
     x = {k: v.astype(np.float32) for k, v in x.items()}
     got = interp.run(lowered, x, {}, model.env)["y"]
     t = {k: torch.from_numpy(v) for k, v in x.items()}
-    want = torch.nn.functional.scaled_dot_product_attention(
+    want = 2.0 * torch.nn.functional.scaled_dot_product_attention(
         torch.relu(t["x"]), t["kt"].transpose(2, 3), t["vv"][0:2]).numpy()
     assert np.abs(got - want).max() < 1e-5
