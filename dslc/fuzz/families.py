@@ -453,9 +453,9 @@ def _bias(g: Gen, sq: int, s: int) -> Expr:
     """A bias [Sq, Skv] of its own, or a mask over the keys alone [1, Skv] that every attention
     over Skv keys may read, whatever its query count (lowering copies a broadcast bias to the
     full size of each attention's scores: one copy per size)."""
-    if s not in g.masks and g.ch.coin(0.5):
-        return g.new_param((sq, s), "shift")
     if s not in g.masks:
+        if g.ch.coin(0.5):
+            return g.new_param((sq, s), "shift")
         g.masks[s] = g.new_param((1, s), "shift")
     return g.masks[s]
 

@@ -16,8 +16,9 @@ descales (amax / 448: a vector per output channel for a weight, scaled per chann
 epilogue the op had (bias, activation, residual) continues on the unscaled value. An attention
 takes its three descales as operands instead (cuDNN's fp8 attention applies them).
 
-Which ops: those the source asks for (`precision matmul=f8e4m3`, a `precision=` keyword), or
-a subset given. (`--fp8 off` acts earlier: the checker applies no request.)
+Which ops: those the source asks for (`precision matmul=f8e4m3`, a `precision=` keyword);
+`--fp8 auto` keeps a subset, dropping the other requests before lowering (`only`). (`--fp8 off`
+acts earlier: the checker applies no request.)
 """
 
 from __future__ import annotations
