@@ -117,6 +117,53 @@ def test_a_norm_computed_in_f16_is_refused_it_needs_f32(op: str, tmp_path: Path)
          ("set `precision compute=f32` in the model, or in the def that holds this op",))]
 
 
+BN = ("  input x: %s\n  param m: [%d]\n  param v: [%d]\n  param s: [%d]\n  param b: [%d]\n"
+      "  output y = batchnorm(x, m, v, s, b)")
+
+
+def _bn(x: str, m: int = 4, v: int = 4, s: int = 4, b: int = 4) -> str:
+    return BN % (x, m, v, s, b)
+
+
+def test_batchnorm_takes_x_of_rank_2_and_refuses_rank_1_at_x(tmp_path: Path) -> None:
+    assert _said(_bn("[2, 4]"), tmp_path) == []
+    assert _said(_bn("[4]"), tmp_path) == [
+        ("E0301", "`batchnorm` expects x [N, C, *S]", "x", "f16[4]", (), (), ())]
+
+
+def test_a_batchnorm_of_integers_is_refused_at_x(tmp_path: Path) -> None:
+    assert _said(_bn("i32[2, 4, 3]"), tmp_path) == [
+        ("E0401", "`batchnorm` does not support i32 inputs", "x", "i32 here", (),
+         (FLOATS_ONLY % "batchnorm",), ("convert first: `cast(x, f32)`",))]
+
+
+@pytest.mark.parametrize(("name", "under"), [("mean", "m"), ("var", "v"), ("scale", "s"),
+                                             ("bias", "b")])
+def test_each_batchnorm_statistic_not_one_per_channel_is_refused_at_it(
+        name: str, under: str, tmp_path: Path) -> None:
+    sizes = {"m": 4, "v": 4, "s": 4, "b": 4, under: 3}
+    assert _said(_bn("[2, 4, 3]", **sizes), tmp_path) == [
+        ("E0301", f"`{name}` of `batchnorm` must be a vector of the 4 channels", under, "f16[3]",
+         (("f16[2, 4, 3]", "x"),), (STATS,), ())]
+
+
+def test_a_batchnorm_computed_in_f16_is_refused_it_needs_f32(tmp_path: Path) -> None:
+    assert _said(_bn("[2, 4, 3]"), tmp_path, HEAD_F16) == [
+        ("E0403", "`batchnorm` needs compute=f32, but compute is f16 here", "batchnorm",
+         "computed in f16", (("compute=f16 set here", "compute=f16"),),
+         ("cuDNN runs `batchnorm` with f32 math",),
+         ("set `precision compute=f32` in the model, or in the def that holds this op",))]
+
+
+@pytest.mark.parametrize(("m", "first"), [("i32[4]", "E0401"), ("[3]", "E0301")])
+def test_a_refused_norm_statistic_ends_the_check_of_the_norm(m: str, first: str,
+                                                              tmp_path: Path) -> None:
+    """In an f16 model the compute rule would refuse the norm too: a refused statistic is the
+    only error."""
+    body = _bn("[2, 4, 3]").replace("param m: [4]", f"param m: {m}")
+    assert [d[0] for d in _said(body, tmp_path, HEAD_F16)] == [first]
+
+
 def test_groupnorm_with_no_group_is_refused_at_groups(tmp_path: Path) -> None:
     assert _said(GN % ("[2, 4, 3]", 4, 4, 0), tmp_path) == [
         ("E0305", "`groups` of `groupnorm` must be at least 1", "groups=0", "", (), (), ())]
@@ -443,6 +490,12 @@ X = "f16[2, 4, 6, 6] @NHWC"
       "output size is 0", (), AT_LEAST_ONE,
       ("use less padding, a larger kernel, stride or output_pad, or raise the dim's lower "
        "bound",))),
+    # the same on W only: the axis named is 3
+    ("[4, 8, 3, 3]", "conv_transpose(x, w, pad=[0, 4])",
+     ("E0603", "the output of `conv_transpose` has size below 1 on axis 3", "x",
+      "output size is 0", (), AT_LEAST_ONE,
+      ("use less padding, a larger kernel, stride or output_pad, or raise the dim's lower "
+       "bound",))),
 ])
 def test_a_conv_refusal_is_said_whole(w: str, call: str, said: Said, tmp_path: Path) -> None:
     assert _said(f"  input x: [2, 4, 6, 6]\n  param w: {w}\n  output y = {call}", tmp_path,
@@ -664,6 +717,41 @@ def test_an_sdpa_refusal_is_said_whole(k: str, v: str, extra: str, args: str, sa
     body = (f"  input q: [2, 4, 8, 16]\n  input k: {k}\n  input v: {v}\n{extra}"
             f"  output y = sdpa(q, k, v{args})")
     assert _said(body, tmp_path) == [said]
+
+
+HEAD_DIM_NOTE = "cuDNN SDPA needs head dimensions that are multiples of %d%s, at most 256"
+
+
+@pytest.mark.parametrize(("qk", "v", "said"), [
+    # refused at q, then v is not looked at (both would be refused): one error
+    ("[2, 4, 8, D]", "[2, 4, 8, D]",
+     ("E0305", "the head dimension of `sdpa` must be static", "q", "D varies", (), (), ())),
+    ("[2, 4, 8, 12]", "[2, 4, 8, 20]",
+     ("E0305", "head dimension 12 is not supported by `sdpa`", "q", "head dimension 12", (),
+      (HEAD_DIM_NOTE % (8, ""),), ())),
+    # a multiple of 8 above 256 (either side of `or` refuses alone)
+    ("[2, 4, 8, 264]", "[2, 4, 8, 272]",
+     ("E0305", "head dimension 264 is not supported by `sdpa`", "q", "head dimension 264", (),
+      (HEAD_DIM_NOTE % (8, ""),), ())),
+    ("[2, 4, 8, 16]", "[2, 4, 8, 264]",
+     ("E0305", "head dimension 264 is not supported by `sdpa`", "v", "head dimension 264", (),
+      (HEAD_DIM_NOTE % (8, ""),), ())),
+])
+def test_an_sdpa_head_dimension_cudnn_cannot_run_is_refused_once_at_q_or_v(
+        qk: str, v: str, said: Said, tmp_path: Path) -> None:
+    body = (f"  dim D = 8..64\n  input q: {qk}\n  input k: {qk}\n  input v: {v}\n"
+            "  output y = sdpa(q, k, v)")
+    assert _said(body, tmp_path) == [said]
+
+
+def test_an_fp8_sdpa_head_dimension_must_be_a_multiple_of_16(tmp_path: Path) -> None:
+    body = ("  input q: f8e4m3[1, 2, 16, 24]\n  input k: f8e4m3[1, 2, 16, 24]\n"
+            "  input v: f8e4m3[1, 2, 16, 40]\n"
+            "  input a: f32[1]\n  input b: f32[1]\n  input c: f32[1]\n"
+            "  output y = sdpa(q, k, v, descale_q=a, descale_k=b, descale_v=c)")
+    assert _said(body, tmp_path) == [
+        ("E0305", "head dimension 24 is not supported by `sdpa`", "q", "head dimension 24", (),
+         (HEAD_DIM_NOTE % (16, " (fp8)"),), ())]
 
 
 @pytest.mark.parametrize("bias", ["[8, 8]", "[2, 1, 1, 8]", "[1, 4, 8, 1]"])

@@ -26,7 +26,7 @@ from dslc.ops.pointwise import special_functions
 from dslc.ops.reference_conv import array_module
 
 
-def _head_dim(ctx: InferCtx, name: str, d: dims.Dim, step: int = 8) -> bool:
+def _head_dim(ctx: InferCtx, name: str, d: dims.Dim, step: int) -> bool:
     if not isinstance(d, int):
         ctx.error("E0305", "the head dimension of `sdpa` must be static", at=name,
                   label=f"{dims.format_dim(d)} varies")

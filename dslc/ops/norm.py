@@ -21,10 +21,8 @@ from dslc.ops.opdef import Args, InferCtx, Kind, LowerCtx, OpDef, Param
 
 def _stats(ctx: InferCtx, op: str, x: TensorType, a: Args, names: tuple[str, ...]) -> bool:
     c = x.shape[1]
-    for name in names:
-        t = a.opt(name)
-        if t is None:
-            continue
+    for name in names:  # each a required operand
+        t = a.t(name)
         if not common.require_float(ctx, op, name, t):
             return False
         if t.shape != (c,):

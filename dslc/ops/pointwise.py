@@ -269,7 +269,7 @@ def _cast(ctx: InferCtx, a: Args) -> TensorType | None:
 
 def _contiguous(ctx: InferCtx, a: Args) -> TensorType | None:
     x = a.t("x")
-    return TensorType(x.dtype, x.shape, None)
+    return TensorType(x.dtype, x.shape)  # no layout: a fresh row-major copy
 
 
 # ---- cuDNN lowering: the pointwise op of the same name, or a short composition ----------------
