@@ -3,6 +3,7 @@
 
     scripts/mutation.py [GROUP ...] [--fresh] [--jobs N] [--survivors] [--report] [--save]
     scripts/mutation.py GROUP --typecheck-elsewhere   # then scripts/mutation_device.sh GROUP
+    scripts/mutation.py GROUP --modules GLOB ...      # only those modules' untested mutants
 
 GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, channels_last, fusion, joins,
 tune (all of them, in that order, when none is named). The modules are `[tool.mutmut] only_mutate` in
@@ -278,14 +279,28 @@ def unpack(folder: Path, results_dir: Path) -> Path:
     import tarfile
 
     mutants = folder / "mutants"
+    here = results(folder)
     with tarfile.open(results_dir / "meta.tar") as tar:
         tar.extractall(mutants, filter="data")
     shutil.copy(results_dir / "mutmut-stats.json", mutants / "mutmut-stats.json")
     for module, meta in _metas(folder).items():
         hashes = _hashes(module)
         meta["hash_by_function_name"] = {f: hashes.get(f, "") for f in meta["hash_by_function_name"]}
+        codes = meta["exit_code_by_key"]  # a result found here stands where that run had none
+        for name, code in here.get(module, {}).items():  # (the group split between machines)
+            if codes.get(name) is None and code is not None:
+                codes[name] = code
         (mutants / f"{module}.meta").write_text(json.dumps(meta))
     return save(folder)
+
+
+def untested(folder: Path, globs: list[str]) -> list[str]:
+    """The names of the mutants never run in the group's modules that match one of `globs`:
+    a group split between machines (`--modules` here, MODULES= for mutation_device.sh), each
+    running its own modules, then the results joined with `--unpack`."""
+    return [name for module, codes in results(folder).items()
+            if any(fnmatch.fnmatch(module, g) for g in globs)
+            for name, code in codes.items() if code is None]
 
 
 def results(folder: Path) -> dict[str, dict[str, int | None]]:
@@ -326,12 +341,18 @@ def mutmut(folder: Path, jobs: int, names: list[str]) -> None:
 
 
 def run_group(group: str, config: dict[str, object], files: list[str], fresh: bool,
-              jobs: int, survivors_only: bool = False) -> Path:
+              jobs: int, survivors_only: bool = False, modules: list[str] | None = None) -> Path:
     folder = prepare(group, config, files, fresh)
     if not fresh:
         count = seed(folder)
         if count:
             print(f"{group}: {count} mutants' results from {SAVED.name}/{group}.json", flush=True)
+    if modules:  # mutmut runs named mutants even where they have a result: name the untested
+        names = untested(folder, modules)
+        if names:
+            mutmut(folder, jobs, names)
+        save(folder)
+        return folder
     before = {name for codes in results(folder).values() for name, code in codes.items()
               if status(code) in (SURVIVED, NO_TESTS)}
     if not survivors_only:
@@ -427,6 +448,9 @@ def main() -> None:
     parser.add_argument("--typecheck-elsewhere", action="store_true",
                         help="only make the mutants and mypy's verdict on them, for a run on "
                              "another machine (scripts/mutation_device.sh)")
+    parser.add_argument("--modules", nargs="+", metavar="GLOB",
+                        help="only the untested mutants of these modules (a group split between "
+                             "machines: the others run elsewhere, joined by --unpack)")
     parser.add_argument("--survivors", action="store_true",
                         help="only test the last run's survivors again (after adding tests)")
     args = parser.parse_args()
@@ -451,7 +475,7 @@ def main() -> None:
                 print(f"{group}: {save(WORK / group).relative_to(ROOT)}")
             continue
         folders[group] = run_group(group, config, files, args.fresh, args.jobs,
-                                   args.survivors)
+                                   args.survivors, args.modules)
         print(f"{group}: {time.monotonic() - t0:.0f} s", flush=True)
     if args.typecheck_elsewhere:
         return
