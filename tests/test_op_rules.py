@@ -8,6 +8,7 @@ docs/mutation.md.)"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -270,3 +271,146 @@ def test_an_fp8_refusal_points_at_the_operand_it_is_about(body: str, under: str,
     errors = [d for d in check_source(source, tmp_path).diagnostics if d.code == "E0404"]
     assert len(errors) == 1, [d.message for d in errors]
     assert _spanned(source, errors[0]) == under
+
+
+# --- matmul: dtypes, compute, memory order; the type rules outside the checker ------------------
+
+def _errors(head: str, body: str, tmp_path: Path) -> list[tuple[str, str, str, str,
+                                                                 tuple[tuple[str, str], ...],
+                                                                 tuple[str, ...], tuple[str, ...]]]:
+    """Every error of a model, whole: (code, message, text under it, label, secondary labels as
+    (text, text under it), notes, help)."""
+    source = head + body + "\n}\n"
+
+    def under(span: Any) -> str:
+        assert span.line == span.end_line
+        return source.splitlines()[span.line - 1][span.col - 1:span.end_col - 1]
+
+    return [(d.code, d.message, under(d.span), d.label,
+             tuple((label.text, under(label.span)) for label in d.labels), d.notes, d.help)
+            for d in check_source(source, tmp_path).diagnostics if d.is_error]
+
+
+MIXED = "  input x: %s[2, 3]\n  param w: %s[3, 4]\n  output y = matmul(x, w)"
+
+
+@pytest.mark.parametrize(("x", "w", "error"), [
+    ("i8", "f16", ("E0401", "`matmul` does not support i8 inputs", "x", "i8 here", (),
+                   ("`matmul` takes floating-point tensors (f32, f16, bf16)",),
+                   ("convert first: `cast(x, f32)`",))),
+    ("f16", "i8", ("E0401", "the operands of `matmul` have different dtypes", "w", "i8",
+                   (("f16", "x"),), (), ("cast one of them: `cast(w, f16)`",))),
+    ("f8e4m3", "f16", ("E0401", "`matmul` does not take f8e4m3 inputs", "x", "f8e4m3 here", (),
+                       ("fp8 tensors are taken only by `conv`, `matmul` and `cast`",),
+                       ("widen it first: `cast(x, f16)`",))),
+    ("f16", "f8e5m2", ("E0401", "the operands of `matmul` have different dtypes", "w", "f8e5m2",
+                       (("f16", "x"),), (), ("cast one of them: `cast(w, f16)`",))),
+])
+def test_a_matmul_of_one_integer_or_fp8_operand_and_one_float_is_refused(
+        x: str, w: str, error: tuple[object, ...], tmp_path: Path) -> None:
+    """i8 x i8 and fp8 x fp8 have their own forms; one such operand beside an f16 one has none."""
+    assert _errors(HEAD, MIXED % (x, w), tmp_path) == [error]
+
+
+@pytest.mark.parametrize(("x", "w", "compute", "dtype"), [
+    ("f8e4m3", "f8e5m2", "f32", "f32"),
+    ("f8e5m2", "f8e5m2", "f32", "f32"),
+    ("i8", "i8", "f16", "i32"),  # integer math: no f32 needed
+    ("i8", "i8", "bf16", "i32"),
+    ("i8", "i8", "f32", "i32"),
+    ("f16", "f16", "f32", "f16"),
+])
+def test_a_matmul_of_fp8_gives_f32_and_of_i8_gives_i32_in_any_float_compute(
+        x: str, w: str, compute: str, dtype: str, tmp_path: Path) -> None:
+    """The product's own dtype, whatever the intermediate precision (f16 here) stores."""
+    head = f"cgraph 0.1\nmodel m {{\n  precision io=f16, intermediate=f16, compute={compute}\n"
+    checked = check_source(head + f"  input x: {x}[2, 3]\n  param w: {w}[3, 4]\n"
+                           "  let z = matmul(x, w)\n  output y = cast(z, f16)\n}\n", tmp_path)
+    assert [d.message for d in checked.diagnostics if d.is_error] == []
+    z = checked.model.graph.by_name()["z"]
+    assert (z.op, z.type.dtype, z.type.shape) == ("matmul", dtype, (2, 4))
+
+
+@pytest.mark.parametrize(("compute", "dtype"), [("f16", "f16"), ("bf16", "bf16")])
+def test_a_float_matmul_needs_compute_f32_said_at_the_op_and_the_setting(
+        compute: str, dtype: str, tmp_path: Path) -> None:
+    head = f"cgraph 0.1\nmodel m {{\n  precision io=f16, intermediate=f32, compute={compute}\n"
+    assert _errors(head, MIXED % (dtype, dtype), tmp_path) == [
+        ("E0403", f"`matmul` needs compute=f32, but compute is {compute} here", "matmul",
+         f"computed in {compute}", ((f"compute={compute} set here", f"compute={compute}"),),
+         ("cuDNN runs `matmul` with f32 math",),
+         ("set `precision compute=f32` in the model, or in the def that holds this op",))]
+
+
+
+def test_a_calls_own_compute_is_pointed_at_where_it_is_narrower_than_the_op_needs(
+        tmp_path: Path) -> None:
+    """`compute=` on the call overrides the model's: the label points at the keyword, not at the
+    model's `precision` line (which says f32 here)."""
+    head = "cgraph 0.1\nmodel m {\n  precision io=f16, intermediate=f32, compute=f32\n"
+    body = (MIXED % ("f16", "f16")).replace("matmul(x, w)", "matmul(x, w, compute=bf16)")
+    [(code, message, _, label, labels, _, _)] = _errors(head, body, tmp_path)
+    assert (code, message, label) == (
+        "E0403", "`matmul` needs compute=f32, but compute is bf16 here", "computed in bf16")
+    assert labels == (("compute=bf16 set here", "compute=bf16"),)
+
+def _laid(shape: tuple[int, ...], order: tuple[int, ...] | None) -> object:
+    from dslc.core.types import Layout, TensorType
+
+    return TensorType("f16", shape, None if order is None else Layout(order))
+
+
+OUTERMOST = "the batch axes of `%s` must be outermost in memory"
+
+
+@pytest.mark.parametrize(("a", "b", "reason"), [
+    # a's order unknown (not yet laid out): b is still checked
+    (((4, 8), None), ((2, 8, 5), (1, 0, 2)), OUTERMOST % "b"),
+    (((4, 8), None), ((2, 8, 5), (0, 2, 1)), None),  # b's last two axes transposed: fine
+    # a conv's NHWC output read as [N, C, H, W]: N outermost, but C (a batch axis) innermost
+    (((2, 16, 3, 8), (0, 2, 3, 1)), ((8, 5), (0, 1)), OUTERMOST % "a"),
+    (((2, 16, 3, 8), (1, 0, 2, 3)), ((8, 5), (0, 1)), OUTERMOST % "a"),
+    (((1, 16, 3, 8), (1, 0, 3, 2)), ((8, 5), (1, 0)), None),  # N of one inside C; M, K swapped
+    (((16, 3, 8), (1, 0, 2)), ((16, 8, 5), (0, 1, 2)), OUTERMOST % "a"),
+    (((1, 3, 8), (1, 0, 2)), ((8, 5), None), None),  # a batch of one may lie anywhere
+])
+def test_a_matmul_needs_each_operands_batch_axes_outermost_in_memory(
+        a: tuple[tuple[int, ...], tuple[int, ...] | None],
+        b: tuple[tuple[int, ...], tuple[int, ...] | None], reason: str | None) -> None:
+    """`OpDef.needs` of matmul: the reason lowering copies an operand row-major, or None."""
+    from dslc.ops import OPS
+
+    needs = OPS["matmul"].needs
+    assert needs is not None
+    assert needs({"a": _laid(*a), "b": _laid(*b)}) == reason  # type: ignore[dict-item]
+
+
+def test_a_type_rule_outside_the_checker_records_its_errors_and_the_attrs_it_sets() -> None:
+    """`SilentCtx` (the IR verifier's, the program generator's): the normalised `perm` a
+    transpose sets, and an error as its code and message."""
+    from dslc.core.dims import DimEnv
+    from dslc.core.types import PrecisionSpec, TensorType
+    from dslc.diag.span import Span
+    from dslc.ops import OPS
+    from dslc.ops.opdef import Args, SilentCtx
+
+    def run(perm: list[int]) -> tuple[object, dict[str, object], list[str]]:
+        ctx = SilentCtx(DimEnv(), PrecisionSpec(), {}, Span("m.cgraph", 1, 1, 1, 2))
+        result = OPS["transpose"].infer(ctx, Args({"x": TensorType("f32", (2, 3, 4)),
+                                                   "perm": perm}))
+        return result, ctx.attrs, ctx.errors
+
+    assert run([-1, 0, 1]) == (TensorType("f32", (4, 2, 3)), {"perm": (2, 0, 1)}, [])
+    assert run([0, 1]) == (None, {}, ["E0304 `perm` must list all 3 axes once"])
+
+
+def test_an_ops_bound_arguments_give_defaults_and_only_tensors_as_optional_tensors() -> None:
+    from dslc.core.types import TensorType
+    from dslc.ops.opdef import Args
+
+    x = TensorType("f16", (2, 3))
+    args = Args({"x": x, "eps": 1e-5, "bias": None, "axes": [1], "scale": 2.0})
+    assert (args.get("eps", 0.5), args.get("window", 7), args.get("window")) == (1e-5, 7, None)
+    assert args.get("bias", 3) is None  # given as none: not the default
+    assert args.opt("x") is x
+    assert [args.opt(n) for n in ("bias", "axes", "scale", "kv_len")] == [None] * 4

@@ -38,8 +38,8 @@ QUANTIZE_KEYS = (*(name for name, op in OPS.items() if op.quantize is not None),
 class OpCtx:
     """`InferCtx` for one op call: errors land on the argument that caused them."""
 
-    __slots__ = ("asked", "attrs", "call_span", "cudnn", "el", "env", "func_span", "op",
-                 "precision", "producers", "scope", "spans")
+    __slots__ = ("asked", "attrs", "call_span", "compute_at", "cudnn", "el", "env", "func_span",
+                 "op", "precision", "producers", "scope", "spans")
 
     def __init__(self, el: CallEval, op: OpDef, call_span: Span, func_span: Span,
                  spans: dict[str, Span], producers: dict[str, str], scope: Scope,
@@ -56,6 +56,7 @@ class OpCtx:
         self.cudnn = el.ctx.backend == "cudnn"
         self.attrs: dict[str, Any] = {}
         self.asked: Span | None = None  # where this op's fp8 precision was asked for
+        self.compute_at: Span | None = None  # the call's own `compute=`, where it has one
 
     @property
     def compute(self) -> str:
@@ -84,6 +85,8 @@ class OpCtx:
     def precision_origin(self, key: str) -> Span | None:
         if key == "precision":  # the operand precision of this call: its keyword, or a statement
             return self.asked
+        if key == "compute" and self.compute_at is not None:
+            return self.compute_at
         return self.scope.precision_origin.get(key)
 
     def error(self, code: CodeId, message: str, at: str | None = None, label: str = "",
@@ -154,11 +157,12 @@ class CallEval:
         """The node of op `name` on the evaluated arguments, named `final` if given."""
         op = OPS[name]
         precision = scope.precision
+        compute_at = None
         if "compute" in kws:
-            value, span = kws.pop("compute")
+            value, compute_at = kws.pop("compute")
             if not isinstance(value, DType):
-                self.ctx.report("E0209", f"`compute` takes a dtype, found {kind_of(value)}", span,
-                                frame=scope.frame)
+                self.ctx.report("E0209", f"`compute` takes a dtype, found {kind_of(value)}",
+                                compute_at, frame=scope.frame)
                 return ERROR
             precision = PrecisionSpec(precision.io, precision.intermediate, value.name)
         request = self._operand_precision(op, kws, scope)
@@ -192,6 +196,7 @@ class CallEval:
             else:
                 values[p.name] = converted
         ctx = OpCtx(self, op, call_span, func_span, spans, producers, scope, precision)
+        ctx.compute_at = compute_at
         result = op.infer(ctx, Args(values))
         if result is None:
             return ERROR
