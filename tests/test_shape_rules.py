@@ -18,7 +18,13 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from dslc.backend.target import load_target
+from dslc.compile.stage import compile_model
 from dslc.core import dims
+from dslc.emit import bundle as emit_bundle
+from dslc.pipeline import lower_and_fuse
+from dslc.runtime import bundle
+from dslc.runtime.records import BundleError
 from tests.helpers import check_source, model_snippet
 
 SETTINGS = settings(deadline=None, max_examples=50,
@@ -417,3 +423,133 @@ def test_matmul_inner_dimension_mismatch_is_e0302(workdir: Path, b: list[int], m
     c = check_source(src, workdir)
     assert _torch_shape(lambda: torch.matmul(torch.zeros(a_shape), torch.zeros(b_shape))) is None
     assert _errors(c) == ["E0302"], _messages(c)
+
+
+# ---- (f) the memory order of views: reshape and transpose ------------------------------------
+# Each input is stored in a declared memory order; the view's type must give the order NumPy's
+# view of the same memory has (the strides of every axis of size > 1 agree), and where NumPy can
+# only copy, no order (None: lowering copies). Axes of size 1 take no place in memory: dslc puts
+# those not merged or split with a larger axis outermost, in their order; the expected orders
+# below are written out by hand.
+
+def _dense_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of `shape` stored packed in `order` (outermost axis first)."""
+    strides = [0] * len(shape)
+    running = 1
+    for axis in reversed(order):
+        strides[axis] = running
+        running *= shape[axis]
+    return tuple(strides)
+
+
+def _stored(shape: tuple[int, ...], order: tuple[int, ...]) -> np.ndarray:
+    """A NumPy array of `shape` whose memory holds its axes in `order`."""
+    base = np.arange(int(np.prod(shape))).reshape([shape[a] for a in order])
+    return base.transpose([order.index(a) for a in range(len(shape))])
+
+
+def _same_memory_as_numpy(view: np.ndarray, order: tuple[int, ...]) -> bool:
+    got = tuple(s // view.itemsize for s in view.strides)
+    want = _dense_strides(view.shape, order)
+    return all(n == 1 or g == w for n, g, w in zip(view.shape, got, want, strict=True))
+
+
+def _numpy_reshape_view(a: np.ndarray, new: tuple[int, ...]) -> np.ndarray | None:
+    try:
+        return np.reshape(a, new, copy=False)
+    except ValueError:  # NumPy needs a copy
+        return None
+
+
+def _layout_of(c: Any, name: str) -> tuple[int, ...] | None:
+    node = next(n for n in c.model.graph.nodes if n.name == name)
+    return None if node.type.layout is None else tuple(node.type.layout.order)
+
+
+NHWC = (0, 2, 3, 1)
+
+
+@pytest.mark.parametrize(("shape", "tag", "order", "new", "expected"), [
+    ((2, 3, 4, 5), " @NHWC", NHWC, (2, 3, 4, 5), NHWC),  # the same shape keeps the layout
+    ((2, 3, 4, 5), " @NHWC", NHWC, (2, 3, 20), (0, 2, 1)),  # H and W merge, C stays innermost
+    ((3, 2, 4, 5), " @NHWC", NHWC, (3, 2, 20), (0, 2, 1)),  # as above, with a C of size 2
+    ((2, 3, 4, 5), " @NHWC", NHWC, (2, 3, 2, 2, 5), (0, 2, 3, 4, 1)),  # H split, C innermost
+    ((2, 3, 4, 5), " @NHWC", NHWC, (6, 20), None),  # N and C are not adjacent in memory
+    ((6,), "", (0,), (2, 3, 1), (2, 0, 1)),  # a new size-1 axis goes outermost
+    ((1, 1, 6), "", (0, 1, 2), (1, 1, 2, 3), (0, 1, 2, 3)),  # size-1 axes kept in their order
+    ((2, 1, 6), "", (0, 1, 2), (1, 2, 6, 1), (3, 0, 1, 2)),  # the new 1 before 2 goes with it
+])
+def test_a_reshape_of_stored_data_has_the_memory_order_numpy_gives(
+        workdir: Path, shape: tuple[int, ...], tag: str, order: tuple[int, ...],
+        new: tuple[int, ...], expected: tuple[int, ...] | None) -> None:
+    view = _numpy_reshape_view(_stored(shape, order), new)
+    assert (view is None) == (expected is None)
+    assert view is None or expected is None or _same_memory_as_numpy(view, expected)
+    c = check_source(model_snippet(f"  input x: {_shape(shape)}{tag}\n"
+                                   f"  let r = reshape(x, {_ints(new)})\n"
+                                   "  output y = r + 1.0"), workdir)
+    assert _errors(c) == [], _messages(c)
+    assert _layout_of(c, "r") == expected
+
+
+@pytest.mark.parametrize(("shape", "tag", "order", "perm", "expected"), [
+    ((2, 3, 4, 5), " @NHWC", NHWC, (0, 3, 1, 2), (0, 3, 1, 2)),  # [N, W, C, H], stored N H W C
+    ((2, 3, 4, 5), " @NHWC", NHWC, (0, 2, 3, 1), (0, 1, 2, 3)),  # NHWC read as [N, H, W, C]
+    ((2, 3, 4), "", (0, 1, 2), (2, 0, 1), (1, 2, 0)),
+])
+def test_a_transpose_of_stored_data_has_the_memory_order_numpy_gives(
+        workdir: Path, shape: tuple[int, ...], tag: str, order: tuple[int, ...],
+        perm: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    assert _same_memory_as_numpy(_stored(shape, order).transpose(perm), expected)
+    c = check_source(model_snippet(f"  input x: {_shape(shape)}{tag}\n"
+                                   f"  let t = transpose(x, {_ints(perm)})\n"
+                                   "  output y = t + 1.0"), workdir)
+    assert _errors(c) == [], _messages(c)
+    assert _layout_of(c, "t") == expected
+
+
+# ---- (g) reductions compute in f32 -------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_mean", "reduce_l2"])
+@pytest.mark.parametrize("compute", ["f16", "bf16"])
+def test_a_reduction_refuses_a_compute_narrower_than_f32_even_on_narrow_inputs(
+        workdir: Path, op: str, compute: str) -> None:
+    """The inputs are f16 (io=f16): only the reduction's own need of f32 math refuses them."""
+    precision = f"io=f16, intermediate=f32, compute={compute}"
+    src = model_snippet(f"  input x: [2, 8]\n  output y = {op}(x, axes=[1])", precision=precision)
+    lines = src.splitlines()
+
+    def under(span: Any) -> str:
+        assert span.line == span.end_line
+        return lines[span.line - 1][span.col - 1:span.end_col - 1]
+
+    c = check_source(src, workdir)
+    assert [(d.code, d.message, under(d.span), d.label,
+             [(label.text, under(label.span)) for label in d.labels], d.notes, d.help)
+            for d in c.diagnostics] == [
+        ("E0403", f"`{op}` needs compute=f32, but compute is {compute} here",
+         op, f"computed in {compute}",
+         [(f"compute={compute} set here", f"compute={compute}")],
+         (f"cuDNN runs `{op}` with f32 math",),
+         ("set `precision compute=f32` in the model, or in the def that holds this op",))]
+
+
+# ---- (h) a bundle's view whose reshape step does not keep the element count ---------------------
+
+def test_a_bundle_view_reshaping_to_more_elements_than_its_base_is_refused(tmp_path: Path) -> None:
+    """An edited (re-hashed) bundle: the view `r` of x [2, 3, 4] (24 elements) now reshapes it
+    to [6, 5] (30): the reader refuses the view as reaching outside x, in one sentence."""
+    model = check_source(model_snippet("  input x: [2, 3, 4]\n  let r = reshape(x, [6, 4])\n"
+                                       "  output y = reduce_sum(r, axes=[0, 1], keepdims=true)"),
+                         tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    data = emit_bundle.payload(compile_model(model, lowered, plan, load_target("h200")))
+    view = next(n for n in data["graph"]["nodes"] if n["name"] == "r")
+    assert view["op"] == "view" and view["attrs"]["steps"] == [["reshape", [6, 4]]]
+    view["attrs"]["steps"] = [["reshape", [6, 5]]]
+    view["type"]["shape"] = [6, 5]
+    path = tmp_path / "m.bundle"
+    path.write_bytes(bundle.pack(data))
+    with pytest.raises(BundleError) as err:
+        bundle.load(path)
+    assert str(err.value) == f"`{path}` is not a valid bundle: graph: view `r` reaches outside `x`"

@@ -97,7 +97,7 @@ class Schedule:
             return self.storage(node.inputs[0], values)
         shape = tuple(self._concrete(d, values, name) for d in node.type.shape)
         if any(not 0 <= d <= MAX_DIM for d in shape):
-            raise BundleError(f"graph: `{name}` has shape {list(shape)} at {dict(values)}")
+            raise BundleError(f"graph: `{name}` has shape {list(shape)}{_at(values)}")
         if node.op == "view" or name in self.placement:
             if name in self.placement:  # a slice of the concat it is written into
                 concat, steps = self.placement[name]
@@ -112,8 +112,8 @@ class Schedule:
             root = self.storage(base.base, values)
             if len(strides) != len(shape) or min(strides, default=0) < 0 or offset < 0 or \
                     out.dtype != root.dtype or (out.span and offset + out.span > root.span):
-                raise BundleError(f"graph: view `{name}` reaches outside `{base.base}` at "
-                                  f"{dict(values)}")
+                raise BundleError(f"graph: view `{name}` reaches outside `{base.base}`"
+                                  f"{_at(values)}")
             return out
         assert node.type.layout is not None, name  # every stored value has one (irdata)
         strides = tuple(int(s) for s in layout_strides(shape, node.type.layout))  # type: ignore[arg-type]
@@ -210,6 +210,11 @@ class Schedule:
                 raise BundleError(f"{where}: tensor `{t.name[:60]}` reaches past the memory of "
                                   f"`{value[:60]}` ({span} {t.dtype} elements, it holds "
                                   f"{s.nbytes:,} bytes of {s.dtype})")
+
+
+def _at(values: Mapping[str, int]) -> str:
+    """The dim values a message is about: ` at N=2, S=8`; nothing for a model without dims."""
+    return " at " + ", ".join(f"{k}={v}" for k, v in values.items()) if values else ""
 
 
 def check_buckets(program: Schedule) -> None:
