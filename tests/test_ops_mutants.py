@@ -1192,3 +1192,45 @@ def test_sdpa_operands_named_one_to_one_with_their_values() -> None:
         named_operands({}, ["a", "b"])
     with pytest.raises(ValueError):
         named_operands({"operands": ("q", "k", "v")}, [1, 2, 3, 4])
+
+
+# --- layernorm, rmsnorm: the type rule of the feature norms -------------------------------------
+
+FEATURE_NORMS = {"layernorm": "  input x: %s\n  param s: %s\n  param b: %s\n"
+                              "  output y = layernorm(x, s, b)",
+                 "rmsnorm": "  input x: %s\n  param s: %s\n  param b: %s\n"
+                            "  output y = rmsnorm(x, s, bias=b)"}
+TRAILING = "the rank of `scale` picks the normalised axes: x [*L, *D], scale [*D]"
+
+
+@pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
+def test_a_layer_or_rms_norm_of_integers_is_refused_at_x(op: str, tmp_path: Path) -> None:
+    assert _said(FEATURE_NORMS[op] % ("i32[2, 4]", "[4]", "[4]"), tmp_path) == [
+        ("E0401", f"`{op}` does not support i32 inputs", "x", "i32 here", (),
+         (FLOATS_ONLY % op,), ("convert first: `cast(x, f32)`",))]
+
+
+@pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("scale", ["[3]",  # the rank of a trailing axis, another size
+                                   "[]",  # no axis at all: nothing to normalise
+                                   "[2, 2, 4]"])  # more axes than x has
+def test_a_layer_or_rms_norm_scale_not_the_trailing_axes_of_x_is_refused_at_the_scale(
+        op: str, scale: str, tmp_path: Path) -> None:
+    assert _said(FEATURE_NORMS[op] % ("[2, 4]", scale, scale), tmp_path) == [
+        ("E0301", f"the scale of `{op}` must match the trailing axes of x", "s", f"f16{scale}",
+         (("f16[2, 4]", "x"),), (TRAILING,), ())]
+
+
+@pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("scale", ["[4]", "[2, 4]"])  # the last axis; every axis of x
+def test_a_layer_or_rms_norm_scale_over_trailing_axes_up_to_all_of_x_is_taken(
+        op: str, scale: str, tmp_path: Path) -> None:
+    assert _said(FEATURE_NORMS[op] % ("[2, 4]", scale, scale), tmp_path) == []
+
+
+@pytest.mark.parametrize(("op", "under"), [("layernorm", "b"), ("rmsnorm", "bias=b")])
+def test_a_layer_or_rms_norm_bias_not_the_shape_of_its_scale_is_refused_at_the_bias(
+        op: str, under: str, tmp_path: Path) -> None:
+    assert _said(FEATURE_NORMS[op] % ("[2, 4]", "[4]", "[3]"), tmp_path) == [
+        ("E0301", f"the bias of `{op}` must have the shape of its scale", under, "f16[3]",
+         (("f16[4]", "s"),), (), ())]
