@@ -7,9 +7,9 @@
 #   pip download -d .mutwhl --python-version 3.12 --only-binary=:all: \
 #       --platform manylinux_2_28_x86_64 mutmut==3.8.1        # its wheels, for the device's Python
 #   scripts/mutation.py GROUP --typecheck-elsewhere             # mutants + mypy.json, made here
-# then with the device tool, carrying .whl, .mutwhl, scripts and build/mutation/GROUP/mutants,
-# build/mutation/GROUP/mypy.json:
-#   OUT=$OUT LIMIT=540 scripts/mutation_device.sh GROUP
+# then with the device tool, carrying .whl, .mutwhl, build/mutation/GROUP/mypy.json and the
+# mutants folder's dslc, tests, grammar, models and pyproject.toml (not its .mypy_cache, ~54 MB):
+#   OUT=$OUT LIMIT=540 [MODULES="GLOB ..."] scripts/mutation_device.sh GROUP
 # and back here, DIR the folder the call's files came back in:
 #   scripts/mutation.py GROUP --unpack DIR       # into build/mutation/GROUP, then mutation/GROUP.json
 # Each call pays mutmut's start (the group's tests once, ~2-5 minutes, and the first call
