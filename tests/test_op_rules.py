@@ -414,3 +414,116 @@ def test_an_ops_bound_arguments_give_defaults_and_only_tensors_as_optional_tenso
     assert args.get("bias", 3) is None  # given as none: not the default
     assert args.opt("x") is x
     assert [args.opt(n) for n in ("bias", "axes", "scale", "kv_len")] == [None] * 4
+
+
+# --- pointwise: binary ops, bias_add / scale_mul, the width-axis bias warning -------------------
+
+FP8_HELP = ("fp8 tensors are taken only by `conv`, `matmul` and `cast`",)
+
+
+@pytest.mark.parametrize(("p", "q", "under"), [("f8e4m3", "f16", "p"), ("f16", "f8e4m3", "q")])
+def test_an_fp8_operand_of_a_binary_op_is_refused_once_at_that_operand(
+        p: str, q: str, under: str, tmp_path: Path) -> None:
+    body = f"  input p: {p}[2, 3]\n  input q: {q}[2, 3]\n  output y = cast(p + q, f16)"
+    assert _errors(HEAD, body, tmp_path) == [
+        ("E0401", "`+` does not take f8e4m3 inputs", under, "f8e4m3 here", (), FP8_HELP,
+         (f"widen it first: `cast({under}, f16)`",))]
+
+
+def test_a_pow_of_two_integer_tensors_is_refused_once_at_the_first(tmp_path: Path) -> None:
+    """Both operands are i32 (a float beside one is E0402): the first is said, not both."""
+    body = "  input p: i32[2, 3]\n  input q: i32[2, 3]\n  output y = cast(pow(p, q), f16)"
+    assert _errors(HEAD, body, tmp_path) == [
+        ("E0401", "`pow` does not support i32 inputs", "p", "i32 here", (),
+         ("`pow` takes floating-point tensors (f32, f16, bf16)",),
+         ("convert first: `cast(p, f32)`",))]
+
+
+@pytest.mark.parametrize(("op", "p", "q", "under"), [
+    ("bias_add", "i32", "f32", "p"), ("bias_add", "f32", "i32", "q"),
+    ("scale_mul", "i32", "f32", "p"), ("scale_mul", "f32", "i32", "q"),
+])
+def test_an_integer_tensor_or_vector_of_bias_add_and_scale_mul_is_refused_at_itself(
+        op: str, p: str, q: str, under: str, tmp_path: Path) -> None:
+    body = f"  input p: {p}[2, 3]\n  input q: {q}[3]\n  output y = cast({op}(p, q), f16)"
+    assert _errors(HEAD, body, tmp_path) == [
+        ("E0401", f"`{op}` does not support i32 inputs", under, "i32 here", (),
+         (f"`{op}` takes floating-point tensors (f32, f16, bf16)",),
+         (f"convert first: `cast({under}, f32)`",))]
+
+
+def test_a_scale_mul_by_a_tensor_that_does_not_broadcast_names_both(tmp_path: Path) -> None:
+    body = "  input p: f32[2, 3, 4]\n  input q: f32[2, 4]\n  output y = cast(scale_mul(p, q), f16)"
+    assert _errors(HEAD, body, tmp_path) == [
+        ("E0301", "the operands of `scale_mul` have incompatible shapes", "p", "f32[2, 3, 4]",
+         (("f32[2, 4]", "q"),),
+         ("axis 1 differs: 3 vs 2; each axis must be equal or 1 to broadcast",), ())]
+
+
+def test_a_bias_add_of_a_tensor_that_broadcasts_keeps_the_shape_of_x(tmp_path: Path) -> None:
+    checked = check_source(HEAD + "  input p: f32[2, 3, 4]\n  input q: f32[3, 1]\n"
+                           "  let z = bias_add(p, q)\n  output y = cast(z, f16)\n}\n", tmp_path)
+    assert [d.message for d in checked.diagnostics] == []
+    z = checked.model.graph.by_name()["z"]
+    assert (z.op, z.type.dtype, z.type.shape) == ("bias_add", "f32", (2, 3, 4))
+
+
+def _w0301(body: str, tmp_path: Path) -> list[tuple[str, str, tuple[tuple[str, str], ...],
+                                                     tuple[str, ...], tuple[str, ...]]]:
+    """The W0301s of a model: (text under it, label, secondary labels as (text, text under it),
+    notes, help); the model has no other diagnostic."""
+    source = HEAD + body + "\n}\n"
+
+    def under(span: Any) -> str:
+        assert span.line == span.end_line
+        return source.splitlines()[span.line - 1][span.col - 1:span.end_col - 1]
+
+    diagnostics = check_source(source, tmp_path).diagnostics
+    assert {d.code for d in diagnostics} <= {"W0301"}, [(d.code, d.message) for d in diagnostics]
+    assert all(d.message == "rank-1 operand lines up with the width axis, not the channel axis"
+               for d in diagnostics)
+    return [(under(d.span), d.label, tuple((label.text, under(label.span)) for label in d.labels),
+             d.notes, d.help) for d in diagnostics]
+
+
+WIDTH_NOTE = ("this broadcast is only legal because W == C in this instance; another input size "
+              "would fail",)
+WIDTH_HELP = ("use `bias_add(x, b)`, or declare the bias as `[C, 1, 1]`",)
+
+
+@pytest.mark.parametrize(("x", "c", "v", "expr", "big"), [
+    ("2, 4, 3, 4", 4, 4, "bias_add(p, b) + v", "f32[2, 4, 3, 4]"),  # W = C, H not
+    ("2, 4, 4", 4, 4, "v + bias_add(p, b)", "f32[2, 4, 4]"),  # rank 3, the vector first
+    ("2, 2, 3, 2", 2, 2, "bias_add(p, b) + v", "f32[2, 2, 3, 2]"),  # W = C = 2
+])
+def test_a_vector_added_to_a_conv_familys_output_where_w_equals_c_is_warned_at_the_vector(
+        x: str, c: int, v: int, expr: str, big: str, tmp_path: Path) -> None:
+    body = (f"  input p: f32[{x}]\n  input b: f32[{c}]\n  input v: f32[{v}]\n"
+            f"  output y = cast({expr}, f16)")
+    assert _w0301(body, tmp_path) == [
+        ("v", f"f32[{v}]: broadcast onto W", ((f"{big}  (N, C, H, W)", "bias_add(p, b)"),),
+         WIDTH_NOTE, WIDTH_HELP)]
+
+
+def test_a_channel_vector_added_to_a_conv_output_of_width_one_is_warned_it_makes_w(
+        tmp_path: Path) -> None:
+    """[N, C, H, 1] + [C] is legal for any C: the result is [N, C, H, C], not a per-channel
+    bias (the size the vector makes W is said)."""
+    body = ("  input p: f32[2, 4, 3, 1]\n  input b: f32[4]\n  input v: f32[4]\n"
+            "  output y = cast(bias_add(p, b) + v, f16)")
+    assert _w0301(body, tmp_path) == [
+        ("v", "f32[4]: broadcast onto W", (("f32[2, 4, 3, 1]  (N, C, H, W)", "bias_add(p, b)"),),
+         ("W is 1 here: the result is [N, C, H, 4], one copy of the image per value, not a "
+          "per-channel bias",), WIDTH_HELP)]
+
+
+@pytest.mark.parametrize(("x", "c", "v"), [
+    ("2, 4, 3, 5", 4, 1),  # a vector of one
+    ("2, 4, 3, 5", 4, 5),  # W != C: right for any input size
+    ("2, 1, 3, 1", 1, 1),  # all of one
+])
+def test_a_vector_that_does_not_line_up_with_w_equal_to_c_is_not_warned_of(
+        x: str, c: int, v: int, tmp_path: Path) -> None:
+    body = (f"  input p: f32[{x}]\n  input b: f32[{c}]\n  input v: f32[{v}]\n"
+            "  output y = cast(bias_add(p, b) + v, f16)")
+    assert _w0301(body, tmp_path) == []

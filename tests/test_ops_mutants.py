@@ -1234,3 +1234,50 @@ def test_a_layer_or_rms_norm_bias_not_the_shape_of_its_scale_is_refused_at_the_b
     assert _said(FEATURE_NORMS[op] % ("[2, 4]", "[4]", "[3]"), tmp_path) == [
         ("E0301", f"the bias of `{op}` must have the shape of its scale", under, "f16[3]",
          (("f16[4]", "s"),), (), ())]
+
+
+# --- cast to fp8, unary ops on fp8 --------------------------------------------------------------
+
+def _warned(body: str, tmp_path: Path) -> list[Said]:
+    """Every warning of a model, whole, as `_said` gives its errors."""
+    source = HEAD + body + "\n}\n"
+    return [(d.code, d.message, _under(source, d.span), d.label,
+             tuple((label.text, _under(source, label.span)) for label in d.labels), d.notes,
+             d.help)
+            for d in check_source(source, tmp_path).diagnostics if not d.is_error]
+
+
+@pytest.mark.parametrize(("inputs", "expr", "under", "scaled"), [
+    ("  input x: [2, 3]\n", "cast(x, %s)", "x", "x * s"),  # an input: nothing produced it
+    # produced, but not by a scaling; the help writes the operand as it is written
+    ("  input x: [2, 3]\n", "cast(relu(x), %s)", "relu(x)", "relu(x) * s"),
+    ("  input x: [2, 3]\n", "cast(x + 1.0, %s)", "x + 1.0", "(x + 1.0) * s"),
+])
+@pytest.mark.parametrize("fp8", ["f8e4m3", "f8e5m2"])
+def test_a_cast_to_fp8_of_an_unscaled_value_is_warned_of_whole_at_the_value(
+        inputs: str, expr: str, under: str, scaled: str, fp8: str, tmp_path: Path) -> None:
+    assert _warned(f"{inputs}  output y = {expr % fp8}", tmp_path) == [
+        ("W0401", f"narrowing f16 to {fp8} without a scale", under, "not scaled first", (),
+         (f"{fp8} has a narrow range: larger values saturate (e4m3) or become infinite (e5m2)",),
+         (f"multiply by a scale before the cast: `cast({scaled}, {fp8})`",))]
+
+
+@pytest.mark.parametrize(("inputs", "expr"), [
+    ("  input x: [2, 3]\n  param s: [2, 3]\n", "cast(x * s, f8e4m3)"),
+    ("  input x: [2, 3]\n  param s: [2, 3]\n", "cast(x / s, f8e4m3)"),
+    ("  input x: [2, 3]\n  param s: [3]\n", "cast(scale_mul(x, s, axis=1), f8e4m3)"),
+    ("  input x: f8e4m3[2, 3]\n", "cast(x, f8e5m2)"),  # fp8 to fp8 narrows nothing
+    ("  input x: [2, 3]\n", "cast(x, f32)"),  # not to fp8
+])
+def test_a_cast_to_fp8_of_a_scaled_value_or_of_fp8_is_not_warned_of(
+        inputs: str, expr: str, tmp_path: Path) -> None:
+    assert _warned(f"{inputs}  output y = {expr}", tmp_path) == []
+    assert _said(f"{inputs}  output y = {expr}", tmp_path) == []
+
+
+@pytest.mark.parametrize("op", ["relu", "neg", "exp"])
+def test_a_unary_op_of_fp8_is_refused_at_x(op: str, tmp_path: Path) -> None:
+    assert _said(f"  input x: f8e4m3[2, 3]\n  output y = {op}(x)", tmp_path) == [
+        ("E0401", f"`{op}` does not take f8e4m3 inputs", "x", "f8e4m3 here", (),
+         ("fp8 tensors are taken only by `conv`, `matmul` and `cast`",),
+         ("widen it first: `cast(x, f16)`",))]

@@ -182,9 +182,8 @@ def _binary_rule(name: str, float_only: bool, compare: bool, ctx: InferCtx, a: A
         return None
     if not common.check_mixed_numeric(ctx, what, [("a", x), ("b", y)]):
         return None
-    if float_only and not (common.require_float(ctx, name, "a", x)
-                           and common.require_float(ctx, name, "b", y)):
-        return None
+    if float_only and not common.require_float(ctx, name, "a", x):
+        return None  # b is a float then too: check_mixed_numeric refused an integer beside a float
     shape = common.broadcast(ctx, x, y, "a", "b", what)
     if shape is None:
         return None
@@ -206,13 +205,15 @@ def _warn_width_bias(ctx: InferCtx, x: TensorType, y: TensorType) -> None:
     for big, small, small_name, big_name in ((x, y, "b", "a"), (y, x, "a", "b")):
         if small.rank == 1 and big.rank >= 3 and ctx.producer(big_name) in _CONV_FAMILY:
             c, w = big.shape[1], big.shape[-1]
-            if small.shape[0] == w == c and w != 1:
+            if small.shape[0] == c != 1 and w in (c, 1):
                 ctx.error(
                     "W0301", "rank-1 operand lines up with the width axis, not the channel axis",
                     at=small_name, label=f"{common.fmt(small)}: broadcast onto W",
                     labels=(ctx.label(big_name, f"{common.fmt(big)}  (N, C, H, W)"),),
-                    notes=("this broadcast is only legal because W == C in this instance; "
-                           "another input size would fail",),
+                    notes=(("this broadcast is only legal because W == C in this instance; "
+                            "another input size would fail",) if w == c else
+                           (f"W is 1 here: the result is [N, C, H, {dims.format_dim(c)}], one "
+                            "copy of the image per value, not a per-channel bias",)),
                     help=("use `bias_add(x, b)`, or declare the bias as `[C, 1, 1]`",),
                 )
 
@@ -262,9 +263,22 @@ def _cast(ctx: InferCtx, a: Args) -> TensorType | None:
                   label="not scaled first",
                   notes=(f"{a['dtype']} has a narrow range: larger values saturate (e4m3) or "
                          "become infinite (e5m2)",),
-                  help=("multiply by a scale before the cast: `cast(x * s, "
+                  help=(f"multiply by a scale before the cast: `cast({_times_s(ctx.text('x'))}, "
                         f"{a['dtype']})`",))
     return TensorType(a["dtype"], x.shape)
+
+
+def _times_s(text: str) -> str:
+    """`TEXT * s` as source: a name or one call as it is, anything else in parentheses."""
+    head, _, rest = text.partition("(")
+    depth, closed = 1, len(rest)  # where the call's parenthesis closes
+    for i, ch in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            closed = i
+            break
+    plain = head.replace(".", "_").isidentifier() and (not rest or closed == len(rest) - 1)
+    return f"{text} * s" if plain else f"({text}) * s"
 
 
 def _contiguous(ctx: InferCtx, a: Args) -> TensorType | None:
