@@ -150,8 +150,9 @@ def prepare(group: str, config: dict[str, object], files: list[str], fresh: bool
     settings["only_mutate"] = [f for f in files if any(fnmatch.fnmatch(f, p) for p in globs)]
     settings["pytest_add_cli_args_test_selection"] = tests
     # mypy rejects some mutants before any test runs (CI runs it): the same mypy as this Python.
+    # Its cache stays out of the mutants folder, which a run elsewhere carries (54 MB for `ops`).
     settings["type_check_command"] = [sys.executable, "-m", "mypy", "--output", "json",
-                                      "--no-warn-unused-ignores"]
+                                      "--no-warn-unused-ignores", "--cache-dir", "../mypy_cache"]
     text = (ROOT / "pyproject.toml").read_text()
     text = re.sub(r"\n\[tool\.mutmut\]\n.*?(?=\n\[|\Z)", "", text, flags=re.S)
     text += "\n[tool.mutmut]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
@@ -365,6 +366,21 @@ def run_group(group: str, config: dict[str, object], files: list[str], fresh: bo
     return folder
 
 
+def code_digest() -> str:
+    """One digest of what a run's verdicts depend on: the code (dslc, grammar) and the tests. A
+    run elsewhere carries mutants and mypy's verdict made from them here: if either changed since
+    (mutmut there makes the mutants of a changed module again, and copies the tests it finds), its
+    start fails or its results are of other code. Session 20 lost a device call so."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for folder in ("dslc", "grammar", "tests"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def typecheck_elsewhere(group: str, config: dict[str, object], files: list[str]) -> Path:
     """For a run on another machine (`scripts/mutation_device.sh`, the device machine's 16
     cores): the group's folder seeded, its mutants made, and mypy's verdict on them written to
@@ -384,6 +400,7 @@ def typecheck_elsewhere(group: str, config: dict[str, object], files: list[str])
               "pathlib.Path('mypy.json').write_text(done.stdout)\n")
     subprocess.run([sys.executable, "-c", script], cwd=folder, check=True,
                    stdout=subprocess.DEVNULL)
+    (folder / "code.sha").write_text(code_digest() + "\n")  # mutation_device.sh compares
     return folder / "mypy.json"
 
 

@@ -7,8 +7,9 @@
 #   pip download -d .mutwhl --python-version 3.12 --only-binary=:all: \
 #       --platform manylinux_2_28_x86_64 mutmut==3.8.1        # its wheels, for the device's Python
 #   scripts/mutation.py GROUP --typecheck-elsewhere             # mutants + mypy.json, made here
-# then with the device tool, carrying .whl, .mutwhl, build/mutation/GROUP/mypy.json and the
-# mutants folder's dslc, tests, grammar, models and pyproject.toml (not its .mypy_cache, ~54 MB):
+# then, with no change to the code or tests in between (checked: code.sha), with the device tool,
+# carrying .whl, .mutwhl, build/mutation/GROUP/mutants, build/mutation/GROUP/mypy.json and
+# build/mutation/GROUP/code.sha:
 #   OUT=$OUT LIMIT=540 [MODULES="GLOB ..."] scripts/mutation_device.sh GROUP
 # and back here, DIR the folder the call's files came back in:
 #   scripts/mutation.py GROUP --unpack DIR       # into build/mutation/GROUP, then mutation/GROUP.json
@@ -36,6 +37,10 @@ sys.path.insert(0, "scripts")
 import mutation
 config, files = mutation.scope()
 folder = mutation.prepare(sys.argv[1], config, files, fresh=False)
+made = (folder / "code.sha").read_text().strip() if (folder / "code.sha").exists() else "none"
+if made != mutation.code_digest():  # the mutants and mypy.json are of other code or tests
+    sys.exit(f"the code or tests changed since `scripts/mutation.py {sys.argv[1]} "
+             "--typecheck-elsewhere` made the mutants carried here: run it again, then this")
 path = folder / "pyproject.toml"  # mypy's verdict as made on the other machine
 path.write_text(re.sub(r"type_check_command = .*",
                        'type_check_command = ["sh", "-c", "cat ../mypy.json", "mypy"]',
@@ -43,6 +48,7 @@ path.write_text(re.sub(r"type_check_command = .*",
 names = mutation.untested(folder, sys.argv[2].split()) if sys.argv[2] else []
 (folder / "names.txt").write_text("".join(n + "\n" for n in names))
 PY
+[ $? -eq 0 ] || exit 3
 cd "build/mutation/$group"
 # MODULES="GLOB ...": only those modules' untested mutants (the rest of the group runs elsewhere)
 timeout "${LIMIT:-540}" python3 -m mutmut run --max-children "${JOBS:-15}" $(cat names.txt) \
