@@ -553,3 +553,96 @@ def test_a_bundle_view_reshaping_to_more_elements_than_its_base_is_refused(tmp_p
     with pytest.raises(BundleError) as err:
         bundle.load(path)
     assert str(err.value) == f"`{path}` is not a valid bundle: graph: view `r` reaches outside `x`"
+
+
+# ---- (i) conv's own diagnostics: rank, dtypes, padding, compute, the NCHW warning -------------
+
+def _whole(src: str, workdir: Path) -> list[tuple[Any, ...]]:
+    """Each diagnostic of `src` whole: code, message, the source text it points at, label,
+    secondary labels (text and where), notes and help."""
+    lines = src.splitlines()
+
+    def under(span: Any) -> str:
+        assert span.line == span.end_line
+        return lines[span.line - 1][span.col - 1:span.end_col - 1]
+
+    return [(d.code, d.message, under(d.span), d.label,
+             [(label.text, under(label.span)) for label in d.labels], d.notes, d.help)
+            for d in check_source(src, workdir).diagnostics]
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ("  input x: [2, 6]\n  input w: [3, 2]\n  output y = conv(x, w)",
+     ("E0301", "`conv` expects x [N, C, *S] with 1 to 3 spatial axes", "x", "f32[2, 6] has rank 2",
+      [], ("the first two axes are batch and channels",), ())),
+    ("  input x: i32[1, 2, 6]\n  input w: i32[3, 2, 3]\n  output y = conv(x, w)",
+     ("E0401", "`conv` does not support i32 inputs", "x", "i32 here", [],
+      ("`conv` takes floating-point tensors (f32, f16, bf16)",), ("convert first: `cast(x, f32)`",))),
+    ("  input x: f32[1, 2, 6]\n  input w: f16[3, 2, 3]\n  output y = conv(x, w)",
+     ("E0401", "the operands of `conv` have different dtypes", "w", "f16", [("f32", "x")], (),
+      ("cast one of them: `cast(w, f32)`",))),
+    ("  input x: [1, 2, 6, 6]\n  input w: [3, 2, 3, 3]\n  output y = conv(x, w, pad=[1, 1, 1])",
+     ("E0305", "`pad` of `conv` needs 2 values, one per spatial axis", "pad=[1, 1, 1]",
+      "3 given", [],
+      (), ())),
+    ("  input x: [1, 2, 6, 6]\n  input w: [3, 2, 3, 3]\n  output y = conv(x, w, pad=-1)",
+     ("E0305", "`pad` of `conv` must be at least 0", "pad=-1", "-1 here", [], (), ())),
+], ids=["rank", "integer-inputs", "mixed-dtypes", "pad-count", "negative-pad"])
+def test_conv_refusals_name_conv_and_point_at_the_argument(workdir: Path, body: str,
+                                                            expected: tuple[Any, ...]) -> None:
+    assert _whole(model_snippet(body), workdir) == [expected]
+
+
+def test_a_float_conv_refuses_a_compute_narrower_than_f32(workdir: Path) -> None:
+    """f16 inputs under compute=f16: the compute is as wide as the inputs, yet cuDNN's conv
+    needs f32 math."""
+    precision = "io=f16, intermediate=f32, compute=f16"
+    src = model_snippet("  input x: [1, 2, 6]\n  input w: [3, 2, 3]\n  output y = conv(x, w)",
+                        precision=precision)
+    assert _whole(src, workdir) == [
+        ("E0403", "`conv` needs compute=f32, but compute is f16 here", "conv", "computed in f16",
+         [("compute=f16 set here", "compute=f16")], ("cuDNN runs `conv` with f32 math",),
+         ("set `precision compute=f32` in the model, or in the def that holds this op",))]
+
+
+@pytest.mark.parametrize("compute", ["f16", "bf16"])
+def test_an_integer_conv_takes_a_float_compute_narrower_than_f32(workdir: Path,
+                                                                 compute: str) -> None:
+    """i8 x i8 accumulates in i32: the compute precision (only floats' math) does not bind it."""
+    src = model_snippet("  input x: i8[1, 2, 6]\n  input w: i8[3, 2, 3]\n  output y = conv(x, w)",
+                        precision=f"io=f32, intermediate=f32, compute={compute}")
+    c = check_source(src, workdir)
+    assert c.diagnostics == []
+    assert [(n.type.dtype, tuple(n.type.shape)) for n in c.model.graph.nodes
+            if n.op == "conv"] == [("i32", (1, 3, 4))]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_a_half_precision_conv_on_nchw_data_is_warned(workdir: Path, dtype: str) -> None:
+    src = model_snippet("  input x: [1, 8, 6, 6]\n  param w: [16, 8, 3, 3]\n  output y = conv(x, w)",
+                        precision=f"io={dtype}, intermediate=f32, compute=f32")
+    assert _whole(src, workdir) == [
+        ("W0501", f"{dtype} `conv` on NCHW data", "x", f"{dtype}[1, 8, 6, 6] is NCHW", [],
+         ("tensor-core convolutions run on channels-last data; NCHW costs a transpose or a "
+          "slower engine",),
+         ("declare the input `@NHWC`, or set `layout NHWC` in the model",))]
+
+
+def test_a_bundle_conv_with_no_padding_recorded_is_read_as_unpadded(tmp_path: Path) -> None:
+    """An edited (re-hashed) bundle: a conv checked with pad=1 (x [1, 2, 5, 5], 3x3 window, so
+    y [1, 3, 5, 5]) loses its pre_pad and post_pad (`pad` is recorded as none after checking).
+    The reader re-types it without padding, 5 - 3 + 1 = 3 per axis, and refuses the node."""
+    model = check_source(model_snippet("  input x: [1, 2, 5, 5]\n  input w: [3, 2, 3, 3]\n"
+                                       "  output y = conv(x, w, pad=1)"), tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    data = emit_bundle.payload(compile_model(model, lowered, plan, load_target("h200")))
+    node = next(n for n in data["graph"]["nodes"] if n["op"] == "conv")
+    assert node["attrs"]["pad"] is None
+    assert (node["attrs"].pop("pre_pad"), node["attrs"].pop("post_pad")) == ([1, 1], [1, 1])
+    path = tmp_path / "m.bundle"
+    path.write_bytes(bundle.pack(data))
+    with pytest.raises(BundleError) as err:
+        bundle.load(path)
+    assert str(err.value) == (
+        f"`{path}` is not a valid bundle: graph: the IR does not check out "
+        f"(%{node['name']} (conv): type f32[1, 3, 5, 5] @NHWC, but its op gives f32[1, 3, 3, 3])")
