@@ -45,6 +45,23 @@ def check_source(text: str, tmp_path: Path, name: str = "snippet.cgraph") -> Che
     return Checked(result, list(sink.diagnostics))
 
 
+Said = tuple[str, str, str, str, tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]
+
+
+def span_text(source: str, span: Any) -> str:
+    """The source text a one-line span covers."""
+    assert span.line == span.end_line
+    return source.splitlines()[span.line - 1][span.col - 1:span.end_col - 1]
+
+
+def whole(d: Diagnostic, source: str) -> Said:
+    """A diagnostic whole, as a user reads it: code, message, the text it points at, its label,
+    the secondary labels as (text, the text each points at), notes and help."""
+    return (d.code, d.message, span_text(source, d.span), d.label,
+            tuple((label.text, span_text(source, label.span)) for label in d.labels),
+            d.notes, d.help)
+
+
 def deviceless_program(text: str, tmp_path: Path) -> tuple[CheckedModel, Any]:
     """The checked model of `text` and its bundle, compiled deviceless for the H200 profile,
     written and read back as the runtime's `Schedule`."""

@@ -8,11 +8,10 @@ docs/mutation.md.)"""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers import check_source
+from tests.helpers import Said, check_source, span_text, whole
 
 HEAD = "cgraph 0.1\nmodel m {\n  precision io=f16, intermediate=f32, compute=f32\n"
 
@@ -222,13 +221,6 @@ def test_gather_gives_nan_rows_for_indices_outside_the_table() -> None:
     assert np.isnan(cols[:, 1]).all()
 
 
-def _spanned(source: str, d: object) -> str:
-    """The source text under a diagnostic's primary span (one line)."""
-    span = d.span  # type: ignore[attr-defined]
-    assert span.line == span.end_line
-    return source.splitlines()[span.line - 1][span.col - 1:span.end_col - 1]
-
-
 @pytest.mark.parametrize(("call", "code", "message", "under", "label", "help"), [
     ("full([2, 3], 1, dtype=f32)", "E0401", "`full` makes i32 or i64 values, not f32", "dtype=f32",
      "", ("`cast` the result for another dtype",)),
@@ -241,7 +233,7 @@ def test_full_refuses_a_float_dtype_and_an_empty_shape_at_the_argument(
     source = HEAD + f"  input x: [2, 3]\n  output y = cast({call}, f16) + x\n}}\n"
     [d] = [d for d in check_source(source, tmp_path).diagnostics if d.is_error]
     assert (d.code, d.message, d.label, d.help) == (code, message, label, help)
-    assert _spanned(source, d) == under
+    assert span_text(source, d.span) == under
 
 
 MM = "  input x: %s[8, %d]\n  param w: %s[%d, %d]\n  output y = matmul(x, w, precision=f8e4m3)"
@@ -270,25 +262,15 @@ def test_an_fp8_refusal_points_at_the_operand_it_is_about(body: str, under: str,
     source = HEAD + body + "\n}\n"
     errors = [d for d in check_source(source, tmp_path).diagnostics if d.code == "E0404"]
     assert len(errors) == 1, [d.message for d in errors]
-    assert _spanned(source, errors[0]) == under
+    assert span_text(source, errors[0].span) == under
 
 
 # --- matmul: dtypes, compute, memory order; the type rules outside the checker ------------------
 
-def _errors(head: str, body: str, tmp_path: Path) -> list[tuple[str, str, str, str,
-                                                                 tuple[tuple[str, str], ...],
-                                                                 tuple[str, ...], tuple[str, ...]]]:
-    """Every error of a model, whole: (code, message, text under it, label, secondary labels as
-    (text, text under it), notes, help)."""
+def _errors(head: str, body: str, tmp_path: Path) -> list[Said]:
+    """Every error of a model, whole (`tests.helpers.whole`)."""
     source = head + body + "\n}\n"
-
-    def under(span: Any) -> str:
-        assert span.line == span.end_line
-        return source.splitlines()[span.line - 1][span.col - 1:span.end_col - 1]
-
-    return [(d.code, d.message, under(d.span), d.label,
-             tuple((label.text, under(label.span)) for label in d.labels), d.notes, d.help)
-            for d in check_source(source, tmp_path).diagnostics if d.is_error]
+    return [whole(d, source) for d in check_source(source, tmp_path).diagnostics if d.is_error]
 
 
 MIXED = "  input x: %s[2, 3]\n  param w: %s[3, 4]\n  output y = matmul(x, w)"
@@ -473,17 +455,11 @@ def _w0301(body: str, tmp_path: Path) -> list[tuple[str, str, tuple[tuple[str, s
     """The W0301s of a model: (text under it, label, secondary labels as (text, text under it),
     notes, help); the model has no other diagnostic."""
     source = HEAD + body + "\n}\n"
-
-    def under(span: Any) -> str:
-        assert span.line == span.end_line
-        return source.splitlines()[span.line - 1][span.col - 1:span.end_col - 1]
-
     diagnostics = check_source(source, tmp_path).diagnostics
     assert {d.code for d in diagnostics} <= {"W0301"}, [(d.code, d.message) for d in diagnostics]
     assert all(d.message == "rank-1 operand lines up with the width axis, not the channel axis"
                for d in diagnostics)
-    return [(under(d.span), d.label, tuple((label.text, under(label.span)) for label in d.labels),
-             d.notes, d.help) for d in diagnostics]
+    return [whole(d, source)[2:] for d in diagnostics]
 
 
 WIDTH_NOTE = ("this broadcast is only legal because W == C in this instance; another input size "

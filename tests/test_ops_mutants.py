@@ -11,29 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import check_source
+from tests.helpers import Said, check_source, whole
 
 HEAD = "cgraph 0.1\nmodel m {\n  precision io=f16, intermediate=f32, compute=f32\n"
 HEAD_F16 = HEAD.replace("compute=f32", "compute=f16")
-
-Said = tuple[str, str, str, str, tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]
-
-
-def _under(source: str, span: object) -> str:
-    """The source text a span covers (one line)."""
-    line, col = span.line, span.col  # type: ignore[attr-defined]
-    assert line == span.end_line  # type: ignore[attr-defined]
-    return source.splitlines()[line - 1][col - 1:span.end_col - 1]  # type: ignore[attr-defined]
-
 
 def _said(body: str, tmp_path: Path, head: str = HEAD) -> list[Said]:
     """Every error of a model, whole: (code, message, text under it, label, secondary labels as
     (text, text under it), notes, help)."""
     source = head + body + "\n}\n"
-    return [(d.code, d.message, _under(source, d.span), d.label,
-             tuple((label.text, _under(source, label.span)) for label in d.labels), d.notes,
-             d.help)
-            for d in check_source(source, tmp_path).diagnostics if d.is_error]
+    return [whole(d, source) for d in check_source(source, tmp_path).diagnostics if d.is_error]
 
 
 # --- select -------------------------------------------------------------------------------------
@@ -1241,10 +1228,8 @@ def test_a_layer_or_rms_norm_bias_not_the_shape_of_its_scale_is_refused_at_the_b
 def _warned(body: str, tmp_path: Path) -> list[Said]:
     """Every warning of a model, whole, as `_said` gives its errors."""
     source = HEAD + body + "\n}\n"
-    return [(d.code, d.message, _under(source, d.span), d.label,
-             tuple((label.text, _under(source, label.span)) for label in d.labels), d.notes,
-             d.help)
-            for d in check_source(source, tmp_path).diagnostics if not d.is_error]
+    return [whole(d, source) for d in check_source(source, tmp_path).diagnostics
+            if not d.is_error]
 
 
 @pytest.mark.parametrize(("inputs", "expr", "under", "scaled"), [

@@ -25,7 +25,7 @@ from dslc.emit import bundle as emit_bundle
 from dslc.pipeline import lower_and_fuse
 from dslc.runtime import bundle
 from dslc.runtime.records import BundleError
-from tests.helpers import check_source, model_snippet
+from tests.helpers import Said, check_source, model_snippet, whole
 
 SETTINGS = settings(deadline=None, max_examples=50,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -425,22 +425,17 @@ def test_matmul_inner_dimension_mismatch_is_e0302(workdir: Path, b: list[int], m
     assert _errors(c) == ["E0302"], _messages(c)
 
 
+def _whole(src: str, workdir: Path) -> list[Said]:
+    """Each diagnostic of `src` whole (`tests.helpers.whole`)."""
+    return [whole(d, src) for d in check_source(src, workdir).diagnostics]
+
+
 # ---- (f) the memory order of views: reshape and transpose ------------------------------------
 # Each input is stored in a declared memory order; the view's type must give the order NumPy's
 # view of the same memory has (the strides of every axis of size > 1 agree), and where NumPy can
 # only copy, no order (None: lowering copies). Axes of size 1 take no place in memory: dslc puts
 # those not merged or split with a larger axis outermost, in their order; the expected orders
 # below are written out by hand.
-
-def _dense_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
-    """Element strides of `shape` stored packed in `order` (outermost axis first)."""
-    strides = [0] * len(shape)
-    running = 1
-    for axis in reversed(order):
-        strides[axis] = running
-        running *= shape[axis]
-    return tuple(strides)
-
 
 def _stored(shape: tuple[int, ...], order: tuple[int, ...]) -> np.ndarray:
     """A NumPy array of `shape` whose memory holds its axes in `order`."""
@@ -449,8 +444,9 @@ def _stored(shape: tuple[int, ...], order: tuple[int, ...]) -> np.ndarray:
 
 
 def _same_memory_as_numpy(view: np.ndarray, order: tuple[int, ...]) -> bool:
+    dense = _stored(view.shape, order)  # the same shape stored packed in `order`
     got = tuple(s // view.itemsize for s in view.strides)
-    want = _dense_strides(view.shape, order)
+    want = tuple(s // dense.itemsize for s in dense.strides)
     return all(n == 1 or g == w for n, g, w in zip(view.shape, got, want, strict=True))
 
 
@@ -517,19 +513,10 @@ def test_a_reduction_refuses_a_compute_narrower_than_f32_even_on_narrow_inputs(
     """The inputs are f16 (io=f16): only the reduction's own need of f32 math refuses them."""
     precision = f"io=f16, intermediate=f32, compute={compute}"
     src = model_snippet(f"  input x: [2, 8]\n  output y = {op}(x, axes=[1])", precision=precision)
-    lines = src.splitlines()
-
-    def under(span: Any) -> str:
-        assert span.line == span.end_line
-        return lines[span.line - 1][span.col - 1:span.end_col - 1]
-
-    c = check_source(src, workdir)
-    assert [(d.code, d.message, under(d.span), d.label,
-             [(label.text, under(label.span)) for label in d.labels], d.notes, d.help)
-            for d in c.diagnostics] == [
+    assert _whole(src, workdir) == [
         ("E0403", f"`{op}` needs compute=f32, but compute is {compute} here",
          op, f"computed in {compute}",
-         [(f"compute={compute} set here", f"compute={compute}")],
+         ((f"compute={compute} set here", f"compute={compute}"),),
          (f"cuDNN runs `{op}` with f32 math",),
          ("set `precision compute=f32` in the model, or in the def that holds this op",))]
 
@@ -557,39 +544,25 @@ def test_a_bundle_view_reshaping_to_more_elements_than_its_base_is_refused(tmp_p
 
 # ---- (i) conv's own diagnostics: rank, dtypes, padding, compute, the NCHW warning -------------
 
-def _whole(src: str, workdir: Path) -> list[tuple[Any, ...]]:
-    """Each diagnostic of `src` whole: code, message, the source text it points at, label,
-    secondary labels (text and where), notes and help."""
-    lines = src.splitlines()
-
-    def under(span: Any) -> str:
-        assert span.line == span.end_line
-        return lines[span.line - 1][span.col - 1:span.end_col - 1]
-
-    return [(d.code, d.message, under(d.span), d.label,
-             [(label.text, under(label.span)) for label in d.labels], d.notes, d.help)
-            for d in check_source(src, workdir).diagnostics]
-
-
 @pytest.mark.parametrize(("body", "expected"), [
     ("  input x: [2, 6]\n  input w: [3, 2]\n  output y = conv(x, w)",
      ("E0301", "`conv` expects x [N, C, *S] with 1 to 3 spatial axes", "x", "f32[2, 6] has rank 2",
-      [], ("the first two axes are batch and channels",), ())),
+      (), ("the first two axes are batch and channels",), ())),
     ("  input x: i32[1, 2, 6]\n  input w: i32[3, 2, 3]\n  output y = conv(x, w)",
-     ("E0401", "`conv` does not support i32 inputs", "x", "i32 here", [],
+     ("E0401", "`conv` does not support i32 inputs", "x", "i32 here", (),
       ("`conv` takes floating-point tensors (f32, f16, bf16)",), ("convert first: `cast(x, f32)`",))),
     ("  input x: f32[1, 2, 6]\n  input w: f16[3, 2, 3]\n  output y = conv(x, w)",
-     ("E0401", "the operands of `conv` have different dtypes", "w", "f16", [("f32", "x")], (),
+     ("E0401", "the operands of `conv` have different dtypes", "w", "f16", (("f32", "x"),), (),
       ("cast one of them: `cast(w, f32)`",))),
     ("  input x: [1, 2, 6, 6]\n  input w: [3, 2, 3, 3]\n  output y = conv(x, w, pad=[1, 1, 1])",
      ("E0305", "`pad` of `conv` needs 2 values, one per spatial axis", "pad=[1, 1, 1]",
-      "3 given", [],
+      "3 given", (),
       (), ())),
     ("  input x: [1, 2, 6, 6]\n  input w: [3, 2, 3, 3]\n  output y = conv(x, w, pad=-1)",
-     ("E0305", "`pad` of `conv` must be at least 0", "pad=-1", "-1 here", [], (), ())),
+     ("E0305", "`pad` of `conv` must be at least 0", "pad=-1", "-1 here", (), (), ())),
 ], ids=["rank", "integer-inputs", "mixed-dtypes", "pad-count", "negative-pad"])
 def test_conv_refusals_name_conv_and_point_at_the_argument(workdir: Path, body: str,
-                                                            expected: tuple[Any, ...]) -> None:
+                                                            expected: Said) -> None:
     assert _whole(model_snippet(body), workdir) == [expected]
 
 
@@ -601,7 +574,7 @@ def test_a_float_conv_refuses_a_compute_narrower_than_f32(workdir: Path) -> None
                         precision=precision)
     assert _whole(src, workdir) == [
         ("E0403", "`conv` needs compute=f32, but compute is f16 here", "conv", "computed in f16",
-         [("compute=f16 set here", "compute=f16")], ("cuDNN runs `conv` with f32 math",),
+         (("compute=f16 set here", "compute=f16"),), ("cuDNN runs `conv` with f32 math",),
          ("set `precision compute=f32` in the model, or in the def that holds this op",))]
 
 
@@ -622,7 +595,7 @@ def test_a_half_precision_conv_on_nchw_data_is_warned(workdir: Path, dtype: str)
     src = model_snippet("  input x: [1, 8, 6, 6]\n  param w: [16, 8, 3, 3]\n  output y = conv(x, w)",
                         precision=f"io={dtype}, intermediate=f32, compute=f32")
     assert _whole(src, workdir) == [
-        ("W0501", f"{dtype} `conv` on NCHW data", "x", f"{dtype}[1, 8, 6, 6] is NCHW", [],
+        ("W0501", f"{dtype} `conv` on NCHW data", "x", f"{dtype}[1, 8, 6, 6] is NCHW", (),
          ("tensor-core convolutions run on channels-last data; NCHW costs a transpose or a "
           "slower engine",),
          ("declare the input `@NHWC`, or set `layout NHWC` in the model",))]
