@@ -43,7 +43,7 @@ class OpCtx:
 
     def __init__(self, el: CallEval, op: OpDef, call_span: Span, func_span: Span,
                  spans: dict[str, Span], producers: dict[str, str], scope: Scope,
-                 precision: PrecisionSpec) -> None:
+                 precision: PrecisionSpec, compute_at: Span | None) -> None:
         self.el = el
         self.op = op
         self.call_span = call_span
@@ -56,7 +56,7 @@ class OpCtx:
         self.cudnn = el.ctx.backend == "cudnn"
         self.attrs: dict[str, Any] = {}
         self.asked: Span | None = None  # where this op's fp8 precision was asked for
-        self.compute_at: Span | None = None  # the call's own `compute=`, where it has one
+        self.compute_at = compute_at  # the call's own `compute=`, where it has one
 
     @property
     def compute(self) -> str:
@@ -195,8 +195,8 @@ class CallEval:
                 operands.extend(f"{p.name}.{i}" for i in range(len(converted.items)))
             else:
                 values[p.name] = converted
-        ctx = OpCtx(self, op, call_span, func_span, spans, producers, scope, precision)
-        ctx.compute_at = compute_at
+        ctx = OpCtx(self, op, call_span, func_span, spans, producers, scope, precision,
+                    compute_at)
         result = op.infer(ctx, Args(values))
         if result is None:
             return ERROR
