@@ -282,9 +282,11 @@ MIXED = "  input x: %s[2, 3]\n  param w: %s[3, 4]\n  output y = matmul(x, w)"
                    ("convert first: `cast(x, f32)`",))),
     ("f16", "i8", ("E0401", "the operands of `matmul` have different dtypes", "w", "i8",
                    (("f16", "x"),), (), ("cast one of them: `cast(w, f16)`",))),
-    ("f8e4m3", "f16", ("E0401", "`matmul` does not take f8e4m3 inputs", "x", "f8e4m3 here", (),
-                       ("fp8 tensors are taken only by `conv`, `matmul` and `cast`",),
-                       ("widen it first: `cast(x, f16)`",))),
+    ("f8e4m3", "f16", ("E0401", "the operands of `matmul` have different dtypes", "x", "f8e4m3",
+                       (("f16", "w"),), (), ("cast one of them: `cast(x, f16)`",))),
+    ("f8e4m3", "i8", ("E0401", "`matmul` does not take f8e4m3 inputs", "x", "f8e4m3 here", (),
+                      ("fp8 tensors are taken only by `conv`, `matmul` and `cast`",),
+                      ("widen it first: `cast(x, f16)`",))),
     ("f16", "f8e5m2", ("E0401", "the operands of `matmul` have different dtypes", "w", "f8e5m2",
                        (("f16", "x"),), (), ("cast one of them: `cast(w, f16)`",))),
 ])
@@ -292,6 +294,21 @@ def test_a_matmul_of_one_integer_or_fp8_operand_and_one_float_is_refused(
         x: str, w: str, error: tuple[object, ...], tmp_path: Path) -> None:
     """i8 x i8 and fp8 x fp8 have their own forms; one such operand beside an f16 one has none."""
     assert _errors(HEAD, MIXED % (x, w), tmp_path) == [error]
+
+
+CONV_MIXED = "  input x: %s[1, 4, 8, 8]\n  param w: %s[4, 4, 3, 3]\n  output y = conv(x, w, pad=1)"
+
+
+@pytest.mark.parametrize(("x", "w", "at", "label", "other"), [
+    ("f8e4m3", "f16", "x", "f8e4m3", ("f16", "w")),
+    ("bf16", "f8e5m2", "w", "f8e5m2", ("bf16", "x")),
+])
+def test_a_conv_of_one_fp8_operand_and_one_float_says_the_dtypes_differ_at_the_fp8_one(
+        x: str, w: str, at: str, label: str, other: tuple[str, str], tmp_path: Path) -> None:
+    """conv takes fp8 in pairs: the mix is the fault, not fp8; widening the fp8 one is the help."""
+    assert _errors(HEAD, CONV_MIXED % (x, w), tmp_path) == [
+        ("E0401", "the operands of `conv` have different dtypes", at, label, (other,), (),
+         (f"cast one of them: `cast({at}, {other[0]})`",))]
 
 
 @pytest.mark.parametrize(("x", "w", "compute", "dtype"), [

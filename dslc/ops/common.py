@@ -8,7 +8,7 @@ from typing import Any
 
 from dslc.core import dims
 from dslc.core.dims import Dim
-from dslc.core.types import BITS, FP8, TensorType, format_type, is_float, is_int
+from dslc.core.types import BITS, FLOATS, FP8, TensorType, format_type, is_float, is_int
 from dslc.diag.diagnostic import Label
 from dslc.ops.opdef import InferCtx, LowerCtx
 
@@ -94,6 +94,18 @@ def require_same_dtype(ctx: InferCtx, op: str, a: str, ta: TensorType, b: str,
     ctx.error("E0401", f"the operands of `{op}` have different dtypes", at=b,
               label=tb.dtype, labels=(ctx.label(a, ta.dtype),),
               help=(f"cast one of them: `cast({ctx.text(b)}, {ta.dtype})`",))
+    return False
+
+
+def refuse_fp8_mix(ctx: InferCtx, op: str, a: str, ta: TensorType, b: str,
+                   tb: TensorType) -> bool:
+    """One fp8 operand beside a wider float one (`conv`, `matmul`): what is wrong is the mix, not
+    fp8, which these take in pairs; said at the fp8 operand, whose widening is the usual fix.
+    True when it was said."""
+    for (n8, t8), (n, t) in (((a, ta), (b, tb)), ((b, tb), (a, ta))):
+        if t8.dtype in FP8 and t.dtype in FLOATS:
+            require_same_dtype(ctx, op, n, t, n8, t8)
+            return True
     return False
 
 

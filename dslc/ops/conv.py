@@ -51,6 +51,8 @@ def _conv_dtypes(ctx: InferCtx, op: str, x: TensorType, w: TensorType) -> str | 
         return "i32"
     if x.dtype in FP8 and w.dtype in FP8:
         return ctx.precision.io if is_float(ctx.precision.io) and ctx.precision.io not in FP8 else "f32"
+    if common.refuse_fp8_mix(ctx, op, "x", x, "w", w):
+        return None
     if not common.require_float(ctx, op, "x", x) or not common.require_same_dtype(ctx, op, "x", x, "w", w):
         return None
     return x.dtype

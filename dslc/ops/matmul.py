@@ -55,6 +55,8 @@ def _matmul(ctx: InferCtx, a: Args) -> TensorType | None:
         dtype = "i32"
     elif x.dtype in FP8 and y.dtype in FP8:
         dtype = "f32"
+    elif common.refuse_fp8_mix(ctx, "matmul", "a", x, "b", y):
+        return None
     else:
         if not (common.require_float(ctx, "matmul", "a", x)
                 and common.require_same_dtype(ctx, "matmul", "a", x, "b", y)):
