@@ -140,3 +140,20 @@ def test_steps_sorted_by_time_lost_and_totals_summed() -> None:
     t = totals([a, b, c])
     assert t.ms == pytest.approx(0.042) and t.bound_ms == pytest.approx(0.016)
     assert t.fraction == pytest.approx(0.016 / 0.042) and t.bytes == 16_000_000
+
+
+@pytest.mark.parametrize("device", ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"])
+def test_the_gpus_sessions_run_on_have_peaks_for_every_tensor_core_dtype(device: str) -> None:
+    """`dslc bench` draws a roofline only where the GPU's name (as cuDNN reports it) is listed:
+    the H100s the device machines are lent as too, or their benchmark has no roofline."""
+    from dslc.backend import target
+
+    data = target.peaks(device)
+    assert data is not None
+    peaks = Peaks.from_data(device, data)
+    assert set(peaks.tensor_tflops) == {"f16", "bf16", "f8e4m3", "f8e5m2", "i8", "f32"}
+    # fp8 and i8 run twice as fast as f16 and bf16, f32 (TF32) half, on every Hopper part
+    f16 = peaks.tensor_tflops["f16"]
+    assert peaks.tensor_tflops["f8e4m3"] == peaks.tensor_tflops["i8"] == pytest.approx(2 * f16, rel=1e-3)
+    assert peaks.tensor_tflops["f32"] == pytest.approx(f16 / 2, rel=1e-3)
+    assert peaks.vector_tflops < peaks.tensor_tflops["f32"] and peaks.memory_gbps > 1000
