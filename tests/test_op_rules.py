@@ -520,3 +520,100 @@ def test_a_vector_that_does_not_line_up_with_w_equal_to_c_is_not_warned_of(
     body = (f"  input p: f32[{x}]\n  input b: f32[{c}]\n  input v: f32[{v}]\n"
             "  output y = cast(bias_add(p, b) + v, f16)")
     assert _w0301(body, tmp_path) == []
+
+
+# --- the compute precision of an op (E0403), and what follows a refusal -------------------------
+
+@pytest.mark.parametrize("compute", ["i32", "bool"])
+def test_an_integer_or_bool_compute_on_float_inputs_is_refused_at_the_op(
+        compute: str, tmp_path: Path) -> None:
+    assert _errors(HEAD, f"  input x: [2, 3]\n  output y = relu(x, compute={compute})",
+                   tmp_path) == [("E0403", f"`relu` cannot compute in {compute} on float inputs",
+                                  "relu", "", (), (), ("use `compute=f32`",))]
+
+
+def test_a_compute_narrower_than_the_inputs_is_said_with_the_setting_that_asked_for_it(
+        tmp_path: Path) -> None:
+    assert _errors(HEAD, "  input x: f32[2, 3]\n  output y = relu(x, compute=f16)", tmp_path) == [
+        ("E0403", "compute f16 is narrower than the inputs of `relu`", "relu", "inputs of 32 bits",
+         (("compute=f16 set here", "compute=f16"),), (), ("use `compute=f32`",))]
+
+
+@pytest.mark.parametrize(("x", "expr", "dtype"), [
+    ("f16", "relu(x, compute=f16)", "f16"),  # pointwise ops need no f32 math
+    ("f16", "x * x", "f16"),
+    ("i32", "x + x", "i32"),  # integer math in an integer compute
+])
+def test_a_pointwise_op_computes_in_what_it_is_given_where_that_is_wide_enough(
+        x: str, expr: str, dtype: str, tmp_path: Path) -> None:
+    head = ("cgraph 0.1\nmodel m {\n  precision io=f16, intermediate=f16, "
+            f"compute={'i32' if x == 'i32' else 'f16'}\n")
+    checked = check_source(head + f"  input x: {x}[2, 3]\n  output y = {expr}\n}}\n", tmp_path)
+    assert [d.message for d in checked.diagnostics if d.is_error] == []
+    y = checked.model.graph.by_name()["y"]
+    assert (y.type.dtype, y.type.shape) == (dtype, (2, 3))
+
+
+@pytest.mark.parametrize(("inputs", "refused", "code"), [
+    ("  input x: [2, 3]\n", "relu(x, compute=i32)", "E0403"),
+    ("  input x: [2, 3]\n  param w: [3, 4]\n", "matmul(x, w, compute=f16)", "E0403"),
+    ("  input x: f32[2, 3]\n", "relu(x, compute=f16)", "E0403"),
+    ("  input x: [2, 3]\n  param w: bf16[3, 4]\n", "matmul(x, w)", "E0401"),
+    ("  input x: [2, 3]\n", "(x > 0.0) == 1.0", "E0402"),
+    ("  input x: [2, 3]\n  input i: i32[2, 3]\n", "x + i", "E0402"),
+])
+def test_a_refused_op_has_no_result_for_its_readers_to_be_refused_again(
+        inputs: str, refused: str, code: str, tmp_path: Path) -> None:
+    """One fault, one error: were the refused op given a type, `matmul(a, a)` ([2, 3] or
+    [2, 4] by itself, or a mask) would be refused too."""
+    errors = _errors(HEAD, f"{inputs}  let a = {refused}\n  output y = matmul(a, a)", tmp_path)
+    assert [e[0] for e in errors] == [code]
+
+
+def test_a_number_beside_a_mask_is_said_as_a_bool_tensor_with_no_way_back(tmp_path: Path) -> None:
+    """"a bool tensor" (an integer one is "an i32 tensor"), and no `cast(..., bool)` to go back."""
+    assert _errors(HEAD, "  input x: [2, 3]\n  let m = x > 0.0\n  output y = m == 1.0",
+                   tmp_path) == [
+        ("E0402", "`==` mixes a bool tensor with the number `1.0`", "m", "bool",
+         (("a number: an f32 scalar", "1.0"),),
+         ("an integer number beside integer tensors is one of theirs in `+ - *`, `max`, `min` and "
+          "comparisons; any other number is an f32 scalar, and integer and bool tensors are never "
+          "converted implicitly",),
+         ("compute in floats: `cast(m, f32)`",))]
+
+
+# --- conv: dtypes and sizes ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("io", "dtype"), [
+    ("f16", "f16"), ("bf16", "bf16"), ("f32", "f32"),
+    ("f8e4m3", "f32"),  # an fp8 io dtype is not a result dtype: f32 then
+])
+def test_an_fp8_conv_gives_the_io_dtype_where_it_is_a_wide_float(
+        io: str, dtype: str, tmp_path: Path) -> None:
+    head = f"cgraph 0.1\nmodel m {{\n  precision io={io}, intermediate=f32, compute=f32\n"
+    checked = check_source(head + "  input x: f8e4m3[1, 16, 8, 8] @NHWC\n"
+                           "  param w: f8e4m3[16, 16, 3, 3]\n  let z = conv(x, w, pad=1)\n"
+                           "  output y = cast(z, f32)\n}\n", tmp_path)
+    assert [d.message for d in checked.diagnostics if d.is_error] == []
+    assert checked.model.graph.by_name()["z"].type.dtype == dtype
+
+
+def test_an_integer_conv_needs_both_operands_integer(tmp_path: Path) -> None:
+    assert _errors(HEAD, "  input x: i8[1, 4, 8, 8]\n  param w: [4, 4, 3, 3]\n"
+                   "  output y = conv(x, w, pad=1)", tmp_path) == [
+        ("E0401", "`conv` does not support i8 inputs", "x", "i8 here", (),
+         ("`conv` takes floating-point tensors (f32, f16, bf16)",), ("convert first: `cast(x, f32)`",))]
+
+
+def test_a_conv_of_four_spatial_axes_is_refused(tmp_path: Path) -> None:
+    assert _errors(HEAD, "  input x: [1, 4, 8, 8, 8, 8]\n  param w: [4, 4, 3, 3, 3, 3]\n"
+                   "  output y = conv(x, w)", tmp_path) == [
+        ("E0301", "`conv` expects x [N, C, *S] with 1 to 3 spatial axes", "x",
+         "f16[1, 4, 8, 8, 8, 8] has rank 6", (), ("the first two axes are batch and channels",), ())]
+
+
+def test_a_conv_output_below_one_names_its_axis(tmp_path: Path) -> None:
+    """W = 2 under a 3-wide kernel: axis 3 (the second spatial one), not axis 2."""
+    assert [e[:4] for e in _errors(HEAD, "  input x: [1, 4, 8, 2]\n  param w: [4, 4, 3, 3]\n"
+                                   "  output y = conv(x, w)", tmp_path)] == [
+        ("E0603", "the output of `conv` has size below 1 on axis 3", "x", "output size is 0")]

@@ -1237,6 +1237,11 @@ def _warned(body: str, tmp_path: Path) -> list[Said]:
     # produced, but not by a scaling; the help writes the operand as it is written
     ("  input x: [2, 3]\n", "cast(relu(x), %s)", "relu(x)", "relu(x) * s"),
     ("  input x: [2, 3]\n", "cast(x + 1.0, %s)", "x + 1.0", "(x + 1.0) * s"),
+    # one call, with calls nested inside it; a dotted name
+    ("  input x: [2, 3]\n", "cast(max(relu(x), x), %s)", "max(relu(x), x)", "max(relu(x), x) * s"),
+    ("  param blk.w: [2, 3]\n", "cast(blk.w, %s)", "blk.w", "blk.w * s"),
+    ("  input x: [2, 3]\n", "cast(relu(x) + relu(x), %s)", "relu(x) + relu(x)",
+     "(relu(x) + relu(x)) * s"),
 ])
 @pytest.mark.parametrize("fp8", ["f8e4m3", "f8e5m2"])
 def test_a_cast_to_fp8_of_an_unscaled_value_is_warned_of_whole_at_the_value(
@@ -1266,3 +1271,59 @@ def test_a_unary_op_of_fp8_is_refused_at_x(op: str, tmp_path: Path) -> None:
         ("E0401", f"`{op}` does not take f8e4m3 inputs", "x", "f8e4m3 here", (),
          ("fp8 tensors are taken only by `conv`, `matmul` and `cast`",),
          ("widen it first: `cast(x, f16)`",))]
+
+
+# --- sdpa's fp8 operands, the lengths lowering adds -------------------------------------------------
+
+SDPA_FP8 = ("  input q: %s[2, 4, 8, 64]\n  input k: %s[2, 4, 8, 64]\n  input v: %s[2, 4, 8, 64]\n"
+            "  param d1: f32[1]\n  param d2: f32[1]\n  param d3: f32[1]\n  output y = sdpa(%s)")
+
+
+@pytest.mark.parametrize(("dtypes", "descales", "with_"), [
+    (("f8e4m3", "f16", "f16"), "", "no descales"),  # one fp8 operand, nothing to undo its scale
+    (("f8e4m3",) * 3, ", descale_q=d1, descale_k=d2", "`descale_q`, `descale_k`"),  # one missing
+    (("f16",) * 3, ", descale_q=d1, descale_k=d2, descale_v=d3",  # descales of nothing
+     "`descale_q`, `descale_k`, `descale_v`"),
+])
+def test_an_fp8_sdpa_without_all_three_e4m3_operands_and_descales_is_refused_whole(
+        dtypes: tuple[str, str, str], descales: str, with_: str, tmp_path: Path) -> None:
+    body = SDPA_FP8 % (*dtypes, f"q, k, v{descales}")
+    assert _said(body, tmp_path) == [
+        ("E0401", "fp8 `sdpa` takes e4m3 q, k and v, each with its descale", "sdpa",
+         f"q, k and v are {'/'.join(dtypes)}, with {with_}", (),
+         ("write the request instead, and let calibration find the scales: "
+          "`sdpa(q, k, v, precision=f8e4m3)`",), ())]
+
+
+def _sdpa_silently(**lengths: object) -> tuple[object, list[str]]:
+    """sdpa's type rule as the IR verifier runs it on lowered IR, where lowering may have added
+    `q_len` (no source writes it): its result and the errors recorded."""
+    from dslc.core.dims import DimEnv
+    from dslc.core.types import PrecisionSpec, TensorType
+    from dslc.diag.span import Span
+    from dslc.ops import OPS
+    from dslc.ops.opdef import Args, SilentCtx
+
+    ctx = SilentCtx(DimEnv(), PrecisionSpec(), {}, Span("m.cgraph", 1, 1, 1, 2))
+    qkv = TensorType("f16", (2, 4, 8, 64))
+    args = Args({"q": qkv, "k": qkv, "v": qkv, **lengths})
+    return OPS["sdpa"].infer(ctx, args), ctx.errors
+
+
+def test_sdpa_checks_a_q_len_lowering_added_even_without_kv_len() -> None:
+    from dslc.core.types import TensorType
+
+    good = TensorType("i32", (2,))
+    assert _sdpa_silently(q_len=good)[1] == []
+    assert _sdpa_silently(kv_len=good, q_len=good)[1] == []
+    for lengths in ({"q_len": TensorType("f32", (2,))},
+                    {"kv_len": good, "q_len": TensorType("i32", (3,))}):
+        assert _sdpa_silently(**lengths) == (None, [
+            "E0301 `q_len` of `sdpa` must be i32 [2]: a count of valid keys per batch row"])
+
+
+def test_sdpa_with_wrong_lengths_has_no_result() -> None:
+    from dslc.core.types import TensorType
+
+    assert _sdpa_silently(kv_len=TensorType("i32", (2, 1))) == (None, [
+        "E0301 `kv_len` of `sdpa` must be i32 [2]: a count of valid keys per batch row"])
