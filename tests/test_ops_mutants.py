@@ -1327,3 +1327,31 @@ def test_sdpa_with_wrong_lengths_has_no_result() -> None:
 
     assert _sdpa_silently(kv_len=TensorType("i32", (2, 1))) == (None, [
         "E0301 `kv_len` of `sdpa` must be i32 [2]: a count of valid keys per batch row"])
+
+
+SDPA_RANKS = ("  input q: f16%s\n  input k: f16%s\n  input v: f16%s\n  output y = sdpa(q, k, v)")
+
+
+@pytest.mark.parametrize("at", ["q", "v"])
+def test_an_sdpa_operand_of_rank_three_is_refused_at_that_operand(at: str, tmp_path: Path) -> None:
+    shapes = ["[2, 8, 64]" if name == at else "[2, 4, 8, 64]" for name in "qkv"]
+    assert _said(SDPA_RANKS % tuple(shapes), tmp_path) == [
+        ("E0301", "`sdpa` expects rank-4 q, k and v: [B, H, S, D]", at,
+         "f16[2, 8, 64] has rank 3", (), (), ())]
+
+
+def test_an_integer_sdpa_is_refused_whole_naming_q_s_dtype_first(tmp_path: Path) -> None:
+    body = SDPA_FP8.replace("%s[2", "{}[2").format("i32", "i8", "i8") % "q, k, v"
+    assert _said(body, tmp_path) == [
+        ("E0401", "`sdpa` does not support i32 inputs", "sdpa", "q, k and v are i32/i8 here", (),
+         ("sdpa takes f16 or bf16 (cuDNN), or f32 (a fallback kernel); fp8 operands come with "
+          "their descales (`descale_q=`, ...)",), ())]
+
+
+def test_a_descale_of_more_than_one_value_is_refused_at_it(tmp_path: Path) -> None:
+    body = (SDPA_FP8 % ("f8e4m3", "f8e4m3", "f8e4m3",
+                        "q, k, v, descale_q=d1, descale_k=d2, descale_v=d3")
+            ).replace("param d1: f32[1]", "param d1: f32[2]")
+    assert _said(body, tmp_path) == [
+        ("E0401", "`descale_q` of `sdpa` must be one f32 value", "descale_q=d1", "f32[2]", (), (),
+         ())]
