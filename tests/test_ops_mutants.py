@@ -1355,3 +1355,13 @@ def test_a_descale_of_more_than_one_value_is_refused_at_it(tmp_path: Path) -> No
     assert _said(body, tmp_path) == [
         ("E0401", "`descale_q` of `sdpa` must be one f32 value", "descale_q=d1", "f32[2]", (), (),
          ())]
+
+
+@pytest.mark.parametrize("at", ["k", "v"])
+def test_an_sdpa_operand_of_another_float_dtype_than_q_is_refused_at_it(
+        at: str, tmp_path: Path) -> None:
+    dtypes = ["bf16" if name == at else "f16" for name in "qkv"]
+    body = SDPA_FP8.replace("%s[2", "{}[2").format(*dtypes) % "q, k, v"
+    assert _said(body, tmp_path) == [
+        ("E0401", "the operands of `sdpa` have different dtypes", at, "bf16", (("f16", "q"),), (),
+         (f"cast one of them: `cast({at}, f16)`",))]
