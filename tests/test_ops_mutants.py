@@ -1365,3 +1365,11 @@ def test_an_sdpa_operand_of_another_float_dtype_than_q_is_refused_at_it(
     assert _said(body, tmp_path) == [
         ("E0401", "the operands of `sdpa` have different dtypes", at, "bf16", (("f16", "q"),), (),
          (f"cast one of them: `cast({at}, f16)`",))]
+
+
+def test_an_sdpa_v_of_another_batch_than_q_is_refused_at_v(tmp_path: Path) -> None:
+    body = ("  input q: f16[2, 4, 8, 64]\n  input k: f16[2, 4, 8, 64]\n"
+            "  input v: f16[3, 4, 8, 64]\n  output y = sdpa(q, k, v)")
+    assert _said(body, tmp_path) == [
+        ("E0301", "the batch of `v` does not match", "v", "f16[3, 4, 8, 64]",
+         (("f16[2, 4, 8, 64]", "q"),), ("expected 2, found 3",), ())]
