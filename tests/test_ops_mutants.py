@@ -1341,7 +1341,7 @@ def test_an_sdpa_operand_of_rank_three_is_refused_at_that_operand(at: str, tmp_p
 
 
 def test_an_integer_sdpa_is_refused_whole_naming_q_s_dtype_first(tmp_path: Path) -> None:
-    body = SDPA_FP8.replace("%s[2", "{}[2").format("i32", "i8", "i8") % "q, k, v"
+    body = SDPA_FP8 % ("i32", "i8", "i8", "q, k, v")
     assert _said(body, tmp_path) == [
         ("E0401", "`sdpa` does not support i32 inputs", "sdpa", "q, k and v are i32/i8 here", (),
          ("sdpa takes f16 or bf16 (cuDNN), or f32 (a fallback kernel); fp8 operands come with "
@@ -1361,7 +1361,7 @@ def test_a_descale_of_more_than_one_value_is_refused_at_it(tmp_path: Path) -> No
 def test_an_sdpa_operand_of_another_float_dtype_than_q_is_refused_at_it(
         at: str, tmp_path: Path) -> None:
     dtypes = ["bf16" if name == at else "f16" for name in "qkv"]
-    body = SDPA_FP8.replace("%s[2", "{}[2").format(*dtypes) % "q, k, v"
+    body = SDPA_FP8 % (*dtypes, "q, k, v")
     assert _said(body, tmp_path) == [
         ("E0401", "the operands of `sdpa` have different dtypes", at, "bf16", (("f16", "q"),), (),
          (f"cast one of them: `cast({at}, f16)`",))]
