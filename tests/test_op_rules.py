@@ -284,15 +284,22 @@ MIXED = "  input x: %s[2, 3]\n  param w: %s[3, 4]\n  output y = matmul(x, w)"
                    (("f16", "x"),), (), ("cast one of them: `cast(w, f16)`",))),
     ("f8e4m3", "f16", ("E0401", "the operands of `matmul` have different dtypes", "x", "f8e4m3",
                        (("f16", "w"),), (), ("cast one of them: `cast(x, f16)`",))),
-    ("f8e4m3", "i8", ("E0401", "`matmul` does not take f8e4m3 inputs", "x", "f8e4m3 here", (),
-                      ("fp8 tensors are taken only by `conv`, `matmul` and `cast`",),
-                      ("widen it first: `cast(x, f16)`",))),
+    ("f8e4m3", "i8", ("E0401", "the operands of `matmul` have different dtypes", "x", "f8e4m3",
+                      (("i8", "w"),), (), ("cast one of them: `cast(x, i8)`",))),
+    ("i32", "f8e5m2", ("E0401", "`matmul` does not support i32 inputs", "x", "i32 here", (),
+                       ("`matmul` takes floating-point tensors (f32, f16, bf16)",),
+                       ("convert first: `cast(x, f32)`",))),
+    ("f8e4m3", "bool", ("E0401", "`matmul` does not support bool inputs", "w", "bool here", (),
+                        ("`matmul` takes floating-point tensors (f32, f16, bf16)",),
+                        ("convert first: `cast(w, f32)`",))),
     ("f16", "f8e5m2", ("E0401", "the operands of `matmul` have different dtypes", "w", "f8e5m2",
                        (("f16", "x"),), (), ("cast one of them: `cast(w, f16)`",))),
 ])
 def test_a_matmul_of_one_integer_or_fp8_operand_and_one_float_is_refused(
         x: str, w: str, error: tuple[object, ...], tmp_path: Path) -> None:
-    """i8 x i8 and fp8 x fp8 have their own forms; one such operand beside an f16 one has none."""
+    """i8 x i8 and fp8 x fp8 have their own forms; one such operand beside an f16 one has none.
+    fp8 beside i8 is a mix of two taken dtypes (said at the fp8 one); beside i32 or bool, the
+    operand never taken is the fault, not the fp8 one."""
     assert _errors(HEAD, MIXED % (x, w), tmp_path) == [error]
 
 

@@ -99,12 +99,16 @@ def require_same_dtype(ctx: InferCtx, op: str, a: str, ta: TensorType, b: str,
 
 def refuse_fp8_mix(ctx: InferCtx, op: str, a: str, ta: TensorType, b: str,
                    tb: TensorType) -> bool:
-    """One fp8 operand beside a wider float one (`conv`, `matmul`): what is wrong is the mix, not
-    fp8, which these take in pairs; said at the fp8 operand, whose widening is the usual fix.
-    True when it was said."""
+    """One fp8 operand beside one of another dtype (`conv`, `matmul`), said once. Beside a
+    wider float or i8, which these also take in pairs, the mix is the fault, not fp8: said at
+    the fp8 operand, whose cast is the usual fix. Beside a dtype they never take (i32, bool),
+    that operand is the fault. True when it was said."""
     for (n8, t8), (n, t) in (((a, ta), (b, tb)), ((b, tb), (a, ta))):
-        if t8.dtype in FP8 and t.dtype in FLOATS:
-            require_same_dtype(ctx, op, n, t, n8, t8)
+        if t8.dtype in FP8 and t.dtype not in FP8:
+            if t.dtype in FLOATS or t.dtype == "i8":
+                require_same_dtype(ctx, op, n, t, n8, t8)
+            else:
+                require_float(ctx, op, n, t)
             return True
     return False
 
