@@ -1373,3 +1373,62 @@ def test_an_sdpa_v_of_another_batch_than_q_is_refused_at_v(tmp_path: Path) -> No
     assert _said(body, tmp_path) == [
         ("E0301", "the batch of `v` does not match", "v", "f16[3, 4, 8, 64]",
          (("f16[2, 4, 8, 64]", "q"),), ("expected 2, found 3",), ())]
+
+
+@pytest.mark.parametrize(("d", "warned"), [
+    (128, []),
+    (136, [("W0302", "head dimension 136 is above 128", "sdpa", "head dimension 136", (),
+            ("cuDNN's flash-attention engines take up to 256, but some architectures and modes "
+             "stop at 128",), ())]),
+])
+def test_sdpa_warns_of_a_head_dimension_above_128_not_of_128(
+        d: int, warned: list[Said], tmp_path: Path) -> None:
+    qkv = f"[1, 2, 8, {d}]"
+    body = f"  input q: {qkv}\n  input k: {qkv}\n  input v: {qkv}\n  output y = sdpa(q, k, v)"
+    assert _said(body, tmp_path) == []
+    assert _warned(body, tmp_path) == warned
+
+
+@pytest.mark.parametrize(("io", "result"), [("f16", "f16"), ("bf16", "bf16"), ("f32", "f16")])
+def test_an_fp8_sdpa_writes_the_io_dtype_where_it_is_16_bits_else_f16(io: str,
+                                                                      result: str) -> None:
+    """cuDNN's fp8 attention writes a 16-bit result."""
+    from dslc.core.dims import DimEnv
+    from dslc.core.types import PrecisionSpec, TensorType
+    from dslc.diag.span import Span
+    from dslc.ops import OPS
+    from dslc.ops.opdef import Args, SilentCtx
+
+    ctx = SilentCtx(DimEnv(), PrecisionSpec(io=io), {}, Span("m.cgraph", 1, 1, 1, 2), cudnn=True)
+    qkv, one = TensorType("f8e4m3", (2, 4, 8, 64)), TensorType("f32", (1,))
+    args = Args({"q": qkv, "k": qkv, "v": qkv, "descale_q": one, "descale_k": one,
+                 "descale_v": one, "causal": False, "align": "top_left", "window": None,
+                 "scale": None})
+    assert (OPS["sdpa"].infer(ctx, args), ctx.errors) == (
+        TensorType(result, (2, 4, 8, 64)), [])
+
+
+QKV16 = "  input q: [2, 4, 8, 16]\n  input k: [2, 4, 8, 16]\n  input v: [2, 4, 8, 16]\n"
+
+
+@pytest.mark.parametrize("args", [", window=1", ", causal=true, align=\"bottom_right\""])
+def test_sdpa_takes_a_window_of_one_key_and_a_bottom_right_mask_over_as_many_keys_as_queries(
+        args: str, tmp_path: Path) -> None:
+    assert _said(QKV16 + f"  output y = sdpa(q, k, v{args})", tmp_path) == []
+
+
+def test_an_sdpa_computed_in_f16_is_refused_it_needs_f32(tmp_path: Path) -> None:
+    assert _said(QKV16 + "  output y = sdpa(q, k, v)", tmp_path, HEAD_F16) == [
+        ("E0403", "`sdpa` needs compute=f32, but compute is f16 here", "sdpa", "computed in f16",
+         (("compute=f16 set here", "compute=f16"),), ("cuDNN runs `sdpa` with f32 math",),
+         ("set `precision compute=f32` in the model, or in the def that holds this op",))]
+
+
+def test_sdpa_records_its_scale_as_a_float_and_none_when_not_given(tmp_path: Path) -> None:
+    common = {"align": "top_left", "causal": False, "operands": ("q", "k", "v"), "window": None}
+    assert _typed(QKV16 + "  output y = sdpa(q, k, v, scale=1)", "sdpa", tmp_path) == [
+        ("f16[2, 4, 8, 16]", {**common, "scale": 1.0})]
+    (_, attrs), = _typed(QKV16 + "  output y = sdpa(q, k, v, scale=1)", "sdpa", tmp_path)
+    assert isinstance(attrs["scale"], float)
+    assert _typed(QKV16 + "  output y = sdpa(q, k, v)", "sdpa", tmp_path) == [
+        ("f16[2, 4, 8, 16]", {**common, "scale": None})]
