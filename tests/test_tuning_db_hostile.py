@@ -531,6 +531,24 @@ def test_a_file_that_is_no_database_is_said_in_sqlites_words(
                                    f"database); kept it as `{aside}` and started a new one"]
 
 
+def test_each_file_kept_aside_in_a_stores_life_is_said_with_its_name(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, stamp: str) -> None:
+    """Twice damaged, twice kept aside under two names: both said, not only the first."""
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    _prefixed(path)
+    db = SQLiteStore(path)
+    assert db.size() == 0
+    db.close()
+    _prefixed(path)
+    assert db.size() == 0
+    kept = [tmp_path / f"tuning.db.unreadable-{stamp}", tmp_path / f"tuning.db.unreadable-{stamp}-1"]
+    assert all(p.is_file() for p in kept)
+    assert warnings_of(caplog) == [f"tuning database `{path}` was unreadable (file is not a "
+                                   f"database); kept it as `{p}` and started a new one"
+                                   for p in kept]
+
+
 def test_a_database_in_folders_not_made_yet_is_made_with_them(tmp_path: Path) -> None:
     db = SQLiteStore(tmp_path / "a" / "b" / "tuning.db")
     db.put("env", "k", entry(1))
@@ -682,6 +700,22 @@ def test_a_read_only_database_whose_index_cannot_be_made_is_read_as_it_stands(
     reader.start()  # read from another thread too
     reader.join(30)
     assert got == [entry(8)] and not warnings_of(caplog)
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_the_stores_timeout_is_its_connections_busy_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writable: bool) -> None:
+    """A reader waits for a writer as long as the store was told, read-only or not (SQLite's
+    own default is 5 s)."""
+    path = tmp_path / "tuning.db"
+    fifty(path)
+    if not writable:
+        _read_only_here(monkeypatch, lambda query: False)
+    db = SQLiteStore(path, timeout_s=0.25)
+    conn = db._connection()
+    assert conn is not None and db.writable == writable
+    assert conn.execute("PRAGMA busy_timeout").fetchone() == (250,)
+    db.close()
 
 
 def test_a_read_only_database_that_cannot_be_opened_at_all_says_why(

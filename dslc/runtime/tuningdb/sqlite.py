@@ -227,13 +227,14 @@ class SQLiteStore(TuningStore):
             conn = self._open_rw()
             if old:
                 self._merge_all(conn, old)
+            # Each time: every file kept aside has its own name, which the user may want back.
             if err.tag == "v1":
-                self.say_once("aside", f"tuning database `{self.path}` was a JSON database, the "
+                LOG.warning("%s", f"tuning database `{self.path}` was a JSON database, the "
                               f"format before this one: kept it as `{aside}`; imported its "
-                              f"{len(old)} entries into a new one")
+                            f"{len(old)} entries into a new one")
             else:
-                self.say_once("aside", f"tuning database `{self.path}` was unreadable ({err}); "
-                              f"kept it as `{aside}` and started a new one")
+                LOG.warning("%s", f"tuning database `{self.path}` was unreadable ({err}); "
+                            f"kept it as `{aside}` and started a new one")
             for problem in skipped:
                 self.say_once(f"skip {problem}", f"tuning database `{aside}`: not imported, no "
                               f"valid plan ({problem})")
