@@ -8,6 +8,7 @@ measured. The times are given here as numbers: measuring them needs a GPU
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -539,3 +540,45 @@ def test_a_kernels_reason_names_the_buckets_that_keep_the_graph() -> None:
         "one kernel is faster (the graph kept at N=4, N=8, where it is not)")
     every = _kernel_or_graph(step, KernelMeasured(step, graphs, dict.fromkeys(graphs, 0.5)))
     assert every.kind == "kernel" and every.reason.endswith("ms: one kernel is faster")
+
+
+FLOORED = """import "std/nn.cgraph"
+model m {
+  layout NHWC
+  dim N = 2..8 tune [3, 5]
+  input x: [N // 2, 8, 6, 6]
+  input y: [N // 2, 8]
+  let a = relu(conv2d(x, out=8, k=3, pad=1, has_bias=true)) as "c1"
+  output b = conv2d(a, out=8, k=1, has_bias=true) as "c2"
+  output z = sigmoid(y) * y
+}
+"""
+
+
+def test_splits_and_kernels_are_measured_at_the_sizes_a_floored_dim_takes(
+        tmp_path: Path) -> None:
+    """`N // 2` is a dim of its own that only the model's dim environment evaluates (1 at N=3,
+    2 at N=5): each measured spec has the shapes of the buffers it is timed in."""
+    from dslc.tune.fusion import measure_kernels, measure_splits
+
+    _, program = deviceless_program(FLOORED, tmp_path)
+    bundle = _timed(program.bundle, 0.01)
+    batches: list[tuple[str, int]] = []
+
+    def shapes(spec: Any, storage: Any, where: str) -> None:
+        for t in spec.tensors:
+            if t.name in ("x", "y", "a", "b", "z"):  # the values of a batch of N // 2
+                assert math.prod(t.dims) == math.prod(storage[t.name].shape), where
+                batches.append((where.split()[-1], storage[t.name].shape[0]))
+
+    def split_part(spec: Any, storage: Any, where: str) -> Any:
+        shapes(spec, storage, where)
+        return PlanRecord(None, {}, 0, None, ms=0.004)
+
+    def kernel(step: Any, spec: Any, storage: Any, where: str) -> float:
+        shapes(spec, storage, where)
+        return 0.002
+
+    assert measure_splits(bundle, {}, split_part) and measure_kernels(bundle, {}, kernel)
+    assert {b for b in batches if b[0] == "N=3"} == {("N=3", 1)}
+    assert {b for b in batches if b[0] == "N=5"} == {("N=5", 2)}

@@ -593,3 +593,33 @@ def test_a_join_of_a_step_that_kept_its_graph_at_a_bucket_is_a_kernel_at_every_b
         for name in ("y", "z", "r"):
             assert relative_error(got[name], want[name]) < ARENA_TOLERANCE["bf16"], \
                 (bucket.key, name)
+
+
+def test_a_joined_step_is_timed_at_a_floored_dims_sizes_writing_into_its_concat(
+        tmp_path: Path) -> None:
+    """Rows of `B // 2` (a dim only the model's dim environment evaluates: 1 at B=3, 2 at B=5),
+    the pair's result written into its slice of a concatenation (a row 1,024 values apart, not
+    512): the joined step's spec has the buffers' sizes and strides."""
+    from dslc.tune.joins import measure_joins
+
+    source = DECODER.format(io="bf16", rows=1, most=8).replace(
+        "dim B = 1..8 tune [1]", "dim B = 2..16 tune [3, 5]").replace("[B, 1,", "[B // 2, 1,").replace(
+        "output z = silu(g) * matmul(x, transpose(up, [1, 0]))",
+        "output z = concat([silu(g) * matmul(x, transpose(up, [1, 0])), h], axis=2)")
+    program = deviceless_program(source, tmp_path)[1]
+    assert "z.mul" in program.placement
+    bundle, kernels = _kernels_taken(program)
+    times = {k.step.name: dict(k.kernel_ms) for k in kernels}
+    seen: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def measurer(b: Bundle) -> Any:
+        def measure(step: Any, spec: Any, storage: Any, where: str) -> float:
+            [out] = [t for t in spec.tensors if t.role == "output"]
+            seen[where] = (out.dims, out.strides)
+            return 0.001
+        return measure
+
+    [j] = measure_joins(bundle, pairs(Schedule(bundle)), times, measurer)
+    assert j.reader_ms == {"gate+silu+mul": {"B=3": 0.001, "B=5": 0.001}}
+    assert seen["gate+silu+mul at B=5"] == ((2, 1, 512), (1024, 1024, 1))
+    assert seen["gate+silu+mul at B=3"][0] == (1, 1, 512)
