@@ -478,3 +478,58 @@ def test_an_sdpa_reads_a_view_through_a_row_major_copy_and_a_stored_value_in_pla
     want = 2.0 * torch.nn.functional.scaled_dot_product_attention(
         torch.relu(t["x"]), t["kt"].transpose(2, 3), t["vv"][0:2]).numpy()
     assert np.abs(got - want).max() < 1e-5
+
+
+def test_a_sum_keeping_its_operands_shape_is_written_row_major_not_in_its_order(
+        tmp_path: Path) -> None:
+    """A sum over a channel axis of size 1 keeps a channels-last conv result's shape; unlike a
+    pointwise op it chooses its memory order apart from its operand's: row-major."""
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f32, compute=f32
+  input x: [2, 4, 6, 6] @NHWC
+  param w: [1, 4, 1, 1]
+  let c = conv(x, w)
+  output o = reduce_sum(c, axes=[1], keepdims=true) + 1.0
+}
+""", tmp_path)
+    nodes = c.graph.by_name()
+    assert nodes["c"].type.layout is not None and nodes["c"].type.layout.order == (0, 2, 3, 1)
+    total = next(n for n in c.graph.nodes if n.op == "reduce_sum")
+    assert total.type.shape == nodes["c"].type.shape and total.type.layout is not None
+    assert total.type.layout.is_row_major
+
+
+def test_a_select_of_transposed_views_copies_its_branches_and_reads_its_mask_as_written(
+        tmp_path: Path) -> None:
+    """The branches (views, column-major in their bases) are read through row-major copies; the
+    comparison, computed here, is written row-major in the first place, so it needs none: two
+    copies, not three."""
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f32, compute=f32
+  input x: [8, 6]
+  input y: [8, 6]
+  output o = select(transpose(x, perm=[1, 0]) > 0.0, transpose(x, perm=[1, 0]),
+                    transpose(y, perm=[1, 0]))
+}
+""", tmp_path)
+    copies = sorted(n.name for n in c.graph.nodes if n.op == "contiguous")
+    assert copies == ["o.transpose_1.row_major", "o.transpose_2.row_major"]
+    select = next(n for n in c.graph.nodes if n.op == "select")
+    assert select.inputs == ("o.cmp_gt", *copies)
+
+
+def test_a_layernorm_with_a_memory_order_need_reads_a_sliced_scale_through_a_copy(
+        tmp_path: Path) -> None:
+    """The layernorm over a transposed view needs row-major operands: the view of x and the
+    slice of s (a vector, aligned, but a view) are each read through a row-major copy; the
+    stored bias in place."""
+    c = _compiled("""model m {
+  precision io=f16, intermediate=f32, compute=f32
+  input x: [8, 6]
+  param s: [16]
+  param b: [8]
+  output o = layernorm(transpose(x, perm=[1, 0]), s[8:16], b, eps=1e-5)
+}
+""", tmp_path)
+    norm = next(n for n in c.graph.nodes if n.op == "layernorm")
+    assert norm.inputs == ("o.transpose.row_major", "o.slice.row_major", "b")

@@ -312,3 +312,21 @@ model m {
     lowered, _ = lower_and_fuse(check_source(text, tmp_path).model)
     paths = {n.inputs[0]: n.path for n in lowered.nodes if n.op == "matmul"}
     assert paths == {"x": "layers.0.self_attn.q_proj|k_proj", "u": "z.matmul|matmul_1"}
+
+
+def test_a_copy_the_source_asks_for_of_a_packed_projection_is_kept(tmp_path: Path) -> None:
+    """k became a view of the packed matmul's result: the `contiguous` written of it is still
+    made (genstats reads a dense copy, as the source asked), not folded into the view."""
+    lowered, _ = lower_and_fuse(check_source(HEAD + """  let q = linear(x, out=16) as "q"
+  let k = linear(x, out=16) as "k"
+  let (m, s) = genstats(contiguous(k))
+  output y = q
+  output a = m
+  output b = s
+}
+""", tmp_path).model)
+    nodes = lowered.by_name()
+    assert len([n for n in lowered.nodes if n.op == "matmul"]) == 1  # packed
+    [copy] = [n for n in lowered.nodes if n.op == "contiguous"]
+    assert nodes[copy.inputs[0]].op == "view"
+    assert {n.inputs[0] for n in lowered.nodes if n.op == "genstats"} == {copy.name}
