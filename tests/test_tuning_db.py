@@ -179,7 +179,8 @@ def test_a_json_database_at_the_path_is_kept_aside_and_imported(
     [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("db.json.v1-")]
     assert aside.read_bytes() == before
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(said) == 1 and f"kept it as `{aside}`; imported its 12 entries" in said[0]
+    assert said == [f"tuning database `{path}` was a JSON database, the format before this one: "
+                    f"kept it as `{aside}`; imported its 12 entries into a new one"]
 
 
 def test_the_default_database_is_in_the_users_cache_folder(tmp_path: Path,
