@@ -420,3 +420,30 @@ def test_a_planned_view_reading_past_its_base_names_the_view() -> None:
     short = dict(view.attrs, strides=(1,))
     assert interp.planned_view(view, base, np.arange(6.0).reshape(2, 3), short, (3,)).tolist() == \
         [0.0, 1.0, 2.0]
+
+
+def test_a_calibration_run_observes_the_largest_finite_magnitude_of_each_tensor() -> None:
+    """`_amax` with `observe`: this run's largest finite |value| (0 for none), kept as the
+    largest over runs; read before the tensor is computed, it is an error naming it."""
+    from dslc.ir.interp import InterpError, _amax
+
+    seen: dict[str, float] = {}
+    small = np.array([0.25, -0.5, np.inf, np.nan], dtype=np.float32)
+    assert _amax("t", {"t": small}, None, seen) == 0.5 and seen == {"t": 0.5}
+    assert _amax("t", {"t": np.array([0.125], dtype=np.float16)}, None, seen) == 0.125
+    assert seen == {"t": 0.5}  # the largest over the runs
+    assert _amax("u", {"u": np.array([np.inf], dtype=np.float32)}, None, seen) == 0.0
+    with pytest.raises(InterpError) as err:
+        _amax("v", {}, None, seen)
+    assert str(err.value) == "the amax of `v` is read before `v` is computed"
+
+
+def test_an_inference_run_reads_each_calibrated_amax_and_names_a_missing_one() -> None:
+    from dslc.ir.interp import InterpError, _amax
+
+    assert _amax("t", {}, {"t": 3.5}, None) == 3.5
+    for amax in (None, {"u": 1.0}):
+        with pytest.raises(InterpError) as err:
+            _amax("t", {}, amax, None)
+        assert str(err.value) == ("no calibrated amax for `t`, which is quantised to fp8 "
+                                  "(calibrate the bundle: `dslc calibrate`)")

@@ -254,3 +254,34 @@ def test_a_bundle_whose_written_input_has_a_second_reader_is_refused(
     with pytest.raises(BundleError, match=r"manifest\.written\[0\]: input `k_cache` is written "
                                           r"in place and read by something else too"):
         emit_bundle.records(compiled)
+
+
+def test_the_reference_of_a_step_sizes_its_views_through_the_models_dims(
+        tmp_path: Path) -> None:
+    """New rows pooled two into one from T (floor((T - 2) / 2) + 1 of them, a dim only the
+    model's dim environment evaluates: 2 at T=5), written at `pos` and read by a view: the
+    in-place reference sizes the view through that environment."""
+    text = """model step {
+  precision io=f32
+  dim T = 2..8
+  input k_cache: [1, 2, 16, 8]
+  input k_new: [1, 2, T, 8]
+  input pos: i32[1]
+  let rows = maxpool(k_new, window=[2, 1], stride=[2, 1])
+  output y = relu(cache_write(k_cache, rows, at=pos))
+  output z = transpose(rows, [0, 2, 1, 3])
+}
+"""
+    checked = check_source(text, tmp_path)
+    lowered, _ = lower_and_fuse(checked.model)
+    r = rng("cache_write", "pooled")
+    x = {"k_cache": r.standard_normal((1, 2, 16, 8)).astype(np.float32),
+         "k_new": r.standard_normal((1, 2, 5, 8)).astype(np.float32),
+         "pos": np.array([9], np.int32)}
+    rows = np.maximum(x["k_new"][:, :, 0:4:2], x["k_new"][:, :, 1:4:2])
+    want = x["k_cache"].copy()
+    want[:, :, 9:11] = rows
+    outputs, written = interp.run_in_place(lowered, x, {}, checked.model.env)
+    np.testing.assert_array_equal(written["k_cache"], want)
+    np.testing.assert_array_equal(outputs["y"], np.maximum(want, 0))
+    np.testing.assert_array_equal(outputs["z"], rows.transpose(0, 2, 1, 3))

@@ -145,3 +145,12 @@ def test_dense_strides_are_packed_in_the_order_and_size_one_axes_may_take_any() 
     h = dims.sym("H")  # images 7 * H apart where H rows are read of H
     assert dense((2, 1, h, 7), (dims.mul(7, h), 1, 7, 1), nhwc)
     assert not dense((2, 1, h, 7), (dims.mul(14, h), 1, 7, 1), nhwc)
+
+
+def test_two_memory_orders_are_the_same_memory_only_where_they_differ_in_axes_of_one() -> None:
+    from dslc.ir.views import same_memory
+
+    assert same_memory((2, 1, 7, 9), (0, 1, 2, 3), (0, 2, 3, 1))  # C = 1: NCHW is NHWC
+    assert not same_memory((2, 3, 7, 9), (0, 1, 2, 3), (0, 2, 3, 1))
+    assert not same_memory((2, 3), (0, 1), (1, 0))
+    assert same_memory((1, 3), (0, 1), (1, 0))
