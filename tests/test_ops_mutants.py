@@ -1295,18 +1295,20 @@ def test_an_fp8_sdpa_without_all_three_e4m3_operands_and_descales_is_refused_who
           "`sdpa(q, k, v, precision=f8e4m3)`",), ())]
 
 
-def _sdpa_silently(**lengths: object) -> tuple[object, list[str]]:
+def _sdpa_silently(dtype: str = "f16", io: str = "f32", cudnn: bool = False,
+                   **operands: object) -> tuple[object, list[str]]:
     """sdpa's type rule as the IR verifier runs it on lowered IR, where lowering may have added
-    `q_len` (no source writes it): its result and the errors recorded."""
+    `q_len` (no source writes it): q, k and v [2, 4, 8, 64] of `dtype` with `operands` beside
+    them, its result and the errors recorded."""
     from dslc.core.dims import DimEnv
     from dslc.core.types import PrecisionSpec, TensorType
     from dslc.diag.span import Span
     from dslc.ops import OPS
     from dslc.ops.opdef import Args, SilentCtx
 
-    ctx = SilentCtx(DimEnv(), PrecisionSpec(), {}, Span("m.cgraph", 1, 1, 1, 2))
-    qkv = TensorType("f16", (2, 4, 8, 64))
-    args = Args({"q": qkv, "k": qkv, "v": qkv, **lengths})
+    ctx = SilentCtx(DimEnv(), PrecisionSpec(io=io), {}, Span("m.cgraph", 1, 1, 1, 2), cudnn=cudnn)
+    qkv = TensorType(dtype, (2, 4, 8, 64))
+    args = Args({"q": qkv, "k": qkv, "v": qkv, **operands})
     return OPS["sdpa"].infer(ctx, args), ctx.errors
 
 
@@ -1393,19 +1395,11 @@ def test_sdpa_warns_of_a_head_dimension_above_128_not_of_128(
 def test_an_fp8_sdpa_writes_the_io_dtype_where_it_is_16_bits_else_f16(io: str,
                                                                       result: str) -> None:
     """cuDNN's fp8 attention writes a 16-bit result."""
-    from dslc.core.dims import DimEnv
-    from dslc.core.types import PrecisionSpec, TensorType
-    from dslc.diag.span import Span
-    from dslc.ops import OPS
-    from dslc.ops.opdef import Args, SilentCtx
+    from dslc.core.types import TensorType
 
-    ctx = SilentCtx(DimEnv(), PrecisionSpec(io=io), {}, Span("m.cgraph", 1, 1, 1, 2), cudnn=True)
-    qkv, one = TensorType("f8e4m3", (2, 4, 8, 64)), TensorType("f32", (1,))
-    args = Args({"q": qkv, "k": qkv, "v": qkv, "descale_q": one, "descale_k": one,
-                 "descale_v": one, "causal": False, "align": "top_left", "window": None,
-                 "scale": None})
-    assert (OPS["sdpa"].infer(ctx, args), ctx.errors) == (
-        TensorType(result, (2, 4, 8, 64)), [])
+    one = TensorType("f32", (1,))
+    assert _sdpa_silently("f8e4m3", io, cudnn=True, descale_q=one, descale_k=one,
+                          descale_v=one) == (TensorType(result, (2, 4, 8, 64)), [])
 
 
 QKV16 = "  input q: [2, 4, 8, 16]\n  input k: [2, 4, 8, 16]\n  input v: [2, 4, 8, 16]\n"

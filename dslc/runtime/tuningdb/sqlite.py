@@ -230,7 +230,7 @@ class SQLiteStore(TuningStore):
             # Each time: every file kept aside has its own name, which the user may want back.
             if err.tag == "v1":
                 LOG.warning("%s", f"tuning database `{self.path}` was a JSON database, the "
-                              f"format before this one: kept it as `{aside}`; imported its "
+                            f"format before this one: kept it as `{aside}`; imported its "
                             f"{len(old)} entries into a new one")
             else:
                 LOG.warning("%s", f"tuning database `{self.path}` was unreadable ({err}); "
