@@ -101,7 +101,7 @@ def lower_and_fuse(model: CheckedModel, verify: bool = False) -> tuple[Graph, Fu
     if verify:
         verified("check", model.graph)
     lowered = lower(model.graph, (lambda name, g: verified(f"the lowering pass `{name}`", g))
-                    if verify else None)
+                    if verify else None, model.env)
     return lowered, fuse(lowered)
 
 

@@ -117,7 +117,8 @@ def test_compile_verify_names_the_lowering_pass_that_broke_the_ir(tmp_path: Path
     from dslc import lower as lowering
     from dslc.ir.graph import Graph
 
-    def reads_nowhere(graph: Graph) -> Graph:  # a broken pass: a node reads an undefined value
+    def reads_nowhere(graph: Graph, env: object = None) -> Graph:  # a broken pass: a node
+        # reads an undefined value
         nodes = list(graph.nodes)
         nodes[-1] = replace(nodes[-1], inputs=("nowhere", *nodes[-1].inputs[1:]))
         return Graph(tuple(nodes), graph.outputs)

@@ -106,10 +106,54 @@ def test_the_type_rules(body: str, code: str | None, tmp_path: Path) -> None:
 
 
 def test_both_run_as_fallback_kernels_with_the_reason(tmp_path: Path) -> None:
-    model = check_source(EMBED, tmp_path).model
+    """Positions past the table (S up to 20 rows of 16) keep their arange (else a slice)."""
+    model = check_source(EMBED.replace("dim S = 1..16", "dim S = 1..20"), tmp_path).model
     lowered, plan = lower_and_fuse(model)
     c = compile_model(model, lowered, plan, load_target("h200"))
     nodes = c.graph.by_name()
     kernels = {nodes[s.group.nodes[0]].op: s.reason for s in c.steps if s.kind == "kernel"}
     assert set(kernels) == {"gather", "arange"}
     assert "no gather" in kernels["gather"] and "a fallback kernel" in kernels["arange"]
+
+
+def _lowered_ops(text: str, tmp_path: Path) -> list[str]:
+    model = check_source(text, tmp_path).model
+    lowered, _ = lower_and_fuse(model)
+    return [n.op for n in lowered.nodes]
+
+
+def test_positions_picked_by_arange_read_the_table_in_place(tmp_path: Path) -> None:
+    """S never exceeds the table's 16 rows: the position embeddings are its slice [0:S], a view
+    (no gather, no arange left to run), equal to PyTorch's at S = 16, the last row read."""
+    ops = _lowered_ops(EMBED, tmp_path)
+    assert "arange" not in ops and ops.count("gather") == 1, ops  # the token lookup stays
+    r = rng("gather", "in place")
+    ids = r.integers(0, 50, (2, 16))
+    tok = r.standard_normal((50, 8)).astype(np.float32)
+    pos = r.standard_normal((16, 8)).astype(np.float32)
+    got = _run(EMBED, tmp_path, {"ids": ids}, {"tok.weight": tok, "pos.weight": pos})
+    np.testing.assert_array_equal(got["y"], tok[ids] + pos[None])
+
+
+def test_positions_past_the_table_stay_a_gather_of_nan_rows(tmp_path: Path) -> None:
+    """S may reach 20 against a table of 16 rows: a slice could not give the rows past it, so
+    the gather stays, NaN there as for any index outside the table."""
+    text = EMBED.replace("dim S = 1..16", "dim S = 1..20")
+    assert "arange" in _lowered_ops(text, tmp_path)
+    r = rng("gather", "past")
+    pos = r.standard_normal((16, 8)).astype(np.float32)
+    got = _run(text, tmp_path, {"ids": r.integers(0, 50, (1, 18))},
+               {"tok.weight": np.zeros((50, 8), np.float32), "pos.weight": pos})
+    np.testing.assert_array_equal(got["y"][0, :16], pos)
+    assert np.isnan(got["y"][0, 16:]).all()
+
+
+def test_an_arange_along_an_inner_axis_is_a_slice_of_that_axis(tmp_path: Path) -> None:
+    text = ("model m {\n  dim S = 1..6 tune [4]\n  input x: [3, 6, 2]\n  input s: [S]\n"
+            "  output y = gather(x, arange(S), axis=1) + 0.5\n}\n")
+    ops = _lowered_ops(text, tmp_path)
+    assert "gather" not in ops and "view" in ops, ops  # the slice, read in place
+    x = rng("gather", "inner").standard_normal((3, 6, 2)).astype(np.float32)
+    got = _run(text, tmp_path, {"x": x, "s": np.zeros(4, np.float32)}, {})
+    want = torch.index_select(torch.from_numpy(x), 1, torch.arange(4)) + 0.5
+    np.testing.assert_array_equal(got["y"], want.numpy())

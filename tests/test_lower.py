@@ -26,7 +26,7 @@ def _lowered(src: str, tmp_path: Path) -> str:
         seen.append(name)
         _assert_sound(name, g, model.env)
 
-    graph = lower(model.graph, after)
+    graph = lower(model.graph, after, model.env)
     assert seen == [p.__name__ for p in PASSES] and seen  # the verifier saw every pass
     return format_graph(graph)
 
@@ -176,7 +176,7 @@ def test_verifier_is_clean_after_every_pass(name: str, precision: PrecisionSpec 
     graph = result.model.graph
     assert PASSES
     for p in PASSES:
-        graph = p(graph)
+        graph = p(graph, result.model.env)
         _assert_sound(p.__name__, graph, result.model.env)
 
 
@@ -338,7 +338,7 @@ def test_an_identity_is_kept_where_it_writes_the_memory_order_the_output_asks(
   input x: f32[1, 4, 8, 8]
   output y: f32[1, 4, 8, 8] @NHWC = x * 1.0
 }""", tmp_path).model
-    graph = lower(model.graph)
+    graph = lower(model.graph, env=model.env)
     produced = graph.by_name()[dict(graph.outputs)["y"]]
     assert produced.op != "input"
     assert produced.type.layout is not None and produced.type.layout.order == (0, 2, 3, 1)

@@ -166,7 +166,7 @@ def _lower(graph: Graph, env: Any) -> tuple[Graph, Any]:
         if problems:
             raise Failure(Outcome("verify", "reference", f"after {name}: {problems[0]}"))
 
-    lowered = lower(graph, after_each=after)
+    lowered = lower(graph, after_each=after, env=env)
     needs_met(lowered)
     return lowered, fuse(lowered)
 

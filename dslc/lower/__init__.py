@@ -8,10 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dslc.core.dims import DimEnv
 from dslc.ir.graph import Graph
 from dslc.lower.attention import padding_mask_lengths
 from dslc.lower.batchnorm import batchnorm_to_affine, fold_batchnorm
-from dslc.lower.canonical import expand_norm_reductions, fold_scalars, load_time, make_bias_rule, remove_dead
+from dslc.lower.canonical import (
+    expand_norm_reductions,
+    fold_scalars,
+    gather_of_arange,
+    load_time,
+    make_bias_rule,
+    remove_dead,
+)
 from dslc.lower.concat import pointwise_through_concat
 from dslc.lower.packing import pack_sibling_matmuls
 from dslc.lower.quantize import quantize
@@ -23,24 +31,34 @@ from dslc.lower.views import (
     weights_like_inputs,
 )
 
-Pass = Callable[[Graph], Graph]
+# A pass takes the graph and the dims' ranges (which most ignore; None: no range known).
+Pass = Callable[[Graph, DimEnv | None], Graph]
 
 
 def _each(rule: Rule) -> Pass:  # pragma: no mutate block (runs at import, building PASSES)
-    def run(graph: Graph) -> Graph:
-        return rewrite(graph, rule)
+    def run(graph: Graph, env: DimEnv | None = None) -> Graph:
+        return rewrite(graph, rule, env)
 
     run.__name__ = rule.__name__
     run.__doc__ = rule.__doc__
     return run
 
 
-def bias_from_add(graph: Graph) -> Graph:
+def _graph_only(fn: Callable[[Graph], Graph]) -> Pass:  # pragma: no mutate block (as _each)
+    def run(graph: Graph, env: DimEnv | None = None) -> Graph:
+        return fn(graph)
+
+    run.__name__ = fn.__name__
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def bias_from_add(graph: Graph, env: DimEnv | None = None) -> Graph:
     """x + b with a load-time channel vector b -> bias_add (and x * b -> scale_mul)."""
     return rewrite(graph, make_bias_rule(graph))
 
 
-def quantize_fp8(graph: Graph) -> Graph:
+def quantize_fp8(graph: Graph, env: DimEnv | None = None) -> Graph:
     """The matmuls, convolutions and attentions the source asks to compute in fp8 read
     quantised operands."""
     return quantize(graph)
@@ -48,7 +66,7 @@ def quantize_fp8(graph: Graph) -> Graph:
 
 PASSES: list[Pass] = [
     # BN after a conv with a param weight folds into the conv's weight and a bias (load time).
-    remove_dead,
+    _graph_only(remove_dead),
     _each(fold_batchnorm),
     # The other BNs: a per-channel scale and shift, also computed at load time.
     _each(batchnorm_to_affine),
@@ -58,16 +76,18 @@ PASSES: list[Pass] = [
     bias_from_add,
     # x + 0, x * 1, same-dtype casts, scalar arithmetic: nothing to run.
     _each(fold_scalars),
+    # The rows 0..n-1 of a table picked by `arange(n)`: a slice, read in place.
+    _each(gather_of_arange),
     # fp8: quantised operands (weights at load time, after batchnorm folding), descaled results.
     quantize_fp8,
     # Projections of one activation (q, k, v) as one matmul by weights joined at load time.
-    pack_sibling_matmuls,
+    _graph_only(pack_sibling_matmuls),
     # A pointwise op on a concatenation of two parts runs on each part, in its group, and no
     # step reads the concatenation back (rotary embeddings' `rotate_half`).
     _each(pointwise_through_concat),
     # Reshape / transpose / slice chains read their base in place: no copy, no kernel.
     _each(make_views),
-    remove_dead,
+    _graph_only(remove_dead),
     # An attention bias broadcast over batch or heads is read at full size (cuDNN's sdpa).
     _each(full_size_attention_bias),
     # cuDNN's padding mask takes the queries' lengths beside the keys' (`kv_len`): Sq per row.
@@ -79,14 +99,15 @@ PASSES: list[Pass] = [
     _each(weights_like_inputs),
     # With layouts known, a copy into the layout a value already has is nothing to run.
     _each(fold_scalars),
-    remove_dead,
+    _graph_only(remove_dead),
 ]
 
 
-def lower(graph: Graph, after_each: Callable[[str, Graph], None] | None = None) -> Graph:
+def lower(graph: Graph, after_each: Callable[[str, Graph], None] | None = None,
+          env: DimEnv | None = None) -> Graph:
     """Run the passes in order; `after_each(name, graph)` sees every intermediate graph."""
     for p in PASSES:
-        graph = p(graph)
+        graph = p(graph, env)
         if after_each is not None:
             after_each(p.__name__, graph)
     return graph

@@ -3,6 +3,7 @@ ops and scalar arithmetic folded, dead values removed; and which values are load
 
 from __future__ import annotations
 
+from dslc.core.dims import compare
 from dslc.core.types import PrecisionSpec, TensorType
 from dslc.ir.graph import CALIBRATED, IN_PLACE, Graph, Node
 from dslc.lower.rewrite import Rewriter
@@ -97,6 +98,23 @@ def _fold_arithmetic(rw: Rewriter, node: Node) -> str | None:
             and same(b)):
         return b.name
     return None
+
+
+def gather_of_arange(rw: Rewriter, node: Node) -> str | None:
+    """`gather(x, arange(n), axis)` picks x's first n rows in order: the slice x[0:n] on that
+    axis, which reads the table in place (a view: no index tensor, no kernel), where n never
+    exceeds the axis (the dims' ranges prove it; past it the gather gives NaN rows, a slice
+    cannot). Position embeddings (BERT's, GPT-2's) read so: two fallback kernels a call fewer."""
+    if node.op != "gather":
+        return None
+    x, idx = rw.node(node.inputs[0]), rw.node(node.inputs[1])
+    axis = int(node.attrs["axis"])
+    if idx.op != "arange" or compare(idx.type.shape[0], x.type.shape[axis], "<=", rw.env) \
+            is not True:
+        return None
+    ends = tuple(idx.type.shape[0] if i == axis else d for i, d in enumerate(x.type.shape))
+    return rw.new("slice", (x.name,), {"starts": (0,) * x.type.rank, "ends": ends}, node.type,
+                  node, node.name)
 
 
 def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:

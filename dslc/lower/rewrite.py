@@ -8,6 +8,7 @@ from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
+from dslc.core.dims import DimEnv
 from dslc.core.types import PrecisionSpec, TensorType
 from dslc.ir.graph import CALIBRATED, Attrs, Graph, Node, renamed
 
@@ -20,8 +21,9 @@ def derived(op: str, inputs: tuple[str, ...], attrs: dict[str, Any], type_: Tens
 
 
 class Rewriter:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, env: DimEnv | None = None) -> None:
         self.old = graph
+        self.env = env or DimEnv()  # the dims' ranges (none known: only static sizes decide)
         self.old_users = graph.users()
         self.nodes: list[Node] = []
         self.by_name: dict[str, Node] = {}
@@ -78,8 +80,8 @@ class Rewriter:
 Rule = Callable[[Rewriter, Node], str | None]
 
 
-def rewrite(graph: Graph, rule: Rule) -> Graph:
-    rw = Rewriter(graph)
+def rewrite(graph: Graph, rule: Rule, env: DimEnv | None = None) -> Graph:
+    rw = Rewriter(graph, env)
     for node in graph.nodes:
         node = renamed(node, rw.renamed)
         result = rule(rw, node)
