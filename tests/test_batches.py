@@ -504,3 +504,33 @@ def test_a_cache_write_of_rows_concatenated_stays_a_copy(at: int, tmp_path: Path
     written: dict[str, np.ndarray] = {}
     arena.run(program, {}, x, {}, written)
     np.testing.assert_allclose(written["c"], caches["c"], rtol=1e-6)
+
+
+EMBEDDINGS = """import "std/nn.cgraph"
+model m {
+  dim B = 1..4 tune [2]
+  dim S = 1..8 tune [8]
+  input ids: i64[B, S]
+  input types: i32[B, S]
+  let word = embedding(ids, num=30, dim=16) as "word"
+  let kind = embedding(types, num=2, dim=16) as "kind"
+  let position = embedding(arange(S), num=8, dim=16) as "position"
+  output y = word + kind + position
+}
+"""
+
+
+def test_a_models_embedding_lookups_are_one_launch(tmp_path: Path) -> None:
+    """BERT's word and token-type lookups read their tables side by side: one launch (their
+    positions, `arange(S)` within the table, are its slice, no step). Run in that order by the
+    arena, the sum equals the tables' rows picked by hand."""
+    program = deviceless_program(EMBEDDINGS, tmp_path)[1]
+    order, _ = batches.plan(program, program.memory_plan({"B": 2, "S": 8}), "B=2,S=8")
+    assert [sorted(s.name for s in slot) for slot in order if len(slot) > 1] == [["kind", "word"]]
+    g = rng("embeddings in one launch")
+    ids, types = g.integers(0, 30, (2, 8)), g.integers(0, 2, (2, 8)).astype(np.int32)
+    tables = {f"{n}.weight": g.standard_normal((k, 16)).astype(np.float32)
+              for n, k in (("word", 30), ("kind", 2), ("position", 8))}
+    got = arena.run(program, {"B": 2, "S": 8}, {"ids": ids, "types": types}, tables)
+    want = tables["word.weight"][ids] + tables["kind.weight"][types] + tables["position.weight"]
+    np.testing.assert_allclose(got["y"], want, rtol=1e-6)

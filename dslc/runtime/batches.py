@@ -77,11 +77,12 @@ def slots(touches: Sequence[Touch], mergeable: Callable[[int], bool],
 def small(program: Schedule, memory: MemoryPlan, step: StepRecord,
           bucket: str | None = None) -> bool:
     """Whether the step runs a kernel that can be a part of a merged launch (no graph at this
-    `bucket`: `Schedule.runs_graph`): a cache write, or a pointwise step small enough for the
+    `bucket`: `Schedule.runs_graph`): a cache write, a gather (an embedding lookup: a
+    model's lookups read their tables side by side), or a pointwise step small enough for the
     strided kernel."""
     if program.runs_graph(step, bucket):
         return False
-    if len(step.nodes) == 1 and program.nodes[step.nodes[0]].op == "cache_write":
+    if len(step.nodes) == 1 and program.nodes[step.nodes[0]].op in ("cache_write", "gather"):
         return True
     shape = memory.storage[step.outputs[0]].shape
     return program.pointwise_kernel(step) is not None and \

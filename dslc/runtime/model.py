@@ -21,14 +21,14 @@ from typing import Any
 
 from dslc import fsutil
 from dslc.backend import device, environment, fused, gemv, merge
-from dslc.backend.kernels import cache_write_part, run_kernel
+from dslc.backend.kernels import cache_write_part, gather_part, run_kernel
 from dslc.backend.spec import GroupSpec, group_spec
 from dslc.core.dims import bucket_key
 from dslc.core.errors import RunnerError
 from dslc.ir.groups import make_group
 from dslc.ir.interp import concrete_attrs
 from dslc.ir.storage import Storage
-from dslc.runtime import batches, fleet, params, plancache, startup
+from dslc.runtime import batches, fleet, params, plancache, profiling, startup
 from dslc.runtime import bundle as bundlefile
 from dslc.runtime.cachewrites import ROWS_AXIS, Recomputed
 from dslc.runtime.decoder import Decoder
@@ -455,25 +455,16 @@ class Model:
         return ptr + s.offset * ITEMSIZE[s.dtype]
 
     def _launch(self, exe: Executable, refs: Mapping[str, device.ArrayRef],
-                outputs: Mapping[str, device.ArrayRef], stream: Any,
-                events: list[tuple[Any, Any]] | None = None) -> None:
+                outputs: Mapping[str, device.ArrayRef], stream: Any) -> None:
         _, cudnn = self._gpu or device.require()
         cudnn.set_stream(handle=self.handle, stream=stream.ptr)
         workspace = int(exe.workspace.data.ptr)
         with stream:
-            if events is None:
-                for slot in exe.slots:
-                    if len(slot) == 1 and slot[0].name not in exe.recomputed:
-                        self._step(exe, slot[0], refs, outputs, workspace)
-                    else:
-                        self._merged(exe, slot, refs, outputs, workspace)
-                return
-            for step in self.program.steps:  # one at a time: each timed
-                start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
-                events.append((start, end))
-                start.record(stream)
-                self._step(exe, step, refs, outputs, workspace)
-                end.record(stream)
+            for slot in exe.slots:
+                if len(slot) == 1 and slot[0].name not in exe.recomputed:
+                    self._step(exe, slot[0], refs, outputs, workspace)
+                else:
+                    self._merged(exe, slot, refs, outputs, workspace)
 
     def _step(self, exe: Executable, step: Any, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef], workspace: int) -> None:
@@ -516,8 +507,10 @@ class Model:
                                   [self._view(exe, v, refs, outputs) for v in step.outputs])
             else:
                 node = self.program.nodes[step.nodes[0]]
-                part = cache_write_part([self._view(exe, v, refs, outputs) for v in node.inputs],
-                                        self._view(exe, node.name, refs, outputs))
+                xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
+                y = self._view(exe, node.name, refs, outputs)
+                part = cache_write_part(xs, y) if node.op == "cache_write" else \
+                    gather_part(xs, y, concrete_attrs(node, exe.dims, self.program.env))
             if part is None:
                 self._step(exe, step, refs, outputs, workspace)
             else:
@@ -555,23 +548,9 @@ class Model:
                            device.STORED_AS)
 
     def profile(self, inputs: Mapping[str, Any], repeats: int = 10) -> list[dict[str, Any]]:
-        """Milliseconds per step (median over `repeats` runs, CUDA events), in schedule order."""
-        refs, exe, kind = self._bind(inputs)
-        outputs = self._allocate_outputs(exe, kind)
-        stream = stream_of(kind, self.cupy)
-        samples: list[list[float]] = [[] for _ in self.program.steps]
-        for _ in range(repeats + 1):
-            events: list[tuple[Any, Any]] = []
-            self._launch(exe, refs, outputs, stream, events)
-            stream.synchronize()
-            for i, (start, end) in enumerate(events):
-                samples[i].append(self.cupy.cuda.get_elapsed_time(start, end))
-        rows = []
-        for step, times in zip(self.program.steps, samples, strict=True):
-            ordered = sorted(times[1:])  # the first run warms up
-            rows.append({"step": step.name, "kind": step.kind, "pattern": step.pattern,
-                         "ms": ordered[len(ordered) // 2]})
-        return rows
+        """Milliseconds per step (median over `repeats`), in schedule order, each step timed
+        as it runs inside a replayed CUDA graph (`dslc.runtime.profiling`)."""
+        return profiling.profile(self, inputs, repeats)
 
     def decoder(self, batch: int, max_len: int, kind: str = "torch") -> Decoder:
         """A decode loop over a model that writes key/value caches in place (`cache_write`):
