@@ -145,7 +145,9 @@ def _roofline(program: Schedule, dims: dict[str, int], profile: list[dict[str, A
     if peaks is None:
         return {"steps": None, "totals": None, "flops": sum(c.flops for c in costs),
                 "bytes": sum(c.bytes for c in costs)}
-    lines = [step_line(r["step"], r["kind"], r["ms"], c, peaks)
+    # A step CuPy would not record in a CUDA graph was timed as a launch (its Python counted).
+    lines = [step_line(r["step"], r["kind"] if r.get("timed", "graph") == "graph"
+                       else f"{r['kind']} (launch)", r["ms"], c, peaks)
              for r, c in zip(profile, costs, strict=True)]
     return {"steps": [x.to_data() for x in by_time_lost(lines)],
             "totals": totals(lines).to_data()}
