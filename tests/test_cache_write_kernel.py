@@ -6,8 +6,6 @@ numpy. On the H200: tests/gpu/test_decode_gpu.py."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,7 @@ import pytest
 
 from dslc.backend import kernels, merge
 from tests.helpers import nvrtc_compile, rng
-from tests.test_fused_kernel import _GRID, _SHIMS
+from tests.test_fused_kernel import host_part
 
 
 @pytest.mark.parametrize("item", sorted(kernels._BYTES))
@@ -27,12 +25,7 @@ def test_the_cache_write_kernel_compiles_for_the_h200(item: int) -> None:
 
 @pytest.mark.parametrize("at", [5, 0, -2])
 def test_the_cache_write_kernel_writes_the_rows_at_the_offset(at: int, tmp_path: Path) -> None:
-    source = _SHIMS + _GRID + merge.source([kernels.cache_write_kernel(2)], "dslc_cache_write")
-    name = f"cache_{zlib.crc32(source.encode()):08x}"
-    (tmp_path / f"{name}.cpp").write_text(source)
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(tmp_path / f"{name}.so"),
-                    str(tmp_path / f"{name}.cpp")], check=True)
-    fn = ctypes.CDLL(str(tmp_path / f"{name}.so")).dslc_cache_write
+    fn = host_part(kernels.cache_write_kernel(2), "dslc_cache_write", tmp_path)
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 14
     g = rng("cache write", at)
     new = g.integers(1, 60000, (2, 3, 4, 8)).astype(np.uint16).transpose(0, 2, 1, 3)  # BSHD

@@ -11,12 +11,13 @@ import shutil
 import subprocess
 import zlib
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from dslc.backend import fused
+from dslc.backend import fused, merge
 from dslc.backend.target import load_target
 from dslc.compile import stage
 from dslc.emit import bundle as emit_bundle
@@ -389,6 +390,17 @@ static dim3_ blockIdx = {0}, threadIdx = {0}, gridDim = {1}, blockDim = {1};
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
 """
+
+
+def host_part(kernel: merge.Kernel, name: str, folder: Path) -> Any:
+    """One part's kernel (`backend.merge`) compiled on the host by g++, as a C function `name`
+    run by one block of one thread (its last argument, the part's blocks, 1)."""
+    source = _SHIMS + _GRID + merge.source([kernel], name)
+    lib = f"{name}_{zlib.crc32(source.encode()):08x}"
+    (folder / f"{lib}.cpp").write_text(source)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / f"{lib}.so"),
+                    str(folder / f"{lib}.cpp")], check=True)
+    return getattr(ctypes.CDLL(str(folder / f"{lib}.so")), name)
 
 
 # f16, bf16 and f32 operands into an f16 and a bool result (a SiLU between): the raw kernels'

@@ -7,8 +7,6 @@ tests/gpu/test_ops_gpu.py runs `gather` against the reference."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import zlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +17,7 @@ import torch
 
 from dslc.backend import kernels, merge
 from tests.helpers import nvrtc_compile, rng
-from tests.test_fused_kernel import _GRID, _SHIMS
+from tests.test_fused_kernel import host_part
 
 
 @pytest.mark.parametrize(("word", "item", "index"),
@@ -41,12 +39,7 @@ class _Device:
 
 
 def _run_on_host(part: merge.Part, tmp_path: Path) -> None:
-    source = _SHIMS + _GRID + merge.source([part.kernel], "dslc_gather")
-    name = f"gather_{zlib.crc32(source.encode()):08x}"
-    (tmp_path / f"{name}.cpp").write_text(source)
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(tmp_path / f"{name}.so"),
-                    str(tmp_path / f"{name}.cpp")], check=True)
-    fn = ctypes.CDLL(str(tmp_path / f"{name}.so")).dslc_gather
+    fn = host_part(part.kernel, "dslc_gather", tmp_path)
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 6
     x, idx, y, *rest = part.args
     fn(x.data.ptr, idx.data.ptr, y.data.ptr, *(int(v) for v in rest), 1)  # one block
