@@ -245,7 +245,9 @@ def main() -> int:
             **{name: c.obj for name, c in dec.caches.items()}}
     plain_ms = median_ms(lambda: model.run(feed), args.repeats)
     fast = model.capture(feed)
-    graph_ms = median_ms(lambda: fast(feed), args.repeats)
+    fast(feed)
+    graph_ms = median_ms(fast.replay, args.repeats)  # as PyTorch's: inputs in place
+    call_ms = median_ms(lambda: fast(feed), args.repeats)  # the token and position copied in
     ref.position.fill_(args.position)
     with torch.no_grad():
         replay = cuda_graph(ref.step)
@@ -254,19 +256,20 @@ def main() -> int:
     bound_ms = weight_bytes / (info["memory_gbps"] * 1e9) * 1e3 if info else float("nan")
     report = {"layers": args.layers, "position": args.position, "compile_s": compile_s,
               "weight_gb": weight_bytes / 1e9, "bound_ms": bound_ms, "dslc_plain_ms": plain_ms,
-              "dslc_graph_ms": graph_ms, "torch_graph_ms": torch_ms,
+              "dslc_graph_ms": graph_ms, "dslc_graph_call_ms": call_ms,
+              "torch_graph_ms": torch_ms,
               "rel_errors": errors, "steps": len(model.program.steps),
               "kernel_steps": sum(s.kind == "kernel" for s in model.program.steps)}
-    print(f"| layers | weights GB | bound ms | dslc ms | dslc graph ms | torch graph ms | "
-          f"x torch | steps (kernels) |\n|---|---|---|---|---|---|---|---|\n"
+    print(f"| layers | weights GB | bound ms | dslc ms | dslc graph ms | graph call ms | "
+          f"torch graph ms | x torch | steps (kernels) |\n|---|---|---|---|---|---|---|---|---|\n"
           f"| {args.layers} | {weight_bytes / 1e9:.3f} | {bound_ms:.3f} | {plain_ms:.3f} | "
-          f"{graph_ms:.3f} | {torch_ms:.3f} | {torch_ms / graph_ms:.2f} | "
+          f"{graph_ms:.3f} | {call_ms:.3f} | {torch_ms:.3f} | {torch_ms / graph_ms:.2f} | "
           f"{report['steps']} ({report['kernel_steps']}) |")
     print(f"compiled and tuned in {compile_s:.0f} s; worst relative error {max(errors):.2e}")
     if args.profile:
         print_profile(model.profile(feed, repeats=20))
     if args.kernels:
-        for who, run, ms in (("dslc", lambda: fast(feed), graph_ms), ("torch", replay, torch_ms)):
+        for who, run, ms in (("dslc", fast.replay, graph_ms), ("torch", replay, torch_ms)):
             print_kernels(who, run, ms)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

@@ -30,14 +30,17 @@ def best_ms(dslc: dict[str, Any]) -> float | None:
     return min(times) if times else None
 
 
-TOTAL_HEAD = ("size", "dslc ms", "dslc steps", "dslc graph", "torch eager", "torch graph", "torch.compile",
+TOTAL_HEAD = ("size", "dslc ms", "dslc steps", "dslc graph", "graph call", "torch eager",
+              "torch graph", "torch.compile",
               "x eager", "x graph", "x compile", "MiB dslc", "MiB torch", "rel err", "ok")
 
 
 def total_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """One row per size. "dslc ms" is a plain call (a replayed CUDA graph from the second call
-    at a size), "dslc steps" one with `cuda_graphs=False`. "x eager" is PyTorch eager over
-    dslc's best time; "x graph" and "x compile" compare CUDA-graph replays (PyTorch's, and
+    at a size), "dslc steps" one with `cuda_graphs=False`, "dslc graph" the replay of its CUDA
+    graph over inputs in place (as PyTorch's graphs are timed), "graph call" a call of the
+    captured graph with new inputs (copied in first). "x eager" is PyTorch eager over dslc's
+    best time; "x graph" and "x compile" compare CUDA-graph replays (PyTorch's, and
     torch.compile's) with dslc's."""
     rows: list[tuple[str, ...]] = []
     for row in report["sizes"]:
@@ -47,7 +50,7 @@ def total_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
         ok = "-" if not outs else ("yes" if all(o["within"] for o in outs) else "NO")
         torch_mib = t.get("peak_bytes")
         rows.append((size_name(row["dims"]), _ms(d["plain_ms"]), _ms(d.get("steps_ms")),
-                     _ms(d["graph_ms"]),
+                     _ms(d["graph_ms"]), _ms(d.get("graph_call_ms")),
                      _ms(t.get("eager_ms")), _ms(t.get("graph_ms")), _ms(t.get("compile_ms")),
                      _ratio(t.get("eager_ms"), best_ms(d)), _ratio(t.get("graph_ms"), graph),
                      _ratio(t.get("compile_ms"), graph), f"{d['activation_bytes'] / 2**20:.0f}",

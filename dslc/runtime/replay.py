@@ -130,22 +130,36 @@ class Captured:
         # The per-call path is kept short: with a small model the GPU waits on it (measured
         # ~40 us of Python per call on a 0.3 ms encoder layer before it was).
         if self.kind == "torch":
-            import torch
-
             for name, obj in inputs.items():  # on the caller's current stream
                 if name in self.written:
                     self._same_buffer(name, obj)
                 else:
                     self.inputs[name].obj.copy_(obj)
-            ptr = torch.cuda.current_stream().cuda_stream
-            stream = self._streams.get(ptr)
-            if stream is None:
-                stream = self._streams[ptr] = stream_of("torch", self.model.cupy)
+            stream = self._caller_stream()
         else:
             stream = self.model.cupy.cuda.get_current_stream()
             self._copy_in(inputs, stream)
         self.graph.launch(stream)
         return dict(self._results)
+
+    def replay(self) -> dict[str, Any]:
+        """The graph again on the caller's current stream over the inputs it holds (the last
+        call's, or values the caller wrote into `inputs`), as a PyTorch CUDA graph replays:
+        no copies. On BERT's front (three inputs, H200) a call with its copies took 0.119 ms
+        where the replay alone took 0.093: `dslc bench` times both."""
+        self.graph.launch(self._caller_stream())
+        return dict(self._results)
+
+    def _caller_stream(self) -> Any:
+        if self.kind != "torch":
+            return self.model.cupy.cuda.get_current_stream()
+        import torch
+
+        ptr = torch.cuda.current_stream().cuda_stream
+        stream = self._streams.get(ptr)
+        if stream is None:
+            stream = self._streams[ptr] = stream_of("torch", self.model.cupy)
+        return stream
 
 
 class Replays:

@@ -142,3 +142,22 @@ def test_plain_calls_replay_a_graph_from_the_second_call_with_fresh_outputs(
         model.run({"x": base[1:].view(8, 64)})
     model.load_weights(bundle.with_suffix(".safetensors"))  # graphs read the old weights
     assert not model._replays.graphs
+
+
+def test_a_replay_computes_over_inputs_written_into_the_captured_graph(tmp_path: Path) -> None:
+    """`Captured.replay` copies nothing: values written into `captured.inputs` are what it
+    reads (the form `dslc bench` times, as PyTorch's graphs are timed), equal to a call with
+    them."""
+    bundle, model = _model("""model m {
+  precision io=f16
+  input x: [8, 64]
+  param w: [64, 32]
+  output y = relu(matmul(x, w)) * 0.5
+}""", tmp_path)
+    a, b = (to_device(random_inputs(bundle, seed=s), bundle) for s in (11, 12))
+    captured = model.capture(a)
+    want = to_host(model.run(b))["y"]
+    captured.inputs["x"].obj.copy_(b["x"])
+    got = to_host(captured.replay())["y"]
+    np.testing.assert_array_equal(got, want)
+    assert rel_error(to_host(captured(a))["y"], to_host(model.run(a))["y"]) == 0.0
