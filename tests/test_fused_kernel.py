@@ -69,7 +69,10 @@ def test_a_pointwise_chain_is_one_plan_holding_inner_values_in_the_intermediate_
 
 @pytest.mark.parametrize(("body", "why"), [
     ("  input x: [4, 6]\n  output y = (x * 2) + 1", None),
-    ("  input x: [4, 6]\n  input i: i32[4, 6]\n  output y = x + cast(i, f32)", "takes no i32"),
+    ("  input x: [4, 6]\n  input i: i32[4, 6]\n  output y = x + cast(i, f32)", None),  # cast only
+    ("  input x: [4, 6]\n  input i: i32[4, 6]\n  output y = cast(i * 2, f32) + x", "takes no i32"),
+    ("  input x: [4, 6]\n  input i: i32[4, 6]\n  output y = cast(cast(x, i32) + i, f32)",
+     "takes no i32"),
     ("  input x: [4, 6]\n  output y = reduce_sum(x, axes=[1])", "no expression"),
 ])
 def test_what_one_kernel_computes_and_what_it_refuses(body: str, why: str | None,
@@ -394,8 +397,11 @@ struct uint4 { unsigned x, y, z, w; };
 
 def host_part(kernel: merge.Kernel, name: str, folder: Path) -> Any:
     """One part's kernel (`backend.merge`) compiled on the host by g++, as a C function `name`
-    run by one block of one thread (its last argument, the part's blocks, 1)."""
-    source = _SHIMS + _GRID + merge.source([kernel], name)
+    run by one block of one thread (its last argument, the part's blocks, 1), after the
+    conversions every kernel may use (`cuda.PREAMBLE`)."""
+    from dslc.backend.cuda import PREAMBLE
+
+    source = _SHIMS + _GRID + PREAMBLE + merge.source([kernel], name)
     lib = f"{name}_{zlib.crc32(source.encode()):08x}"
     (folder / f"{lib}.cpp").write_text(source)
     subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / f"{lib}.so"),
@@ -498,21 +504,17 @@ def test_the_vector_kernel_takes_dense_tensors_laid_out_alike() -> None:
 
 
 # -- the strided kernel (Plan.strided_source), compiled on the host ------------------------------
-def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(host_folder: Path) -> None:
+@pytest.mark.parametrize("narrow", [False, True])
+def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(
+        narrow: bool, host_folder: Path) -> None:
     """Operands of any strides (a transposed f16 view, a bf16 vector broadcast along an axis,
     an f32 of one element) into an f16 result written through a transposed view and a bool
     one: the strided kernel's bytes are the elementwise kernel's over the same values laid out
-    densely (one block of one thread on the host: the loop visits every element once)."""
-    from dslc.backend.cuda import PREAMBLE
-
+    densely (one block of one thread on the host: the loop visits every element once), with
+    64-bit indices and with 32-bit ones."""
     g = rng("host strided")
     chain = MIXED
-    source = _SHIMS + _GRID + PREAMBLE + chain.strided_source("strided0", 3)
-    name = f"strided_{zlib.crc32(source.encode()):08x}"
-    (host_folder / f"{name}.cpp").write_text(source)
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(host_folder / f"{name}.so"),
-                    str(host_folder / f"{name}.cpp")], check=True)
-    lib = ctypes.CDLL(str(host_folder / f"{name}.so"))
+    fn = host_part(chain.strided_kernel(3, narrow=narrow), "strided0", host_folder)
     shape = (3, 4, 5)
     a = (g.standard_normal((5, 4, 3)) * 2).astype(np.float16).transpose(2, 1, 0)
     b = g.standard_normal(4).astype(ml_dtypes.bfloat16).view(np.uint16).reshape(1, 4, 1)
@@ -521,7 +523,6 @@ def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(host_folde
     y = y_base.transpose(2, 1, 0)  # written through a transposed view
     z = np.zeros(shape, np.uint8)
     arrays = [np.broadcast_to(t, shape) for t in (a, b, c)] + [y, z]
-    fn = lib.strided0
     fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * (1 + 3 + 5 * 3 + 1)
     fn(*[t.ctypes.data for t in arrays], a.size, *shape,
        *[st // t.itemsize for t in arrays for st in t.strides], 1)  # one block
@@ -541,7 +542,73 @@ def test_the_strided_kernel_compiles_for_the_h200_without_a_warning() -> None:
 
     plan = fused.Plan((fused.Operand("a", "f16"), fused.Operand("m", "bool")),
                       (fused.Member("a * b", ("x0", "x1"), "bf16"),), (0,), ("bf16",))
-    for rank in (1, 4):
-        source = PREAMBLE + plan.strided_source("dslc_fused", rank)
+    for rank, narrow in ((1, False), (4, False), (1, True), (4, True)):
+        source = PREAMBLE + merge.source([plan.strided_kernel(rank, narrow=narrow)], "dslc_fused")
         ok, log = nvrtc_compile(source)
         assert ok and "warning" not in log, log[:2000]
+
+
+def offsets(dims: list[int], strides: list[list[int]]) -> np.ndarray:
+    """Each array's offset of every element, in row-major order of `dims` (numpy's index)."""
+    index = np.indices(dims).reshape(len(dims), -1)
+    return np.array([np.asarray(s) @ index for s in strides])
+
+
+def test_coalesced_axes_give_every_element_the_same_offsets() -> None:
+    """BERT's padding mask, [B, 1, 1, S] broadcast into a row-major [B, H, S, S], walks
+    [B, H * S, S]; a transposed operand keeps its axes apart; axes of one element go; random
+    shapes and strides (broadcast, transposed, sliced) visit the same offsets in the same
+    order."""
+    assert fused.coalesced([8, 12, 128, 128], [[128, 0, 0, 1], [196608, 16384, 128, 1]]) == \
+        ([8, 1536, 128], [[128, 0, 1], [196608, 128, 1]])
+    assert fused.coalesced([4, 6], [[1, 4], [6, 1]]) == ([4, 6], [[1, 4], [6, 1]])
+    assert fused.coalesced([1, 5, 1], [[99, 1, 7]]) == ([5], [[1]])
+    assert fused.coalesced([1, 1], [[3, 2]]) == ([1], [[2]])
+    assert fused.coalesced([2, 3, 4], [[12, 4, 1]]) == ([24], [[1]])
+    g = rng("coalesced")
+    for _ in range(300):
+        dims = [int(d) for d in g.integers(1, 4, size=int(g.integers(1, 5)))]
+        strides = []
+        for _ in range(3):  # dense in a random axis order, stepping by 1 or 2, broadcast axes
+            stride, step = [0] * len(dims), 1
+            for r in reversed(g.permutation(len(dims)).tolist()):
+                stride[r] = step
+                step *= dims[r] * int(g.integers(1, 3))
+            strides.append([0 if g.random() < 0.3 else st for st in stride])
+        new_dims, new = fused.coalesced(dims, strides)
+        assert np.prod(new_dims) == np.prod(dims) and len(new_dims) <= len(dims)
+        assert np.array_equal(offsets(new_dims, new), offsets(dims, strides)), (dims, strides)
+
+
+MASK = """model m {
+  input ids: i64[2, 5]
+  let keep = reshape(cast(ids, f32), [2, 1, 1, 5])
+  output y: [2, 3, 5, 5] = expand((1.0 - keep) * -65504.0, [2, 3, 5, 5])
+}"""
+
+
+def test_a_chain_ending_in_an_expand_writes_the_broadcast_result_on_the_host(
+        tmp_path: Path, host_folder: Path) -> None:
+    """BERT's padding mask: an i64 input reshaped, cast, `(1 - m) * -65504`, broadcast over
+    heads and queries is one group (the reshape moved before the cast, a view of the input),
+    and its one kernel, walking the coalesced result with the operand broadcast, writes what
+    numpy computes: the integers rounded to f32 as `astype` rounds (2^40 + 1 included)."""
+    _, lowered, plan = _lowered(MASK, tmp_path)
+    groups = [g for g in plan.groups]  # type: ignore[attr-defined]
+    assert [[lowered.by_name()[n].op for n in g.nodes] for g in groups] == \
+        [["cast", "sub", "mul", "expand"]]  # type: ignore[attr-defined]
+    group = groups[0]
+    p = fused.plan_of(lowered.by_name(), group.nodes, group.inputs, group.outputs)
+    assert isinstance(p, fused.Plan) and [o.dtype for o in p.operands] == ["i64"]
+    ids = np.array([[1, 0, 1, 1, 0], [0, 2**40 + 1, 1, 0, 1]], np.int64)
+    y = np.zeros((2, 3, 5, 5), np.float32)
+    x = np.broadcast_to(ids.reshape(2, 1, 1, 5), y.shape)
+    dims, strides = fused.coalesced(list(y.shape), [[st // 8 for st in x.strides],
+                                                    [st // 4 for st in y.strides]])
+    assert dims == [2, 15, 5]
+    fn = host_part(p.strided_kernel(len(dims), narrow=True), "mask0", host_folder)
+    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * (1 + 3 * len(dims) + 1)
+    fn(ids.ctypes.data, y.ctypes.data, y.size, *dims, *strides[0], *strides[1], 1)
+    want = (np.float32(1.0) - ids.astype(np.float32)) * np.float32(-65504.0)
+    assert np.array_equal(y, np.broadcast_to(want.reshape(2, 1, 1, 5), y.shape))
+    assert len(np.unique(y)) == 3  # 0, -65504 and the huge id's product

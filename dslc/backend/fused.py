@@ -61,6 +61,9 @@ POINTWISE: dict[str, str] = {
 # x op b with b a vector along `axis` of x: the vector is given to the kernel as a view of that
 # rank, so CuPy's broadcasting lines it up.
 ALONG_AXIS: dict[str, str] = {"scale_mul": "a * b", "bias_add": "a + b"}
+# x broadcast to a larger shape: the kernel walks the result, its operands broadcast to it, so
+# the value is x's (the last op of a chain the fusion ends with it, or a copy alone).
+BROADCASTS: dict[str, str] = {"expand": "a"}
 
 # e4m3 (fn: no infinity, S.1111.111 is NaN, largest 448) and e5m2 (IEEE-like, largest 57344)
 # from and to f32, by arithmetic: ldexpf and frexpf are exact, rintf rounds ties to even; and
@@ -151,9 +154,15 @@ _STORE = {"f32": "{}", "f16": "(float16)({})", "bf16": "from_f<unsigned short>({
 _ROUND = {"f32": "{}", "f16": "f16_round({})", "bf16": "to_f(from_f<unsigned short>({}))",
           "f8e4m3": "e4m3_f(f_e4m3({}))", "f8e5m2": "e5m2_f(f_e5m2({}))", "bool": "({} != 0.0f)"}
 DTYPES = tuple(_CTYPE)
+# Integers only as a cast's operand (converted to f32 as numpy's astype rounds: to nearest;
+# arithmetic on them stays exact elsewhere): a mask of token ids cast to f32 joins its group.
+INTEGERS = {"i64": ("int64", "long long"), "i32": ("int32", "int")}
+_CTYPE.update({k: c for k, (c, _) in INTEGERS.items()})
+_LOAD.update({k: "(float){}" for k in INTEGERS})
 # The same in a raw kernel (`Plan.vector_source`): f16 as its bits, converted by PTX.
 _RAW_CTYPE = {"f32": "float", "f16": "unsigned short", "bf16": "unsigned short",
-              "f8e4m3": "unsigned char", "f8e5m2": "unsigned char", "bool": "unsigned char"}
+              "f8e4m3": "unsigned char", "f8e5m2": "unsigned char", "bool": "unsigned char",
+              **{k: raw for k, (_, raw) in INTEGERS.items()}}
 _RAW_LOAD = {**_LOAD, "f16": "h_f({})", "bool": "({} != 0 ? 1.0f : 0.0f)"}
 _RAW_STORE = {**_STORE, "f16": "f_h({})", "bool": "(unsigned char)({} != 0.0f)"}
 VECTOR = 8  # elements a thread of the vector kernel computes
@@ -263,7 +272,8 @@ class Plan:
         """`strided_kernel` as a kernel of its own (`backend.merge.source`)."""
         return merge.source([self.strided_kernel(rank)], name)
 
-    def strided_kernel(self, rank: int, shift: int | None = None) -> merge.Kernel:
+    def strided_kernel(self, rank: int, shift: int | None = None,
+                       narrow: bool = False) -> merge.Kernel:
         """The kernel over arrays of one shape of `rank` axes and any strides (an operand
         broadcast along an axis: stride 0), an element a thread: the shape `d{r}`, each array's
         strides in elements (`p{i}s{r}`, `q{j}s{r}`) and the count `n` are arguments, so one
@@ -271,11 +281,13 @@ class Plan:
         steps' kernels (`backend.merge`): between a decoder's projections (launched so too) its
         launch then costs no gap. With `shift`, the results are stored `at[0]` further along
         that axis (an offset read on the device, as a cache write's), those past [0, rows)
-        dropped."""
+        dropped. `narrow`: the indices and offsets in 32 bits (every one fits): an element's
+        offsets cost a division per axis, and a 64-bit one is several times a 32-bit one."""
         types = [_RAW_CTYPE[o.dtype] for o in self.operands]
         outs = [_RAW_CTYPE[d] for d in self.output_dtypes]
         ins = [f"p{i}" for i in range(len(types))]
         results = [f"q{j}" for j in range(len(outs))]
+        index = "int" if narrow else "long long"
         params = [f"const {t}* __restrict__ p{i}" for i, t in enumerate(types)]
         params += [f"{t}* __restrict__ q{j}" for j, t in enumerate(outs)]
         params += ["const long long n", *(f"const long long d{r}" for r in range(rank))]
@@ -284,29 +296,31 @@ class Plan:
             params += ["const int* __restrict__ at", "const long long rows"]
 
         def step(r: int) -> str:
-            moved = " ".join(f"o{a} += c * {a}s{r};" for a in ins)
+            moved = " ".join(f"o{a} += c * ({index}){a}s{r};" for a in ins)
             if r != shift:
-                return moved + " " + " ".join(f"o{a} += c * {a}s{r};" for a in results)
-            return (moved + " const long long row = c + first; keep = row >= 0 && row < rows; "
-                    + " ".join(f"o{a} += row * {a}s{r};" for a in results))
+                return moved + " " + " ".join(f"o{a} += c * ({index}){a}s{r};" for a in results)
+            return (moved + f" const {index} row = c + first; keep = row >= 0 && row < rows; "
+                    + " ".join(f"o{a} += row * ({index}){a}s{r};" for a in results))
 
-        walk = [f"{{ const long long c = rest % d{r}; rest /= d{r}; {step(r)} }}"
-                for r in reversed(range(rank))]
+        # the outermost axis's index is what the inner axes leave (i < n): no division
+        walk = [f"{{ const {index} c = rest % ({index})d{r}; rest /= ({index})d{r}; {step(r)} }}"
+                if r else f"{{ const {index} c = rest; {step(r)} }}" for r in reversed(range(rank))]
         nl = "\n"
         store = "if (keep) " if shift is not None else ""
         body = (("const long long first = at[0];\n" if shift is not None else "")
-                + "const long long step = BLOCKS * blockDim.x;\n"
-                "for (long long i = BLOCK * blockDim.x + threadIdx.x; i < n; i += step) {\n"
-                "long long rest = i;\n"
+                + f"const {index} step = BLOCKS * blockDim.x;\n"
+                f"for ({index} i = BLOCK * blockDim.x + threadIdx.x; i < ({index})n; i += step) {{\n"
+                f"{index} rest = i;\n"
                 + ("bool keep = true;\n" if shift is not None else "")
-                + "".join(f"long long o{a} = 0;\n" for a in ins + results)
+                + "".join(f"{index} o{a} = 0;\n" for a in ins + results)
                 + nl.join(walk) + "\n"
                 + "".join(f"const {t} x{i} = p{i}[op{i}];\n" for i, t in enumerate(types))
                 + "".join(f"{t} y{j};\n" for j, t in enumerate(outs))
                 + f"{{\n{self._body(_RAW_LOAD, _RAW_STORE)}\n}}\n"
                 + "".join(f"{store}q{j}[oq{j}] = y{j};\n" for j in range(len(outs)))
                 + "}")
-        return merge.Kernel(("strided", self, rank, shift), tuple(params), body, CONVERSIONS)
+        return merge.Kernel(("strided", self, rank, shift, narrow), tuple(params), body,
+                            CONVERSIONS)
 
 
 def _word(dtype: str) -> tuple[str, int]:
@@ -318,7 +332,7 @@ def _word(dtype: str) -> tuple[str, int]:
 def expression(op: str, dtype: str, attrs: Mapping[str, Any]) -> str | None:
     """`op`'s C expression with its attributes filled in (its result of dslc dtype `dtype`),
     or None where no kernel of this module computes it."""
-    expr = POINTWISE.get(op) or ALONG_AXIS.get(op)
+    expr = POINTWISE.get(op) or ALONG_AXIS.get(op) or BROADCASTS.get(op)
     if expr is None or (op == "cast" and dtype == "bool"):
         return None
     values = {k: _literal(v) for k, v in attrs.items()
@@ -356,8 +370,11 @@ def plan(members: Sequence[Node], inputs: Sequence[Node], outputs: Sequence[str]
         expr = expression(node.op, node.type.dtype, attrs[node.name])
         if expr is None:
             return f"`{node.op}` has no expression in one pointwise kernel"
-        dtypes = {node.type.dtype, *(given[i].type.dtype for i in node.inputs if i in given)}
-        if not dtypes <= set(DTYPES):
+        read = {given[i].type.dtype for i in node.inputs if i in given}
+        if node.op == "cast":  # an integer operand read through a cast only
+            read -= set(INTEGERS)
+        dtypes = {node.type.dtype, *read}
+        if not dtypes <= set(DTYPES) - set(INTEGERS):
             return f"the kernel takes no {'/'.join(sorted(dtypes - set(DTYPES)))} (integers stay exact)"
         refs = []
         for k, name in enumerate(node.inputs):
@@ -414,18 +431,42 @@ def strided_part(p: Plan, xs: Sequence[Any], ys: Sequence[Any],
     dropped (`Plan.strided_kernel`)."""
     import cupy
 
-    shape = ys[0].shape
     n = ys[0].size
     if n == 0:
         return None
-    arrays = [cupy.broadcast_to(x, shape) for x in xs] + list(ys)
-    dims = list(shape) or [1]
-    strides = [st // a.itemsize for a in arrays for st in (a.strides or (0,))]
+    arrays = [cupy.broadcast_to(x, ys[0].shape) for x in xs] + list(ys)
+    dims = list(ys[0].shape) or [1]
+    strides = [[st // a.itemsize for st in (a.strides or (0,))] for a in arrays]
+    if shift is None:  # the shifted axis keeps its place
+        dims, strides = coalesced(dims, strides)
+    # 32-bit indices where no index, offset or index plus the grid's stride passes 2^31
+    narrow = n < 2**30 and all(sum((d - 1) * abs(st) for d, st in zip(dims, s, strict=True))
+                               < 2**31 for s in strides)
     at, axis, rows = shift if shift is not None else (None, None, 0)
-    return merge.Part(_strided_kernel(p, len(dims), axis),
+    return merge.Part(_strided_kernel(p, len(dims), axis, narrow),
                       (*arrays, np.int64(n), *(np.int64(d) for d in dims),
-                       *(np.int64(st) for st in strides),
+                       *(np.int64(st) for s in strides for st in s),
                        *((at, np.int64(rows)) if shift is not None else ())), grid_blocks(n))
+
+
+def coalesced(dims: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
+    """The shape with its axes of one element dropped and each axis merged into the one outside
+    it where every array steps over the pair as over one axis (stride outside = stride inside *
+    size inside): fewer divisions per element. BERT's padding mask broadcast to [B, H, S, S]
+    from [B, 1, 1, S] walks [B, H * S, S]. The same elements at the same offsets."""
+    kept = [r for r, d in enumerate(dims) if d != 1] or [len(dims) - 1]
+    out_dims = [dims[kept[0]]]
+    out = [[s[kept[0]]] for s in strides]
+    for r in kept[1:]:
+        if all(o[-1] == s[r] * dims[r] for o, s in zip(out, strides, strict=True)):
+            out_dims[-1] *= dims[r]
+            for o, s in zip(out, strides, strict=True):
+                o[-1] = s[r]
+        else:
+            out_dims.append(dims[r])
+            for o, s in zip(out, strides, strict=True):
+                o.append(s[r])
+    return out_dims, out
 
 
 def part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | None:
@@ -537,5 +578,6 @@ def _scalar(node: Node) -> str:
 
 
 @cache
-def _strided_kernel(p: Plan, rank: int, shift: int | None = None) -> merge.Kernel:
-    return p.strided_kernel(rank, shift)
+def _strided_kernel(p: Plan, rank: int, shift: int | None = None,
+                    narrow: bool = False) -> merge.Kernel:
+    return p.strided_kernel(rank, shift, narrow)
