@@ -61,10 +61,30 @@ def test_an_expand_of_the_channels_of_a_channels_last_value_runs_as_a_fallback_k
     c = _compiled("""model m {
   layout NHWC
   input x: f32[2, 1, 4, 4]
-  output y = expand(relu(x), shape=[2, 2, 4, 4])
+  let r = relu(x)
+  output s = r
+  output y = expand(r, shape=[2, 2, 4, 4])
 }""", tmp_path)
     kinds = {c.graph.by_name()[s.group.nodes[0]].op: s.kind for s in c.steps}
     assert kinds == {"relu": "graph", "expand": "kernel"}
+    # read by the expand alone, the relu joins it: one kernel, no cuDNN graph
+    fused = _compiled("""model m {
+  layout NHWC
+  input x: f32[2, 1, 4, 4]
+  output y = expand(relu(x), shape=[2, 2, 4, 4])
+}""", tmp_path)
+    nodes = fused.graph.by_name()
+    assert [([nodes[n].op for n in s.group.nodes], s.kind) for s in fused.steps] == \
+        [(["relu", "expand"], "kernel")]
+    # a chain no one kernel computes (clamp has no expression): the broadcast runs on its own
+    split = _compiled("""model m {
+  layout NHWC
+  input x: f32[2, 1, 4, 4]
+  output y = expand(clamp(x, lo=0.0, hi=1.0), shape=[2, 2, 4, 4])
+}""", tmp_path)
+    nodes = split.graph.by_name()
+    assert [([nodes[n].op for n in s.group.nodes], s.kind) for s in split.steps] == \
+        [(["clamp"], "graph"), (["expand"], "kernel")]
 
 
 def test_leaky_relu_lowers_to_the_max_of_x_and_its_scaled_self(tmp_path: Path) -> None:

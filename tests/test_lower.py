@@ -804,3 +804,42 @@ def test_a_rule_taking_a_later_nodes_name_renames_it_and_its_readers_follow(
     x = rng("a renamed reader").standard_normal(4).astype(np.float32)
     got = interp.run(graph, {"x": x}, {}, model.env)["c"]
     assert np.allclose(got, np.exp(-np.maximum(x, 0)), rtol=1e-6)
+
+
+MASKED = """model m {
+  input ids: i64[2, 5]
+  input x: [2, 5]
+  let keep = reshape(cast(ids, f32), [2, 1, 1, 5])
+  output y = (1.0 - keep) * -100.0
+  output z = reshape(relu(x * 2.0), [2, 1, 5])
+  let r = relu(x)
+  output r_out = r
+  output w = reshape(r, [10])
+}
+"""
+
+
+def test_a_reshape_of_a_cast_input_is_a_view_of_the_input_then_the_cast(tmp_path: Path) -> None:
+    """`reshape(cast(ids))`: the cast moves after the reshape, now a view of the input, and joins
+    the ops after it (one group); not a relu of a computed value (it stays in its group), nor
+    a relu also read whole. The values are numpy's, written out (not the interpreter)."""
+    from dslc.ir import interp
+
+    model = check_source(MASKED, tmp_path).model
+    lowered, plan = _lower_checked(model)
+    nodes = lowered.by_name()
+    keep = nodes[nodes["y"].inputs[0]].inputs[1]  # y = mul(sub(1, keep), -100)
+    assert nodes[keep].op == "cast" and nodes[nodes[keep].inputs[0]].op == "view"
+    assert nodes[nodes[nodes[keep].inputs[0]].inputs[0]].op == "input"
+    assert any(set(g.nodes) >= {keep, "y"} for g in plan.groups)
+    z = nodes[dict(lowered.outputs)["z"]]
+    assert z.op == "view" and nodes[z.inputs[0]].op == "relu"
+    w = nodes[dict(lowered.outputs)["w"]]
+    assert w.op == "view" and nodes[w.inputs[0]].op == "relu"
+    g = rng("reshape before cast")
+    ids = g.integers(0, 2, (2, 5)).astype(np.int64)
+    x = g.standard_normal((2, 5)).astype(np.float32)
+    out = interp.run(lowered, {"ids": ids, "x": x}, {}, model.env)
+    want = (1.0 - ids.astype(np.float32).reshape(2, 1, 1, 5)) * np.float32(-100.0)
+    assert np.array_equal(out["y"], want) and set(np.unique(want)) == {0.0, -100.0}
+    assert np.array_equal(out["z"], np.maximum(x * 2, 0).reshape(2, 1, 5))

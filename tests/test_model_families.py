@@ -211,8 +211,9 @@ FALLBACK_KERNELS = {
     # group norms: a kernel each (backend/groupnorm.py); GEGLU's gelu(gate) * x over two
     # slices laid out unlike its result: one pointwise kernel (backend/fused.py)
     "sd_down_block": {"groupnorm": 3, "gelu": 1},
-    # cuDNN's sdpa reads the padding mask at full size, a copy (dslc.lower.views)
-    "bert": {"gather": 3, "arange": 1}, "yolo_sppf": {"maxpool": 3, "concat": 1},
+    # cuDNN's sdpa reads the padding mask at full size (dslc.lower.views): its cast, `(1 - m) *
+    # min` and the broadcast are one kernel (fuse.patterns: a chain's expand tail)
+    "bert": {"gather": 3, "arange": 1, "cast": 1}, "yolo_sppf": {"maxpool": 3, "concat": 1},
     # rotary positions arange(S) at each size; the frequencies' arange (static) at load time;
     # each rotary's halves (`lower/concat.py`) read x's halves through gapped views, which
     # cuDNN's pointwise graphs are not given (backend/spec.py): a kernel each, written into the

@@ -15,6 +15,7 @@ from typing import Any
 
 from dslc.backend import fused
 from dslc.backend.channels_last import form_holds_at_every_size
+from dslc.backend.fused import BROADCASTS
 from dslc.backend.graphs import Built, GraphError, build
 from dslc.backend.kernels import DTYPES as KERNEL_DTYPES
 from dslc.backend.kernels import MOVES
@@ -208,6 +209,11 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
     if len(group.nodes) == 1 and _reads_unaligned(nodes, nodes[group.nodes[0]]):
         return [_kernel(out, group, "a copy of a view that starts off a 16-byte boundary, which "
                                     "cuDNN's kernels cannot read: a fallback kernel copies it")]
+    if len(group.nodes) > 1 and nodes[group.nodes[-1]].op in BROADCASTS:
+        if _one_kernel(nodes, group):
+            return [Step("kernel", group, BROADCAST_TAIL)]
+        return _in_two(out, group, len(group.nodes) - 1, ("pointwise", "single"), handle,
+                       properties, NO_BROADCAST_TAIL)
     if _depthwise_with_epilogue(nodes, group):
         return _anchor_then_rest(out, group, handle, properties, DEPTHWISE)
     if _norm_writing_fp8(nodes, group):
@@ -253,6 +259,15 @@ def _depthwise_with_epilogue(nodes: dict[str, Node], group: Group) -> bool:
     return taps is not None and taps >= DEPTHWISE_ALONE_TAPS
 
 
+# A pointwise chain that ends in a broadcast (`fuse.patterns`): one kernel computes it at the
+# broadcast size; cuDNN's pointwise graph computes one shape, and it computed a broadcast sdpa
+# bias wrongly on the H200 (the reason the mask is expanded at all).
+BROADCAST_TAIL = ("a pointwise chain ending in an `expand` is one fallback kernel writing the "
+                  "broadcast result: its operands are read in place, nothing between is stored")
+NO_BROADCAST_TAIL = ("split from a pointwise chain ending in an `expand`, which no one kernel "
+                     "computes: the broadcast runs on its own")
+
+
 # A norm whose group quantises its result to fp8 (the layer norm before an fp8 matmul: norm,
 # multiply by the scale, cast to e4m3) builds deviceless and on the H200 (cuDNN 9.19), and its
 # plan made an illegal memory access at the GPT block's B8 S1024 (its first step): the norm
@@ -271,8 +286,14 @@ def _anchor_then_rest(out: Compiled, group: Group, handle: Any, properties: Any,
                       why: str) -> list[Step]:
     """The anchor compiled as a group of its own, then the rest of its group (its bias, its
     epilogue) as another."""
+    return _in_two(out, group, 1, (group.pattern, "pointwise"), handle, properties, why)
+
+
+def _in_two(out: Compiled, group: Group, cut: int, patterns: tuple[str, str], handle: Any,
+            properties: Any, why: str) -> list[Step]:
+    """The group's first `cut` ops compiled as a group, then the rest as another."""
     users = out.graph.users()
-    parts = ([group.nodes[0]], group.pattern), (list(group.nodes[1:]), "pointwise")
+    parts = (list(group.nodes[:cut]), patterns[0]), (list(group.nodes[cut:]), patterns[1])
     steps: list[Step] = []
     for members, pattern in parts:
         sub = make_group(out.graph, members, pattern, group.reason, users, out.names,

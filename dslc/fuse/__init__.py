@@ -43,6 +43,9 @@ class _Partition:
             if len(users) != 1:
                 break
             user = users[0]
+            if user.op in pattern.tails and user.name not in self.grouped:
+                members.append(user.name)  # the last member: its result is larger
+                break
             if (user.op not in pattern.epilogue or user.name in self.grouped
                     or user.type.shape != value.type.shape):
                 break

@@ -41,6 +41,7 @@ FALLBACK_REASONS = {
 }
 
 Check = Callable[[list[Node]], str | None]
+INTEGERS = ("i8", "u8", "i32", "i64")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class FusionPattern:
     anchors: frozenset[str]
     epilogue: frozenset[str]
     check: Check  # None when cuDNN takes the group, else the reason it cannot
+    # ops that may end the chain with a larger result than its value: the group then computes
+    # at that size (one kernel: `compile.stage` never gives it to cuDNN)
+    tails: frozenset[str] = frozenset()
 
 
 def _float_io(nodes: list[Node]) -> str | None:
@@ -56,6 +60,15 @@ def _float_io(nodes: list[Node]) -> str | None:
         if n.type.dtype in ("i64", "u8"):
             return f"cuDNN graphs do not take {n.type.dtype} tensors (%{n.name})"
     return None
+
+
+def _pointwise(nodes: list[Node]) -> str | None:
+    """A chain's broadcast tail writes a float: an integer broadcast (a cache's lengths over the
+    batch) runs on its own, exactly (`compile.stage`: integer arithmetic in a kernel)."""
+    last = nodes[-1]
+    if last.op == "expand" and len(nodes) > 1 and last.type.dtype in INTEGERS:
+        return f"an integer broadcast (%{last.name}, {last.type.dtype}) runs on its own, exactly"
+    return _float_io(nodes)
 
 
 def _one_memory_order(nodes: list[Node]) -> str | None:
@@ -94,6 +107,8 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("norm_epilogue", _ops("norm"), EPILOGUE, _one_memory_order),
     # reduction + pointwise on the reduced value.
     FusionPattern("reduce_epilogue", _ops("reduce"), EPILOGUE, _one_memory_order),
-    # what is left of pointwise chains: one graph per chain.
-    FusionPattern("pointwise", EPILOGUE, EPILOGUE, _float_io),
+    # what is left of pointwise chains: one graph per chain; a chain that ends in an expand
+    # is one kernel writing the broadcast result (BERT's padding mask: cast, 1 - m, * -65504,
+    # broadcast over heads and queries, 4 steps before).
+    FusionPattern("pointwise", EPILOGUE, EPILOGUE, _pointwise, frozenset({"expand"})),
 )

@@ -460,6 +460,21 @@ def _bias(g: Gen, sq: int, s: int) -> Expr:
     return g.masks[s]
 
 
+def _padding_mask(g: Gen, b: dims.Dim, s: int) -> Expr | None:
+    """BERT's padding mask: token flags [B, S] of 0 or 1 (an i64 input), cast, reshaped to
+    [B, 1, 1, S] and made `(1 - keep) * -10000`: lowering moves the reshape before the cast and
+    broadcasts the bias to the scores' size, in the kernel that computes it."""
+    flags = g.new_input((b, s), dtype="i64")
+    g.prog.index_bounds[flags.text] = 2
+    keep = g.apply("cast", {"x": flags}, {"dtype": "f32"})
+    keep = None if keep is None else g.apply("reshape", {"x": keep}, {"shape": (b, 1, 1, s)})
+    dropped = None if keep is None else g.apply("sub", {"a": 1.0, "b": keep}, infix=True)
+    if dropped is None:
+        return None
+    g.stats.features["attention with a padding mask"] += 1
+    return g.apply("mul", {"a": dropped, "b": -10000.0}, infix=True)
+
+
 def attention(g: Gen) -> bool:
     # Its reshapes spell the batch and sequence dims: no floor atoms (a conv's output size).
     x = g.pick(lambda e: is_float(e) and e.type.rank == 3 and e.type.dtype == g.precision.io
@@ -505,6 +520,10 @@ def attention(g: Gen) -> bool:
     tensors: dict[str, Expr | None] = dict(zip("qkv", qkv, strict=True))
     if static(s) and ((size(s) in g.masks and g.ch.coin(0.6)) or g.ch.coin(0.2)):
         tensors["bias"] = _bias(g, size(sq), size(s))
+    elif static(s) and g.ch.coin(0.15):
+        tensors["bias"] = _padding_mask(g, b, size(s))
+        if tensors["bias"] is None:
+            return False
     if static(s) and g.ch.coin(0.15):
         # Valid key lengths (a cache filled up to L): L >= Sq leaves every query a key, aligned
         # either way and under any window (query i stands at L - Sq + i >= 0 at the latest).

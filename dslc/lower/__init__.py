@@ -19,6 +19,7 @@ from dslc.lower.canonical import (
     load_time,
     make_bias_rule,
     remove_dead,
+    reshape_before_pointwise,
 )
 from dslc.lower.concat import pointwise_through_concat
 from dslc.lower.packing import pack_sibling_matmuls
@@ -78,6 +79,8 @@ PASSES: list[Pass] = [
     _each(fold_scalars),
     # The rows 0..n-1 of a table picked by `arange(n)`: a slice, read in place.
     _each(gather_of_arange),
+    # A cast of an input, reshaped: the input reshaped (a view), then cast with what follows.
+    _each(reshape_before_pointwise),
     # fp8: quantised operands (weights at load time, after batchnorm folding), descaled results.
     quantize_fp8,
     # Projections of one activation (q, k, v) as one matmul by weights joined at load time.

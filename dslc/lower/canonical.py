@@ -7,8 +7,15 @@ from dslc.core.dims import compare
 from dslc.core.types import PrecisionSpec, TensorType
 from dslc.ir.graph import CALIBRATED, IN_PLACE, Graph, Node
 from dslc.lower.rewrite import Rewriter
+from dslc.ops import OPS
+from dslc.ops.opdef import Kind
 
 SOURCES = ("param", "scalar", CALIBRATED)  # what load time computes from
+# ops of the pointwise family of one tensor operand (a cast, an activation): their result at an
+# element is f of the operand there (a copy into a layout is not one: its layout is its point)
+POINTWISE_UNARY = frozenset(op.name for op in OPS.values() if op.family == "pointwise"
+                            and sum(p.kind == Kind.TENSOR for p in op.params) == 1
+                            and op.name != "contiguous")
 
 
 def load_time(graph: Graph) -> set[str]:
@@ -115,6 +122,26 @@ def gather_of_arange(rw: Rewriter, node: Node) -> str | None:
     ends = tuple(idx.type.shape[0] if i == axis else d for i, d in enumerate(x.type.shape))
     return rw.new("slice", (x.name,), {"starts": (0,) * x.type.rank, "ends": ends}, node.type,
                   node, node.name)
+
+
+def reshape_before_pointwise(rw: Rewriter, node: Node) -> str | None:
+    """`reshape(f(x))` of a model input x and a one-operand pointwise f read by the reshape
+    alone -> `f(reshape(x))`: the same values, the reshape a view of the input, and f joins
+    the pointwise ops after it in one step (BERT's `reshape(cast(mask), [B, 1, 1, S])` before
+    `(1 - keep) * -65504`: two steps apart, one after). Only where x is stored row-major, as
+    f's result is: the reshape stays a view."""
+    if node.op != "reshape":
+        return None
+    f = rw.node(node.inputs[0])
+    if f.op not in POINTWISE_UNARY or len(f.inputs) != 1 or not rw.only_read_by_one(f.name):
+        return None
+    x = rw.node(f.inputs[0])
+    if x.op != "input" or (x.type.layout is not None and not x.type.layout.is_row_major):
+        return None
+    moved = rw.new("reshape", (x.name,), dict(node.attrs), TensorType(x.type.dtype, node.type.shape),
+                   node, f"{node.name}.{f.op}_of")
+    return rw.new(f.op, (moved,), dict(f.attrs), node.type.with_shape(node.type.shape), f,
+                  node.name)
 
 
 def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:
