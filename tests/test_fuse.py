@@ -225,6 +225,29 @@ def test_a_value_read_elsewhere_or_unlike_its_reader_keeps_its_own_step(
     assert len(members) == len(set(members))  # each op in one group
 
 
+@pytest.mark.parametrize(("body", "groups"), [
+    # a float chain read by the expand alone ends in it: one group (one kernel)
+    ("""  output y = expand(relu(a) * 2.0, [3, 4, 8])""", [["relu", "mul", "expand"]]),
+    # the chain's value is also an output: stored, and the expand reads it
+    ("""  let r = relu(a)
+  output s = r
+  output y = expand(r, [3, 4, 8])""", [["relu"], ["expand"]]),
+    # an expand is a chain's last op: what reads it starts another group
+    ("""  output y = expand(relu(a), [3, 4, 8]) + 1.0""", [["relu", "expand"], ["add"]]),
+    # an integer broadcast runs on its own, exactly
+    ("""  output y = expand(i + 1, [3, 4, 8])""", [["add"], ["expand"]]),
+    # a matmul keeps the epilogues cuDNN measured: no broadcast tail
+    ("""  output y = expand(matmul(a, v), [3, 4, 2])""", [["matmul"], ["expand"]]),
+])
+def test_a_pointwise_chain_may_end_in_an_expand(body: str, groups: list[list[str]],
+                                                tmp_path: Path) -> None:
+    plan = _snippet_plan("  input a: [4, 8]\n  input i: i32[4, 8]\n  param v: [8, 2]\n" + body,
+                         tmp_path)
+    nodes = plan.graph.by_name()
+    got = sorted([nodes[n].op for n in g.nodes] for g in plan.groups)
+    assert got == sorted(groups), [g.nodes for g in plan.groups]
+
+
 def test_a_matmul_keeps_its_chain() -> None:
     """Only pointwise groups take values beside their chain: cuDNN's matmul and conv graphs
     keep the epilogues they were measured with (the decoder's SwiGLU `silu(gate) * up`)."""
