@@ -99,16 +99,17 @@ def test_parts_go_into_as_few_launches_as_their_arguments_fit() -> None:
     assert merge.launches([]) == []
 
 
-@pytest.mark.parametrize("at", [0, 2, -1, 5])
+@pytest.mark.parametrize(("at", "narrow"), [(0, False), (2, False), (-1, False), (5, False),
+                                           (2, True), (-1, True)])
 def test_a_shifted_kernel_stores_its_results_at_the_rows_the_device_reads(
-        at: int, host_folder: Path) -> None:  # noqa: F811
+        at: int, narrow: bool, host_folder: Path) -> None:  # noqa: F811
     """The strided kernel with its results moved `at[0]` rows along axis 1 of a larger buffer
     (a cache's rows), rows past the buffer dropped: equal to the kernel's results unshifted,
-    placed by numpy; every other element left as it was."""
+    placed by numpy; every other element left as it was (64- and 32-bit index math)."""
     g = rng("shifted kernel", at)
     plan = MIXED
-    shifted = _library(_SHIMS + _GRID + PREAMBLE + merge.source([plan.strided_kernel(3, 1)],
-                                                                "shifted"), host_folder)
+    shifted = _library(_SHIMS + _GRID + PREAMBLE + merge.source(
+        [plan.strided_kernel(3, 1, narrow)], "shifted"), host_folder)
     alone = _library(_SHIMS + _GRID + PREAMBLE + plan.strided_source("alone", 3), host_folder)
     shape, rows = (3, 4, 5), 6
     a = (g.standard_normal(shape) * 2).astype(np.float16)

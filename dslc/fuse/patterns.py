@@ -65,8 +65,8 @@ def _float_io(nodes: list[Node]) -> str | None:
 def _pointwise(nodes: list[Node]) -> str | None:
     """A chain's broadcast tail writes a float: an integer broadcast (a cache's lengths over the
     batch) runs on its own, exactly (`compile.stage`: integer arithmetic in a kernel)."""
-    last = nodes[-1]
-    if last.op == "expand" and len(nodes) > 1 and last.type.dtype in INTEGERS:
+    last = nodes[-1]  # (an expand anchors no chain: it is a tail or alone)
+    if last.op == "expand" and last.type.dtype in INTEGERS:
         return f"an integer broadcast (%{last.name}, {last.type.dtype}) runs on its own, exactly"
     return _float_io(nodes)
 
