@@ -133,7 +133,7 @@ def reshape_before_pointwise(rw: Rewriter, node: Node) -> str | None:
     if node.op != "reshape":
         return None
     f = rw.node(node.inputs[0])
-    if f.op not in POINTWISE_UNARY or len(f.inputs) != 1 or not rw.only_read_by_one(f.name):
+    if f.op not in POINTWISE_UNARY or not rw.only_read_by_one(f.name):
         return None
     x = rw.node(f.inputs[0])
     if x.op != "input" or (x.type.layout is not None and not x.type.layout.is_row_major):
