@@ -186,6 +186,9 @@ typedef _Float16 float16;
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+  return (unsigned)(((unsigned long long)a * b) >> 32);
+}
 using std::max;
 """
 _C_TYPES = {"float32": "float", "float16": "float16", "uint16": "unsigned short",
@@ -523,9 +526,10 @@ def test_the_strided_kernel_computes_what_the_elementwise_kernel_does(
     y = y_base.transpose(2, 1, 0)  # written through a transposed view
     z = np.zeros(shape, np.uint8)
     arrays = [np.broadcast_to(t, shape) for t in (a, b, c)] + [y, z]
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * (1 + 3 + 5 * 3 + 1)
+    magic = fused.magic_args(shape) if narrow else []
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * (1 + 3 + 5 * 3 + len(magic) + 1)
     fn(*[t.ctypes.data for t in arrays], a.size, *shape,
-       *[st // t.itemsize for t in arrays for st in t.strides], 1)  # one block
+       *[st // t.itemsize for t in arrays for st in t.strides], *magic, 1)  # one block
     elementwise = host_kernels([chain], host_folder)
     dense = [np.ascontiguousarray(np.broadcast_to(t, shape)).ravel() for t in (a, b, c)]
     wants = [np.zeros(a.size, np.float16), np.zeros(a.size, np.bool_)]
@@ -607,8 +611,25 @@ def test_a_chain_ending_in_an_expand_writes_the_broadcast_result_on_the_host(
                                                     [st // 4 for st in y.strides]])
     assert dims == [2, 15, 5]
     fn = host_part(p.strided_kernel(len(dims), narrow=True), "mask0", host_folder)
-    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * (1 + 3 * len(dims) + 1)
-    fn(ids.ctypes.data, y.ctypes.data, y.size, *dims, *strides[0], *strides[1], 1)
+    magic = fused.magic_args(dims)
+    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * (1 + 3 * len(dims) + 4 + 1)
+    fn(ids.ctypes.data, y.ctypes.data, y.size, *dims, *strides[0], *strides[1], *magic, 1)
     want = (np.float32(1.0) - ids.astype(np.float32)) * np.float32(-65504.0)
     assert np.array_equal(y, np.broadcast_to(want.reshape(2, 1, 1, 5), y.shape))
     assert len(np.unique(y)) == 3  # 0, -65504 and the huge id's product
+
+
+def test_the_magic_numbers_divide_every_index_below_2_31_exactly() -> None:
+    """(umulhi(n, m) + n) >> h in 32-bit unsigned arithmetic (a wrap would show) equals Python's
+    n // d: every divisor to 3,000 and random ones to 2^30, at 0, around multiples of d, at the
+    largest index and at random ones."""
+    g = rng("magic numbers")
+    divisors = [*range(1, 3001), *(int(d) for d in g.integers(3001, 2**30, 500)), 2**30]
+    for d in divisors:
+        m, h = fused.magic(d)
+        assert 0 < m < 2**32 and h <= 30
+        ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2**31 - 1, 2**31 - 1 - (2**31 - 1) % d,
+              *(int(n) for n in g.integers(0, 2**31, 20))}
+        for n in ns:
+            if n < 2**31:
+                assert (((((n * m) >> 32) + n) & 0xFFFFFFFF) >> h) == n // d, (d, n)

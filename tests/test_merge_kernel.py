@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dslc.backend import kernels, merge
+from dslc.backend import fused, kernels, merge
 from dslc.backend.cuda import PREAMBLE
 from tests.helpers import nvrtc_compile, rng
 from tests.test_fused_kernel import _GRID, _SHIMS, MIXED, host_folder  # noqa: F401 (a fixture)
@@ -127,10 +127,11 @@ def test_a_shifted_kernel_stores_its_results_at_the_rows_the_device_reads(
     one(*base, *(t.ctypes.data for t in want), a.size, *shape, *strides([a, b, c, *want]), 1)
     offset = np.array([at], np.int32)
     fn = shifted.shifted
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * 19 + [ctypes.c_void_p] + \
-        [ctypes.c_longlong] * 2
+    magic = fused.magic_args(shape) if narrow else []
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * (19 + len(magic)) + \
+        [ctypes.c_void_p] + [ctypes.c_longlong] * 2
     fn(*base, *(t.ctypes.data for t in got), a.size, *shape,
-       *strides([a, b, c]), *strides(got), offset.ctypes.data, rows, 1)
+       *strides([a, b, c]), *strides(got), *magic, offset.ctypes.data, rows, 1)
     expect = [np.full((3, rows, 5), 7, np.float16), np.full((3, rows, 5), 9, np.uint8)]
     for s in range(shape[1]):
         if 0 <= at + s < rows:
