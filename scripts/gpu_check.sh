@@ -2,11 +2,12 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|decode|families|tune|probe|fuzz|all] [extra args...]
+# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|bert|decode|families|tune|probe|fuzz|all] [extra args...]
 #   tests: every GPU test (over 10 minutes since session 15: one device call runs tests-a, the
 #   files up to test_models_gpu.py, another tests-b, the rest); ops/models/startup: one file's worth (startup: tuning, start-up
 #   decisions, CLI); fp8: the fp8 GPT blocks against fp16 (tests/gpu/test_fp8_gpu.py); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
-#   start, tuned benchmarks); decode: scripts/bench_decode.py (the 16-layer decoder a token
+#   start, tuned benchmarks); bert: dslc bench of the BERT front (B=8, S=128) against PyTorch,
+#   untuned and tuned (`dslc tune --fusion measure`), JSON reports for scripts/bench_docs.py; decode: scripts/bench_decode.py (the 16-layer decoder a token
 #   against PyTorch; extra args go to it, e.g. --kernels); probe: scripts/probe_gpu.py (where
 #   the time goes); fuzz:
 #   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
@@ -48,6 +49,21 @@ esac
 case $what in
   bench)
     python3 scripts/bench_gpu.py --out "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -12 || status=1 ;;
+  bert)
+    python3 -m dslc bench models/bert.cgraph --size B=8,S=128 --against torch --format json \
+      --plot "$out/bert.png" > "$out/bert.json" 2> "$out/bert.log" || status=1
+    python3 -m dslc compile models/bert.cgraph -o "$out/bert" --target device --bucket B=8,S=128 \
+      --no-tune -q && python3 -m dslc weights random models/bert.cgraph -o "$out/bert/w.safetensors" \
+      && python3 -m dslc tune "$out/bert/bert_base_front.bundle" --fusion measure \
+      -o "$out/bert/tuned.bundle" -q > "$out/bert_tune.log" 2>&1 \
+      && python3 -m dslc bench "$out/bert/tuned.bundle" --weights "$out/bert/w.safetensors" \
+      --size B=8,S=128 --against torch --format json > "$out/bert_tuned.json" 2>> "$out/bert.log" \
+      || status=1
+    for r in "$out/bert.json" "$out/bert_tuned.json"; do
+      python3 -c "import json, sys; d = json.load(open(sys.argv[1]))['sizes'][0]; o, t = d['dslc'], d['torch']
+print(sys.argv[1], 'dslc graph %.4f call %.4f | torch.compile %.4f | x compile %.2f' % (o['graph_ms'],
+      o['graph_call_ms'], t['compile_ms'], t['compile_ms'] / o['graph_ms']))" "$r" || status=1
+    done ;;
   decode)
     python3 scripts/bench_decode.py --layers 16 --position 1000 --repeats 50 --steps 3 \
       --out "$out/decode.json" "${extra[@]}" > "$out/decode.log" 2>&1 || status=1
