@@ -109,6 +109,6 @@ PATTERNS: tuple[FusionPattern, ...] = (
     FusionPattern("reduce_epilogue", _ops("reduce"), EPILOGUE, _one_memory_order),
     # what is left of pointwise chains: one graph per chain; a chain that ends in an expand
     # is one kernel writing the broadcast result (BERT's padding mask: cast, 1 - m, * -65504,
-    # broadcast over heads and queries, 4 steps before).
+    # broadcast over heads and queries, 3 steps before).
     FusionPattern("pointwise", EPILOGUE, EPILOGUE, _pointwise, frozenset({"expand"})),
 )
