@@ -388,7 +388,7 @@ def plan(members: Sequence[Node], inputs: Sequence[Node], outputs: Sequence[str]
         if node.op == "cast":  # an integer operand read through a cast only
             read -= set(INTEGERS)
         dtypes = {node.type.dtype, *read}
-        if not dtypes <= set(DTYPES) - set(INTEGERS):
+        if not dtypes <= set(DTYPES):  # (DTYPES has no integer)
             return f"the kernel takes no {'/'.join(sorted(dtypes - set(DTYPES)))} (integers stay exact)"
         refs = []
         for k, name in enumerate(node.inputs):

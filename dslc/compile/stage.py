@@ -15,7 +15,6 @@ from typing import Any
 
 from dslc.backend import fused
 from dslc.backend.channels_last import form_holds_at_every_size
-from dslc.backend.fused import BROADCASTS
 from dslc.backend.graphs import Built, GraphError, build
 from dslc.backend.kernels import DTYPES as KERNEL_DTYPES
 from dslc.backend.kernels import MOVES
@@ -23,7 +22,7 @@ from dslc.backend.spec import GroupSpec, SpecError, group_spec
 from dslc.backend.target import Target
 from dslc.check.checker import CheckedModel
 from dslc.core.dims import bucket_key
-from dslc.core.types import FP8
+from dslc.core.types import FP8, INTS
 from dslc.ir.graph import Graph, Node
 from dslc.ir.groups import FusionPlan, Group, make_group, unique_names
 from dslc.ir.interp import ITEMSIZE
@@ -209,7 +208,7 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
     if len(group.nodes) == 1 and _reads_unaligned(nodes, nodes[group.nodes[0]]):
         return [_kernel(out, group, "a copy of a view that starts off a 16-byte boundary, which "
                                     "cuDNN's kernels cannot read: a fallback kernel copies it")]
-    if len(group.nodes) > 1 and nodes[group.nodes[-1]].op in BROADCASTS:
+    if len(group.nodes) > 1 and nodes[group.nodes[-1]].op in fused.BROADCASTS:
         if _one_kernel(nodes, group):
             return [Step("kernel", group, BROADCAST_TAIL)]
         return _in_two(out, group, len(group.nodes) - 1, ("pointwise", "single"), handle,
@@ -340,17 +339,14 @@ def _split(out: Compiled, group: Group, handle: Any, properties: Any, error: str
     return steps
 
 
-INTEGERS = ("i8", "u8", "i32", "i64")
-
-
 def _integer_math(nodes: dict[str, Node], node: Node) -> bool:
     """Arithmetic or a comparison on integers (`arange(S) + 2`, `ids == 0`), or an integer
     broadcast (`expand` of a cache's length over the batch): cuDNN would compute it in f32,
     exact only below 2^24."""
     if node.op == "expand":  # cuDNN's identity computes in floats too: an integer copy as well
-        return nodes[node.inputs[0]].type.dtype in INTEGERS
+        return nodes[node.inputs[0]].type.dtype in INTS
     return OPS[node.op].family == "pointwise" and node.op not in ("cast", "contiguous") and \
-        any(nodes[i].type.dtype in INTEGERS for i in node.inputs)
+        any(nodes[i].type.dtype in INTS for i in node.inputs)
 
 
 def _reads_unaligned(nodes: dict[str, Node], node: Node) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dslc.core.types import Layout
+from dslc.core.types import INTS, Layout
 from dslc.ir.graph import Node
 from dslc.ir.views import same_memory
 from dslc.ops import OPS
@@ -41,7 +41,6 @@ FALLBACK_REASONS = {
 }
 
 Check = Callable[[list[Node]], str | None]
-INTEGERS = ("i8", "u8", "i32", "i64")
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def _pointwise(nodes: list[Node]) -> str | None:
     """A chain's broadcast tail writes a float: an integer broadcast (a cache's lengths over the
     batch) runs on its own, exactly (`compile.stage`: integer arithmetic in a kernel)."""
     last = nodes[-1]  # (an expand anchors no chain: it is a tail or alone)
-    if last.op == "expand" and last.type.dtype in INTEGERS:
+    if last.op == "expand" and last.type.dtype in INTS:
         return f"an integer broadcast (%{last.name}, {last.type.dtype}) runs on its own, exactly"
     return _float_io(nodes)
 
