@@ -42,12 +42,18 @@ def test_every_group_is_a_cudnn_graph_deviceless(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "unet"])
 def test_precompiled_conv_engines_build_plans_deviceless(name: str) -> None:
-    """Every conv + bias (+ relu) graph, at every bucket, gets a plan without a device."""
+    """Every conv + bias (+ relu) graph, at every bucket, gets a plan without a device; so does
+    a residual block's end, its residual added before the bias (`residual_before_bias`: with
+    the bias first cuDNN proposes no precompiled engine)."""
     c = compiled(name)
     nodes = c.graph.by_name()
     served = {s.group.signature for s in c.steps if s.kind == "graph" and
               [nodes[n].op for n in s.group.nodes] in (["conv", "bias_add", "relu"],
-                                                       ["conv", "bias_add"])}
+                                                       ["conv", "bias_add"],
+                                                       ["conv", "add", "bias_add", "relu"])}
+    residual = {s.group.signature for s in c.steps if s.kind == "graph" and
+                [nodes[n].op for n in s.group.nodes] == ["conv", "add", "bias_add", "relu"]}
+    assert bool(residual) == (name != "unet")  # each ResNet block ends so
     assert served  # each of these models has such convs
     checked = 0
     for (bucket, signature), built in c.builds.items():

@@ -52,10 +52,11 @@ def test_every_resnet_conv_chain_is_one_group(name: str) -> None:
     conv_groups = [i for i, g in enumerate(plan.groups) if g.pattern == "conv_epilogue"]
     assert len(conv_groups) == convs
     chains = Counter(tuple(_ops(plan, i)) for i in conv_groups)
-    # conv + folded batchnorm (bias) + relu; the last conv of a block also takes the residual add;
-    # a projection shortcut is conv + bias, read by the block's last group.
-    assert chains[("conv", "bias_add", "add", "relu")] == blocks
-    assert set(chains) == {("conv", "bias_add", "relu"), ("conv", "bias_add", "add", "relu"),
+    # conv + folded batchnorm (bias) + relu; the last conv of a block also takes the residual add,
+    # before its bias (cuDNN's order); a projection shortcut is conv + bias, read by the block's
+    # last group.
+    assert chains[("conv", "add", "bias_add", "relu")] == blocks
+    assert set(chains) == {("conv", "bias_add", "relu"), ("conv", "add", "bias_add", "relu"),
                            ("conv", "bias_add")}
     assert not any(n.op == "batchnorm" for n in plan.graph.nodes)
 

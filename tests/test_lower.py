@@ -843,3 +843,59 @@ def test_a_reshape_of_a_cast_input_is_a_view_of_the_input_then_the_cast(tmp_path
     want = (1.0 - ids.astype(np.float32).reshape(2, 1, 1, 5)) * np.float32(-100.0)
     assert np.array_equal(out["y"], want) and set(np.unique(want)) == {0.0, -100.0}
     assert np.array_equal(out["z"], np.maximum(x * 2, 0).reshape(2, 1, 5))
+
+
+RESIDUAL = """import "std/nn.cgraph"
+model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 4, 3, 3]
+  input r: [2, 6, 3, 3]
+  let c = conv2d(x, out=6, k=1)
+  let b = batchnorm2d(c)
+  output y = relu(b + r)
+  %s
+}
+"""
+
+
+def test_a_residual_is_added_before_the_convs_bias_in_one_group(tmp_path: Path) -> None:
+    """relu(bias_add(conv) + r) -> relu(bias_add(conv + r)): the order cuDNN's precompiled fused
+    convolutions take, in one group; the values numpy's (a 1x1 conv as a product over channels,
+    the batchnorm written out), not the interpreter's own."""
+    from dslc.ir import interp
+
+    model = check_source(RESIDUAL % "", tmp_path).model
+    lowered, plan = _lower_checked(model)
+    nodes = lowered.by_name()
+    relu = nodes[dict(lowered.outputs)["y"]]
+    bias = nodes[relu.inputs[0]]
+    assert bias.op == "bias_add" and nodes[bias.inputs[0]].op == "add"
+    assert [nodes[i].op for i in nodes[bias.inputs[0]].inputs] == ["conv", "input"]
+    [group] = [g for g in plan.groups if relu.name in g.nodes]
+    assert [nodes[n].op for n in group.nodes] == ["conv", "add", "bias_add", "relu"]
+    g = rng("residual before bias")
+    x, r = g.standard_normal((2, 4, 3, 3)), g.standard_normal((2, 6, 3, 3))
+    params = {"c.weight": g.standard_normal((6, 4, 1, 1)), "b.weight": g.standard_normal(6),
+              "b.bias": g.standard_normal(6), "b.running_mean": g.standard_normal(6),
+              "b.running_var": g.uniform(0.5, 2.0, 6)}
+    params = {k: v.astype(np.float16 if k == "c.weight" else np.float32)
+              for k, v in params.items()}
+    x, r = x.astype(np.float16).astype(np.float64), r.astype(np.float16).astype(np.float64)
+    got = interp.run(lowered, {"x": x.astype(np.float16), "r": r.astype(np.float16)}, params,
+                     model.env)["y"]
+    conv = np.einsum("kc,nchw->nkhw", params["c.weight"][:, :, 0, 0].astype(np.float64), x)
+    scale = params["b.weight"] / np.sqrt(params["b.running_var"].astype(np.float64) + 1e-5)
+    norm = (conv - params["b.running_mean"][:, None, None]) * scale[:, None, None] + \
+        params["b.bias"][:, None, None]
+    want = np.maximum(norm + r, 0)
+    assert np.abs(want).max() > 0.5 and np.allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_a_conv_read_elsewhere_keeps_its_bias_before_the_residual(tmp_path: Path) -> None:
+    """The conv's result also an output: the sum keeps its order (the conv alone is read too)."""
+    model = check_source(RESIDUAL % "output z = c", tmp_path).model
+    lowered, _ = _lower_checked(model)
+    nodes = lowered.by_name()
+    add = nodes[nodes[dict(lowered.outputs)["y"]].inputs[0]]
+    assert add.op == "add" and nodes[add.inputs[0]].op == "bias_add"

@@ -29,7 +29,7 @@ def test_resnet50_steps_are_named_after_their_layers() -> None:
     names = _names("resnet50")
     assert names[:6] == ["conv1+bn1+relu", "stem", "layer1.0.conv1+bn1+relu",
                          "layer1.0.conv2+bn2+relu", "layer1.0.downsample.0+downsample.1",
-                         "layer1.0.conv3+bn3+add+relu"]
+                         "layer1.0.conv3+add+bn3+relu"]  # the residual before the bias
     assert names[-2:] == ["pooled", "fc+bias_add+cast"]
     assert len(set(names)) == len(names) == 56
 

@@ -20,6 +20,7 @@ from dslc.lower.canonical import (
     make_bias_rule,
     remove_dead,
     reshape_before_pointwise,
+    residual_before_bias,
 )
 from dslc.lower.concat import pointwise_through_concat
 from dslc.lower.packing import pack_sibling_matmuls
@@ -75,6 +76,8 @@ PASSES: list[Pass] = [
     _each(expand_norm_reductions),
     # Channel-vector adds and multiplies as bias / scale: what conv and matmul epilogues take.
     bias_from_add,
+    # A residual added before the conv's bias: the order cuDNN's fused conv kernels take.
+    _each(residual_before_bias),
     # x + 0, x * 1, same-dtype casts, scalar arithmetic: nothing to run.
     _each(fold_scalars),
     # The rows 0..n-1 of a table picked by `arange(n)`: a slice, read in place.

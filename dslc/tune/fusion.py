@@ -199,7 +199,7 @@ def splits(program: Schedule) -> list[Split]:
         nodes = [program.nodes[n] for n in step.nodes]
         if step.kind != "graph" or len(nodes) < 2 or nodes[0].op not in ("conv", "matmul"):
             continue
-        k = 1 if _depthwise(program, nodes[0]) else 2 if nodes[1].op in HEAD_EPILOGUE else 1
+        k = 1 if _depthwise(program, nodes[0]) else _through_bias(nodes)
         tail = nodes[k:]
         if not tail or any(OPS[n.op].fusion != "epilogue" for n in tail) or \
                 any(o in program.placement for o in step.outputs):
@@ -210,6 +210,18 @@ def splits(program: Schedule) -> list[Split]:
                           program.placement)
         out.append(Split(step, head, rest))
     return out
+
+
+def _through_bias(nodes: list[Node]) -> int:
+    """How many of a group's ops its anchor's part keeps: the anchor, then its bias or scale
+    (cuDNN's fused engines take it), with a residual added before the bias
+    (`lower.canonical.residual_before_bias`, cuDNN's conv, add, bias order); else the anchor."""
+    for k, node in enumerate(nodes[1:3], start=1):
+        if node.op in HEAD_EPILOGUE:
+            return k + 1
+        if node.op != "add":
+            break
+    return 1
 
 
 def _depthwise(program: Schedule, anchor: Node) -> bool:
