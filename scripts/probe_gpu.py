@@ -389,7 +389,17 @@ def _cudnn_ms(handle: Any, n: int, c: int, h: int, k: int, ho: int, attrs: dict[
               pack: dict[int, int], bias: bool) -> list[float]:
     """Milliseconds of each of cuDNN's plans (the heuristics' order) for the f16 channels-last
     depthwise conv as dslc builds it, alone or with a per-channel bias in the same graph."""
-    import cupy
+    return _conv_plans_ms(handle, (n, c, h, h), (c, 1, k, k), (n, c, ho, ho), attrs, pack,
+                          ("add",) if bias else ())
+
+
+def _conv_plans_ms(handle: Any, x_dims: tuple[int, ...], w_dims: tuple[int, ...],
+                   y_dims: tuple[int, ...], attrs: dict[str, Any], pack: dict[int, int],
+                   epilogue: tuple[str, ...]) -> list[float]:
+    """Milliseconds of each of cuDNN's plans (the heuristics' order) for an f16 channels-last
+    conv as dslc builds it (x uid 1, w 2, y 3), then an epilogue in the same graph: "add" a
+    per-channel bias (uid 4), "relu"; the last value (uid 5 where there is an epilogue) is the
+    output."""
     from bench_gpu import timed
 
     from dslc.backend import graphs
@@ -399,18 +409,30 @@ def _cudnn_ms(handle: Any, n: int, c: int, h: int, k: int, ho: int, attrs: dict[
     nhwc = (0, 2, 3, 1)
 
     def t(name: str, uid: int, dims: tuple[int, ...], role: str) -> TensorSpec:
-        return TensorSpec(name, uid, dims, packed_strides(dims, nhwc), "f16", role)
+        # virtual values in f32, as dslc's groups keep them (cuDNN's fused conv engines take
+        # no f16 intermediate: with one, the heuristics offered 4 slow plans for the stem)
+        return TensorSpec(name, uid, dims, packed_strides(dims, nhwc),
+                          "f32" if role == "virtual" else "f16", role)
 
-    out = (n, c, ho, ho)
-    tensors = [t("x", 1, (n, c, h, h), "input"), t("w", 2, (c, 1, k, k), "input"),
-               t("y", 3, out, "virtual" if bias else "output")]
+    tensors = [t("x", 1, x_dims, "input"), t("w", 2, w_dims, "input"),
+               t("y", 3, y_dims, "virtual" if epilogue else "output")]
     ops = [OpSpec("y", "conv", ("x", "w"), attrs, "f32")]
-    if bias:
-        tensors += [t("b", 4, (1, c, 1, 1), "input"), t("z", 5, out, "output")]
-        ops.append(OpSpec("z", "add", ("y", "b"), {}, "f32"))
+    last = "y"
+    for i, op in enumerate(epilogue):
+        name = f"e{i}"
+        if op == "add":
+            tensors.append(t("b", 4, (1, y_dims[1], 1, 1), "input"))
+            ops.append(OpSpec(name, "add", (last, "b"), {}, "f32"))
+        else:
+            ops.append(OpSpec(name, op, (last,), {}, "f32"))
+        final = i == len(epilogue) - 1
+        tensors.append(t(name, 5 if final else 10 + i, y_dims, "output" if final else "virtual"))
+        last = name
     spec = GroupSpec("probe", tuple(tensors), tuple(ops), "f16", "f32", "f32")
     times: list[float] = []
     try:
+        import cupy
+
         g = graphs.make_graph(spec, handle, None, None, True)
         g.create_execution_plans(graphs.HEURISTICS)
         for i in range(g.get_execution_plan_count()):
@@ -424,6 +446,48 @@ def _cudnn_ms(handle: Any, n: int, c: int, h: int, k: int, ho: int, attrs: dict[
     except Exception as err:
         print("cuDNN:", str(err)[:160], flush=True)
     return times
+
+
+def stem(out: Path) -> dict[str, Any]:
+    """ResNet's stem conv (7x7, stride 2, pad 3, 64 filters over 224x224, f16 channels-last)
+    with its bias and relu, as cuDNN runs it with the image's 3 channels and with the channels
+    padded with zeros to 4 and 8 (the weights padded at load time, the image copied into a
+    wider buffer: the copy is timed too); PyTorch's conv2d + relu beside it."""
+    import cudnn
+    import torch
+    from bench_gpu import timed
+
+    handle = cudnn.create_handle()
+    rows: dict[str, Any] = {}
+    attrs = {"stride": [2, 2], "pre_pad": [3, 3], "post_pad": [3, 3], "dilation": [1, 1],
+             "groups": 1}
+    cl = torch.channels_last
+    for n in (32, 256):
+        image = torch.randn(n, 3, 224, 224, device="cuda").half().contiguous(memory_format=cl)
+        w3 = (torch.randn(64, 3, 7, 7, device="cuda") / 12).half()
+        b = torch.randn(1, 64, 1, 1, device="cuda").half()
+        want = torch.relu(torch.nn.functional.conv2d(image, w3, stride=2, padding=3) + b)
+        torch_ms = timed(lambda image=image, w3=w3: torch.relu(torch.nn.functional.conv2d(
+            image.contiguous(memory_format=cl), w3.contiguous(memory_format=cl), stride=2,
+            padding=3)), 20)
+        print(f"N={n} torch conv+relu {torch_ms:.4f}", flush=True)
+        for c in (3, 4, 8):
+            x = torch.zeros(n, c, 224, 224, device="cuda").half().contiguous(memory_format=cl)
+            x[:, :3] = image
+            w = torch.zeros(64, c, 7, 7, device="cuda").half()
+            w[:, :3] = w3
+            w = w.contiguous(memory_format=cl)
+            y = torch.empty(n, 64, 112, 112, device="cuda").half().contiguous(memory_format=cl)
+            pack = {1: x.data_ptr(), 2: w.data_ptr(), 4: b.data_ptr(), 5: y.data_ptr()}
+            plans = _conv_plans_ms(handle, (n, c, 224, 224), (64, c, 7, 7), (n, 64, 112, 112),
+                                   attrs, pack, ("add", "relu"))
+            err = float((y.float() - want.float()).abs().max() / want.float().abs().max())
+            copy_ms = timed(lambda x=x, image=image: x[:, :3].copy_(image), 20) if c > 3 else 0.0
+            rows[f"N={n} C={c}"] = {"plans_ms": plans, "copy_ms": copy_ms, "error": err,
+                                    "torch_ms": torch_ms}
+            print(f"N={n} C={c}: cuDNN {_plans(plans)}; pad copy {copy_ms:.4f}; error of the "
+                  f"last plan {err:.1e}", flush=True)
+    return rows
 
 
 def attention(out: Path) -> dict[str, Any]:
@@ -559,7 +623,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     for name, fn in (("pool", pool), ("cold", cold), ("layer", layer), ("broadcast", broadcast),
                      ("matrix", matrix), ("depthwise", depthwise), ("attention", attention),
-                     ("gemv", gemv)):
+                     ("gemv", gemv), ("stem", stem)):
         if name in args.skip.split(",") or (args.only and name not in args.only.split(",")):
             continue
         print(f"== {name}", flush=True)
