@@ -317,11 +317,21 @@ class Model:
     def executable(self, dims: dict[str, int]) -> Executable:
         key = bucket_key(dims)
         if key not in self._executables:
+            self._handle_on_null_stream()
             self._executables[key] = Executable(self, dims)
             if self.write_back and self.decision().action != "restore":
                 self.write_back = False  # once; save_plans prepares the other buckets
                 self.save_plans()
         return self._executables[key]
+
+    def _handle_on_null_stream(self) -> None:
+        """Plans are built and restored with the handle on the null stream. It keeps the stream
+        of the last launch (a capture's own, the per-step profile's, the caller's), which may
+        be destroyed since: cuDNN crashed restoring a plan there (a segfault in `deserialize`
+        at `dslc bench`'s second size, after the first size's profile, on an H100)."""
+        if self._handle is not None:
+            cudnn = (self._gpu or device.require())[1]
+            cudnn.set_stream(handle=self._handle, stream=0)
 
     def save_plans(self, path: str | Path | None = None) -> Path:
         """Prepare every bucket here (as start-up decided: re-timed, re-tuned, replayed...) and

@@ -58,21 +58,24 @@ def profile(model: Model, inputs: Mapping[str, Any], repeats: int = 10,
     cudnn.set_stream(handle=model.handle, stream=stream.ptr)
     workspace = int(exe.workspace.data.ptr)
     rows = []
-    with stream:
-        for step in model.program.steps:
-            def once(step: Any = step) -> None:
-                model._step(exe, step, refs, outputs, workspace)
+    try:
+        with stream:
+            for step in model.program.steps:
+                def once(step: Any = step) -> None:
+                    model._step(exe, step, refs, outputs, workspace)
 
-            once()  # warm: kernels compiled, plans loaded, outside any capture
-            graph = _recorded(stream, once, launches)
-            if graph is None:
-                ms, how = _median(cupy, stream, once, repeats), "launch"
-            else:
-                ms, how = _median(cupy, stream, _replay(graph, stream), repeats) / launches, \
-                    "graph"
-            rows.append({"step": step.name, "kind": step.kind, "pattern": step.pattern,
-                         "ms": ms, "timed": how})
-    stream.synchronize()
+                once()  # warm: kernels compiled, plans loaded, outside any capture
+                graph = _recorded(stream, once, launches)
+                if graph is None:
+                    ms, how = _median(cupy, stream, once, repeats), "launch"
+                else:
+                    ms, how = _median(cupy, stream, _replay(graph, stream), repeats) / \
+                        launches, "graph"
+                rows.append({"step": step.name, "kind": step.kind, "pattern": step.pattern,
+                             "ms": ms, "timed": how})
+        stream.synchronize()
+    finally:  # the stream dies with this call: the handle must not keep it
+        cudnn.set_stream(handle=model.handle, stream=0)
     return rows
 
 

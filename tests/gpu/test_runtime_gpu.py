@@ -161,3 +161,36 @@ def test_a_replay_computes_over_inputs_written_into_the_captured_graph(tmp_path:
     got = to_host(captured.replay())["y"]
     np.testing.assert_array_equal(got, want)
     assert rel_error(to_host(captured(a))["y"], to_host(model.run(a))["y"]) == 0.0
+
+
+def test_plans_of_a_new_size_are_made_on_the_null_stream_after_a_profile_or_capture(
+        tmp_path: Path) -> None:
+    """The per-step profile and a capture each launch on a stream of their own, which dies
+    with them; cuDNN restoring the next size's plans with the handle still on such a stream
+    crashed (a segfault in `deserialize`: `dslc bench` at N=32 then N=256, fresh plan cache,
+    on an H100). Plans are made with the handle on the null stream; the next size's numbers
+    equal the reference's."""
+    import gc
+
+    from dslc.backend import device
+
+    bundle, model = _model("""model m {
+  precision io=f16
+  dim N = 1..64 tune [8, 32]
+  input x: [N, 64]
+  param w: [64, 32]
+  output y = relu(matmul(x, w)) * 0.5
+}""", tmp_path)
+    cudnn = device.require()[1]
+    a = to_device(random_inputs(bundle, {"N": 8}, seed=13), bundle)
+    model.profile(a, repeats=2)
+    assert cudnn.get_stream(model.handle) == 0
+    captured = model.capture(a)
+    assert cudnn.get_stream(model.handle) == captured.stream.ptr != 0  # left on its stream
+    del captured
+    gc.collect()  # the capture's stream destroyed
+    host = random_inputs(bundle, {"N": 32}, seed=14)
+    model.prepare(N=32)  # the second bucket's plans restored
+    assert cudnn.get_stream(model.handle) == 0
+    got = to_host(model.run(to_device(host, bundle)))["y"]
+    assert rel_error(got, reference(bundle, host)["y"]) < TOLERANCE["f16"]
