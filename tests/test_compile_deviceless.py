@@ -40,19 +40,20 @@ def test_every_group_is_a_cudnn_graph_deviceless(name: str) -> None:
     assert len(c.builds) == len(graph_signatures) * len(c.model.buckets)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "unet"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "unet", "sd_down_block"])
 def test_precompiled_conv_engines_build_plans_deviceless(name: str) -> None:
-    """Every conv + bias (+ relu) graph, at every bucket, gets a plan without a device; so does
-    a residual block's end, its residual added before the bias (`residual_before_bias`: with
-    the bias first cuDNN proposes no precompiled engine)."""
+    """Every graph of a conv and its bias, adds and relu, at every bucket, gets a plan without a
+    device: conv + bias (+ relu), and a residual block's end, its residual added before the
+    bias (`residual_before_bias`: with the bias first cuDNN proposes no precompiled engine).
+    The SD block's end adds two convs with their biases: the shortcut keeps its bias, the last
+    conv takes the residual."""
     c = compiled(name)
     nodes = c.graph.by_name()
-    served = {s.group.signature for s in c.steps if s.kind == "graph" and
-              [nodes[n].op for n in s.group.nodes] in (["conv", "bias_add", "relu"],
-                                                       ["conv", "bias_add"],
-                                                       ["conv", "add", "bias_add", "relu"])}
-    residual = {s.group.signature for s in c.steps if s.kind == "graph" and
-                [nodes[n].op for n in s.group.nodes] == ["conv", "add", "bias_add", "relu"]}
+    forms = {s.group.signature: [nodes[n].op for n in s.group.nodes] for s in c.steps
+             if s.kind == "graph"}
+    served = {sig for sig, ops in forms.items()
+              if ops[0] == "conv" and set(ops[1:]) <= {"bias_add", "add", "relu"}}
+    residual = {sig for sig, ops in forms.items() if ops[:3] == ["conv", "add", "bias_add"]}
     assert bool(residual) == (name != "unet")  # each ResNet block ends so
     assert served  # each of these models has such convs
     checked = 0

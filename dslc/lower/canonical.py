@@ -149,21 +149,34 @@ def residual_before_bias(rw: Rewriter, node: Node) -> str | None:
     precompiled fused convolutions take (conv, add, bias, activation: its CONV_ADD_BIAS_ACT
     form). With the bias first, cuDNN 9.19 proposes no such engine for the H200, only kernels
     compiled at run time (ResNet-50's conv3+bn3+add+relu ran at 36% of the memory bandwidth).
-    The same sum in another order; only where the conv and its bias feed nothing else."""
+    The same sum in another order; only where the conv and its bias feed nothing else. Where
+    both operands are such (a block's last conv plus its shortcut conv), the one computed first
+    takes the residual: fusion grows the first conv's group over the sum, and the other keeps
+    its bias (a conv + bias cuDNN has engines for)."""
     if node.op != "add" or len(node.inputs) != 2:
         return None
-    for bi, zi in (node.inputs, node.inputs[::-1]):
-        bias = rw.node(bi)
-        if bias.op != "bias_add" or not rw.only_read_by_one(bi):
-            continue
-        conv = rw.node(bias.inputs[0])
-        if conv.op != "conv" or not rw.only_read_by_one(conv.name) or \
-                rw.node(zi).type.shape != node.type.shape or bias.type.shape != node.type.shape:
-            continue
-        summed = rw.new("add", (conv.name, zi), {}, node.type, node, f"{node.name}.residual")
-        return rw.new("bias_add", (summed, bias.inputs[1]), dict(bias.attrs), node.type, bias,
-                      node.name)
-    return None
+    found = [(bi, zi) for bi, zi in (node.inputs, node.inputs[::-1])
+             if _conv_bias_alone(rw, bi, node.type.shape)
+             and rw.node(zi).type.shape == node.type.shape]
+    if not found:
+        return None
+    if len(found) == 2 and rw.nodes.index(rw.node(found[0][0])) > \
+            rw.nodes.index(rw.node(found[1][0])):
+        found.reverse()
+    bi, zi = found[0]
+    bias = rw.node(bi)
+    summed = rw.new("add", (bias.inputs[0], zi), {}, node.type, node, f"{node.name}.residual")
+    return rw.new("bias_add", (summed, bias.inputs[1]), dict(bias.attrs), node.type, bias,
+                  node.name)
+
+
+def _conv_bias_alone(rw: Rewriter, name: str, shape: tuple[object, ...]) -> bool:
+    """`name` is a conv's bias_add of `shape`, and neither value is read elsewhere."""
+    bias = rw.node(name)
+    if bias.op != "bias_add" or not rw.only_read_by_one(name) or bias.type.shape != shape:
+        return False
+    conv = rw.node(bias.inputs[0])
+    return conv.op == "conv" and rw.only_read_by_one(conv.name)
 
 
 def expand_norm_reductions(rw: Rewriter, node: Node) -> str | None:
