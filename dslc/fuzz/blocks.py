@@ -89,11 +89,14 @@ PAIR_BLOCK = """def {name}(x: [*L, D], res: [*L, D], hidden: int) -> ([*L, D], [
   return o, r
 }}"""
 
+# The residual is x, or x through a 1x1 conv with its bias (a projection shortcut: the sum of
+# two convs with their biases, `lower.canonical.residual_before_bias`'s choice between them).
 CONV_BLOCK = """def {name}(x: [N, C, H, W]) -> [N, C, H, W] {{
 {precision}  let c = conv2d(x, out=C, k=3, pad=1)
   let b = batchnorm2d(c)
-  return {act}(b + x)
+{shortcut}  return {act}(b + {residual})
 }}"""
+SHORTCUT = "  let s = conv2d(x, out=C, k=1, has_bias=true)\n"
 
 
 # A layer with a cache of its own: `input` in a def, one model input per instance, written in
@@ -125,7 +128,11 @@ def block(g: Gen) -> bool:
         g.stats.features["an input declared in a def"] += 1
         args, reads = f", {at.text}", at.reads
     elif x.type.rank == 4 and g.ch.coin(0.6):
-        g.prog.defs[name] = CONV_BLOCK.format(name=name, precision=precision, act=act)
+        shortcut = SHORTCUT if g.ch.coin(0.5) else ""
+        if shortcut:
+            g.stats.features["a conv block with a projection shortcut"] += 1
+        g.prog.defs[name] = CONV_BLOCK.format(name=name, precision=precision, act=act,
+                                              shortcut=shortcut, residual="s" if shortcut else "x")
         args = ""
     else:
         ret = g.ch.pick(["  return x + o", "  let n = layer_norm(x + o)\n  return n", "pair"])
