@@ -40,7 +40,7 @@ def test_every_group_is_a_cudnn_graph_deviceless(name: str) -> None:
     assert len(c.builds) == len(graph_signatures) * len(c.model.buckets)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "unet", "sd_down_block"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "unet", "sd_down_block", "mobilenet_v3"])
 def test_precompiled_conv_engines_build_plans_deviceless(name: str) -> None:
     """Every graph of a conv and its bias, adds and relu, at every bucket, gets a plan without a
     device: conv + bias (+ relu), and a residual block's end, its residual added before the
