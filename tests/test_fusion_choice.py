@@ -54,6 +54,22 @@ def test_a_conv_with_a_pointwise_tail_splits_after_its_bias(tmp_path: Path) -> N
                      "c2+add+bias_add+relu": (["conv", "add", "bias_add"], ["relu"])}
 
 
+def test_a_matmul_with_a_residual_then_a_scale_splits_after_the_matmul(tmp_path: Path) -> None:
+    """Only a conv's residual comes before its bias (`residual_before_bias`): a matmul's sum
+    is its tail's, the scale after it too."""
+    _, program = deviceless_program("""model m {
+  input x: [16, 32]
+  input r: [16, 8]
+  param w: [32, 8]
+  param s: [8]
+  output y = (matmul(x, w) + r) * s
+}
+""", tmp_path)
+    found = [([program.nodes[n].op for n in s.head.nodes], [program.nodes[n].op for n in s.tail.nodes])
+             for s in splits(program)]
+    assert found == [(["matmul"], ["add", "scale_mul"])]
+
+
 def test_a_depthwise_conv_splits_before_its_bias(tmp_path: Path) -> None:
     """Its 3x3 groups stay fused at compile time; the tuner may measure them apart. A 7x7
     is compiled apart already (compile/stage.py): nothing left to split."""

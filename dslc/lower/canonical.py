@@ -160,14 +160,19 @@ def residual_before_bias(rw: Rewriter, node: Node) -> str | None:
              and rw.node(zi).type.shape == node.type.shape]
     if not found:
         return None
-    if len(found) == 2 and rw.nodes.index(rw.node(found[0][0])) > \
-            rw.nodes.index(rw.node(found[1][0])):
+    if len(found) == 2 and _position(rw, found[0][0]) > _position(rw, found[1][0]):
         found.reverse()
     bi, zi = found[0]
     bias = rw.node(bi)
     summed = rw.new("add", (bias.inputs[0], zi), {}, node.type, node, f"{node.name}.residual")
     return rw.new("bias_add", (summed, bias.inputs[1]), dict(bias.attrs), node.type, bias,
                   node.name)
+
+
+def _position(rw: Rewriter, bias: str) -> int:
+    """Where the conv under `bias` is in the graph built so far (asked only of a tie)."""
+    conv = rw.node(rw.node(bias).inputs[0]).name
+    return next(i for i, n in enumerate(rw.nodes) if n.name == conv)
 
 
 def _conv_bias_alone(rw: Rewriter, name: str, shape: tuple[object, ...]) -> bool:

@@ -216,12 +216,8 @@ def _through_bias(nodes: list[Node]) -> int:
     """How many of a group's ops its anchor's part keeps: the anchor, then its bias or scale
     (cuDNN's fused engines take it), with a residual added before the bias
     (`lower.canonical.residual_before_bias`, cuDNN's conv, add, bias order); else the anchor."""
-    for k, node in enumerate(nodes[1:3], start=1):
-        if node.op in HEAD_EPILOGUE:
-            return k + 1
-        if node.op != "add":
-            break
-    return 1
+    k = 2 if nodes[0].op == "conv" and len(nodes) > 2 and nodes[1].op == "add" else 1
+    return k + 1 if nodes[k].op in HEAD_EPILOGUE else 1
 
 
 def _depthwise(program: Schedule, anchor: Node) -> bool:
