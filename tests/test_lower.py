@@ -899,3 +899,67 @@ def test_a_conv_read_elsewhere_keeps_its_bias_before_the_residual(tmp_path: Path
     nodes = lowered.by_name()
     add = nodes[nodes[dict(lowered.outputs)["y"]].inputs[0]]
     assert add.op == "add" and nodes[add.inputs[0]].op == "bias_add"
+
+
+def _ops_under(lowered, name: str, depth: int = 2) -> list[str]:  # type: ignore[no-untyped-def]
+    """The ops of `name` and of its first operands, `depth` steps down."""
+    nodes = lowered.by_name()
+    out, node = [], nodes[name]
+    for _ in range(depth + 1):
+        out.append(node.op)
+        if not node.inputs:
+            break
+        node = nodes[node.inputs[0]]
+    return out
+
+
+@pytest.mark.parametrize(("body", "want"), [
+    # the residual on the left: rewritten as on the right
+    ("let c = conv2d(x, out=6, k=1)\n  output y = relu(r + batchnorm2d(c))",
+     ["relu", "bias_add", "add", "conv"]),
+    # a product is no residual
+    ("let c = conv2d(x, out=6, k=1)\n  output y = relu(batchnorm2d(c) * r)",
+     ["relu", "mul", "bias_add", "conv"]),
+    # a conv result broadcast by the sum: its bias stays first
+    ("let c = conv2d(x[:, :, 0:1, 0:1], out=6, k=1)\n  output y = relu(batchnorm2d(c) + r)",
+     ["relu", "add", "bias_add", "conv"]),
+])
+def test_which_sums_take_the_residual_before_the_bias(body: str, want: list[str],
+                                                      tmp_path: Path) -> None:
+    src = f"""import "std/nn.cgraph"
+model m {{
+  precision io=f16
+  layout NHWC
+  input x: [2, 4, 3, 3]
+  input r: [2, 6, 3, 3]
+  {body}
+}}
+"""
+    lowered, _ = _lower_checked(check_source(src, tmp_path).model)
+    assert _ops_under(lowered, dict(lowered.outputs)["y"], 3) == want
+
+
+def test_of_two_convs_with_their_biases_the_first_computed_takes_the_residual(
+        tmp_path: Path) -> None:
+    """`short + main`, main computed first: main's group grows over the sum (fusion starts at
+    the first conv), so main's conv takes the residual and the shortcut keeps its bias."""
+    src = """import "std/nn.cgraph"
+model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 4, 3, 3]
+  let main  = conv2d(x, out=6, k=1, has_bias=true)
+  let short = conv2d(x, out=6, k=1, has_bias=true)
+  output y = relu(short + main)
+}
+"""
+    lowered, plan = _lower_checked(check_source(src, tmp_path).model)
+    nodes = lowered.by_name()
+    bias = nodes[nodes[dict(lowered.outputs)["y"]].inputs[0]]
+    summed = nodes[bias.inputs[0]]
+    assert (bias.op, summed.op) == ("bias_add", "add")
+    conv, shortcut = (nodes[i] for i in summed.inputs)
+    assert conv.op == "conv" and conv.path == "main"
+    assert shortcut.op == "bias_add" and nodes[shortcut.inputs[0]].path == "short"
+    assert sorted([nodes[n].op for n in g.nodes] for g in plan.groups) == [
+        ["conv", "add", "bias_add", "relu"], ["conv", "bias_add"]]
