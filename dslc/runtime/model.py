@@ -325,10 +325,11 @@ class Model:
         return self._executables[key]
 
     def _handle_on_null_stream(self) -> None:
-        """Plans are built and restored with the handle on the null stream. It keeps the stream
-        of the last launch (a capture's own, the per-step profile's, the caller's), which may
-        be destroyed since: cuDNN crashed restoring a plan there (a segfault in `deserialize`
-        at `dslc bench`'s second size, after the first size's profile, on an H100)."""
+        """Plans are built and restored with the handle on the null stream, and the per-step
+        profile leaves it there. It keeps the stream of the last launch (a capture's own, the
+        profile's, the caller's), which may be destroyed since: cuDNN crashed restoring a plan
+        there (a segfault in `deserialize` at `dslc bench`'s second size, after the first
+        size's profile, on an H100)."""
         if self._handle is not None:
             cudnn = (self._gpu or device.require())[1]
             cudnn.set_stream(handle=self._handle, stream=0)
