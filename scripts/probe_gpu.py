@@ -487,7 +487,52 @@ def stem(out: Path) -> dict[str, Any]:
                                     "torch_ms": torch_ms}
             print(f"N={n} C={c}: cuDNN {_plans(plans)}; pad copy {copy_ms:.4f}; error of the "
                   f"last plan {err:.1e}", flush=True)
+        for group in (3, 4):
+            rows[f"N={n} s2d{4 * group}"] = _stem_s2d(handle, image, w3, b, want, group)
     return rows
+
+
+def _stem_s2d(handle: Any, image: Any, w3: Any, b: Any, want: Any, group: int) -> dict[str, Any]:
+    """The stem as a 4x4 stride-1 conv over the image's 2x2 space-to-depth: the padded image's
+    pixel (2i + p, 2j + q, c) becomes channel (2p + q) * group + c of pixel (i, j), the 7x7
+    kernel padded to 8x8 with zeros splits the same way (tap (2a + p, 2b + q) at (a, b)), so
+    [N, 115, 115, 4 * group] in, [N, 112, 112, 64] out. group 4 pads each pixel's 3 channels to
+    4 (16 in all, cuDNN's tensor-core multiple). The rearranging copy is timed in PyTorch (four
+    strided copies into a zeroed buffer: not a kernel's best)."""
+    import torch
+    from bench_gpu import timed
+
+    n, cl = image.shape[0], torch.channels_last
+    c = 4 * group
+    nhwc = image.permute(0, 2, 3, 1)  # a view: the image is channels-last in memory
+    s = torch.zeros(n, 115, 115, 2, 2, group, device="cuda", dtype=torch.half)
+
+    def rearrange() -> None:
+        # padded row 2i + p is image row 2i + p - 3: p = 1 takes even rows from i = 1, p = 0
+        # odd rows from i = 2 (and the same for columns)
+        for p in (0, 1):
+            for q in (0, 1):
+                i0, j0 = 2 - p, 2 - q
+                s[:, i0:i0 + 112, j0:j0 + 112, p, q, :3] = nhwc[:, 1 - p::2, 1 - q::2, :]
+
+    rearrange()
+    x = s.view(n, 115, 115, c).permute(0, 3, 1, 2)  # NCHW dims over channels-last memory
+    w8 = torch.zeros(64, 3, 8, 8, device="cuda", dtype=torch.half)
+    w8[:, :, :7, :7] = w3
+    w = torch.zeros(64, 4, 4, 2, 2, group, device="cuda", dtype=torch.half)  # k, a, b, p, q, c
+    w[..., :3] = w8.view(64, 3, 4, 2, 4, 2).permute(0, 2, 4, 3, 5, 1)
+    w = w.view(64, 4, 4, c).permute(0, 3, 1, 2)  # NCHW dims over channels-last memory
+    y = torch.empty(n, 64, 112, 112, device="cuda").half().contiguous(memory_format=cl)
+    pack = {1: x.data_ptr(), 2: w.data_ptr(), 4: b.data_ptr(), 5: y.data_ptr()}
+    attrs = {"stride": [1, 1], "pre_pad": [0, 0], "post_pad": [0, 0], "dilation": [1, 1],
+             "groups": 1}
+    plans = _conv_plans_ms(handle, (n, c, 115, 115), (64, c, 4, 4), (n, 64, 112, 112), attrs,
+                           pack, ("add", "relu"))
+    err = float((y.float() - want.float()).abs().max() / want.float().abs().max())
+    copy_ms = timed(rearrange, 20)
+    print(f"N={n} space-to-depth, {c} channels: cuDNN {_plans(plans)}; rearranging copy "
+          f"{copy_ms:.4f}; error of the last plan {err:.1e}", flush=True)
+    return {"plans_ms": plans, "copy_ms": copy_ms, "error": err}
 
 
 def attention(out: Path) -> dict[str, Any]:

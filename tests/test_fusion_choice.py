@@ -353,6 +353,15 @@ def test_a_split_exactly_at_the_noise_margin_is_not_taken() -> None:
      "  let a = bias_add(conv(x, w, pad=1), b)\n"
      "  output y = relu(conv(a, w, pad=1))",
      {"w+relu": (["conv"], ["relu"])}),
+    # a conv's residual without a bias: the sum is the tail; a conv, its residual and its bias
+    # with nothing after: nothing to split off (the relu'd conv beside it splits)
+    ("  layout NHWC\n  input x: [2, 8, 6, 6]\n  param w: [8, 8, 3, 3]\n"
+     "  output y = conv(x, w, pad=1) + x",
+     {"w+add": (["conv"], ["add"])}),
+    ("  layout NHWC\n  input x: [2, 8, 6, 6]\n  param w: [8, 8, 3, 3]\n  param b: [8]\n"
+     "  output y = bias_add(conv(x, w, pad=1), b) + x\n"
+     "  output z = relu(conv(x, w, pad=1))",
+     {"w+relu": (["conv"], ["relu"])}),
 ])
 def test_which_steps_split_and_where(body: str, found: dict[str, Any], tmp_path: Path) -> None:
     _, program = deviceless_program("model m {\n" + body + "\n}\n", tmp_path)
