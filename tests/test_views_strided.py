@@ -119,6 +119,41 @@ def test_reshape_of_a_transposed_input_copies_and_equals_pytorch() -> None:
     assert [n.name for n in copies] == ["y.copy"], "the copy is one visible step named after y"
 
 
+SPACE_TO_DEPTH = """model m {
+  layout NHWC
+  input x: [2, 3, 16, 16]
+  param w: [8, 3, 7, 7]
+  let w1 = concat([cast(full([8, 3, 1, 7], 0), f32), w], axis=2)
+  let w2 = concat([cast(full([8, 3, 8, 1], 0), f32), w1], axis=3)
+  let ws = reshape(transpose(reshape(w2, [8, 3, 4, 2, 4, 2]), [0, 3, 5, 1, 2, 4]), [8, 12, 4, 4])
+  let xs = reshape(transpose(reshape(x, [2, 3, 8, 2, 8, 2]), [0, 3, 5, 1, 2, 4]), [2, 12, 8, 8])
+  output y = conv(xs, ws, pre_pad=2, post_pad=1)
+}
+"""
+
+
+def test_a_space_to_depth_read_by_a_conv_is_one_channels_last_copy_and_equals_pytorch() -> None:
+    """A 7x7 stride-2 conv written as a 4x4 stride-1 conv over the 2x2 space-to-depth of its
+    input (the kernel padded to 8x8 in front, pad 3 becoming 4): the rearranged input is one
+    copy, written in the order in which its reshape is the channels-last tensor the conv reads
+    (a row-major copy would need a channels-last copy after it), and the result is PyTorch's."""
+    rng = np.random.default_rng(SEED + 3)
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 7, 7)).astype(np.float32)
+    graph = _graph(SPACE_TO_DEPTH)
+    copies = [n for n in graph.nodes if n.op == "contiguous" and n.name.startswith("xs")]
+    assert [(n.name, n.type.layout.order if n.type.layout else None) for n in copies] == \
+        [("xs.copy", (0, 4, 5, 1, 2, 3))]
+    with __import__("tempfile").TemporaryDirectory() as d:
+        checked = check_source(SPACE_TO_DEPTH, Path(d))
+        lowered, plan = lower_and_fuse(checked.model)
+    [out] = interp.run(lowered, {"x": x}, {"w": w}, checked.model.env, virtual=plan.virtual(),
+                       check_views=True).values()
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=2,
+                                          padding=3).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
 def test_reshape_of_a_channels_last_input_slice_equals_pytorch() -> None:
     """A slice of an NHWC input, then a merge of the sliced axes: no view, a copy."""
     text = """model m {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from dslc.core.dims import Dim
 from dslc.core.types import FP8, Layout, TensorType, format_shape
 from dslc.ir import views
 from dslc.ir.graph import Attrs, Node
@@ -14,6 +15,7 @@ from dslc.ir.interp import ITEMSIZE
 from dslc.ir.verify import effective_type
 from dslc.lower.rewrite import Rewriter
 from dslc.ops import OPS
+from dslc.ops.layout import reshape_layout
 from dslc.ops.opdef import Kind
 from dslc.ops.pointwise import COMPARE
 
@@ -287,7 +289,8 @@ def weights_like_inputs(rw: Rewriter, node: Node) -> str | None:
 def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, ...], ...],
                 ) -> str:
     """Emit the view with strides; where a step is no view of the base's memory, copy the
-    longest prefix that is into a row-major tensor and continue from the copy."""
+    longest prefix that is (`_copy_order`: row-major, or the order its reader wants) and
+    continue from the copy."""
     b = rw.node(base)
     assert b.type.layout is not None, b.name
     for cut in range(len(steps), -1, -1):
@@ -307,7 +310,36 @@ def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, 
                                             "offset": offset},
                           TensorType(b.type.dtype, shape), node, f"{node.name}.part")
         copy = rw.new("contiguous", (head,), {},
-                      TensorType(b.type.dtype, shape, Layout.row_major(len(shape))), node,
-                      f"{node.name}.copy")
+                      TensorType(b.type.dtype, shape, _copy_order(rw, node, shape, steps[cut:])),
+                      node, f"{node.name}.copy")
         return _place_view(rw, node, copy, steps[cut:])
     raise AssertionError("an empty chain of steps is always a view")
+
+
+def _copy_order(rw: Rewriter, node: Node, shape: tuple[Dim, ...],
+                rest: tuple[views.Step, ...]) -> Layout:
+    """The memory order of the copy a view chain needs (of `shape`, `rest` the steps after it):
+    where every reader of the view is a convolution's data, the order in which the rest of the
+    chain ends channels-last, so the conv reads the copy in place (a space-to-depth, reshape,
+    transpose, reshape, is one copy, not a row-major copy and a channels-last one:
+    `conv_in_one_memory_order`); else row-major, where any reshape after it is a view."""
+    row_major = Layout.row_major(len(shape))
+    want = CHANNELS_LAST.get(node.type.rank)
+    readers = rw.users_of(node.name)
+    if want is None or not readers or any(
+            r.op not in ("conv", "conv_transpose") or node.name in r.inputs[1:] for r in readers):
+        return row_major
+    shapes = [shape]
+    for step in rest:
+        shapes.append(views.step_shape(shapes[-1], step))
+    layout: Layout | None = Layout(want)
+    for step, before, after in reversed(list(zip(rest, shapes[:-1], shapes[1:], strict=True))):
+        if layout is None or step[0] == "slice":  # a slice's gaps: conv reads no such view
+            return row_major
+        if step[0] == "transpose":
+            layout = Layout(tuple(step[1][axis] for axis in layout.order))
+        else:
+            layout = reshape_layout(layout, after, before)
+    if layout is None or views.strides(shape, layout, rest) is None:
+        return row_major
+    return layout
