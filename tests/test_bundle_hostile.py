@@ -268,7 +268,7 @@ def test_an_attribute_of_the_wrong_kind_is_refused_naming_it(tmp_path: Path) -> 
     i, conv = next((i, n) for i, n in enumerate(data["graph"]["nodes"]) if n["op"] == "conv")
     conv["attrs"]["stride"] = ["x", 2]
     refused(write(tmp_path, data), f'graph.nodes[{i}].attrs.stride[0]: expected an int')
-    conv["attrs"]["stride"] = [1, 1]  # the right kind, but not what made its type
+    conv["attrs"]["stride"] = [3, 3]  # the right kind, but not what made its type
     refused(write(tmp_path, data), "graph: the IR does not check out")
 
 

@@ -56,6 +56,13 @@ def _expected(program: Schedule, name: str, raw: dict[str, np.ndarray]) -> torch
         else:  # the batchnorm's shift, the conv's bias
             assert paths == stats, paths
             value = t[f"{bn}.bias"] - t[f"{bn}.running_mean"] * scale
+    if len(node.type.shape) == 4 and value.shape[1] * 4 == node.type.shape[1]:
+        # the stem's 7x7 weight over its image's space-to-depth (`lower.stem`): one zero tap in
+        # front of each axis (its pad, 3, is odd), then tap (2a + u, 2b + v) of channel c at
+        # [a, b] of channel (2u + v) * C + c
+        k, c = value.shape[:2]
+        value = torch.nn.functional.pad(value, (1, 0, 1, 0))
+        value = value.reshape(k, c, 4, 2, 4, 2).permute(0, 3, 5, 1, 2, 4).reshape(k, 4 * c, 4, 4)
     value = value.to({"f16": torch.float16, "f32": torch.float32}[node.type.dtype])
     layout = str(node.type.layout)
     if layout == "@NHWC":  # channels-last: the bytes of torch's channels_last memory format

@@ -334,6 +334,10 @@ def conv(g: Gen) -> bool:
         out = g.apply("conv", {"x": tame(g, x), "w": w}, attrs)
         if out is not None and n == 2 and r == 5 and groups == c == w.type.shape[0]:
             g.stats.features["depthwise 5x5 conv"] += 1  # compiled apart from its bias
+        if out is not None and n == 2 and groups == 1 and stride == 2 and r >= 3 and c <= 4 \
+                and attrs["dilation"] == 1 and all(static(d) and size(d) % 2 == 0
+                                                   for d in x.type.shape[2:]):
+            g.stats.features["stem conv over its space-to-depth"] += 1  # `lower.stem`
         one_pixel = r > 1 and any(d == 1 for d in x.type.shape[2:])
         if out is not None and n == 2 and groups == 1 and c % 16 == 0 and \
                 k % 16 == 0 and not one_pixel:  # the fp8 forms cuDNN takes (E0404)

@@ -140,20 +140,20 @@ def _packed(family: list[Branch]) -> list[Node]:
     if len(rows) == len(family):
         # PyTorch linears' [N, K] weights joined along N, read transposed: K stays contiguous,
         # as each projection read its own (the few-row matmul kernel needs it: `backend.gemv`)
-        out = [derived("concat", tuple(rows), _joined(len(family), 0),
+        out = [derived("concat", tuple(rows), concat_attrs(0, len(family)),
                        TensorType(first.weight.dtype, (total, depth)), m, f"{name}.rows"),
                derived("transpose", (f"{name}.rows",), {"perm": (1, 0)},
                        TensorType(first.weight.dtype, (depth, total)), m, f"{name}.weight")]
     else:
         out = [derived("concat", tuple(b.matmul.inputs[1] for b in family),
-                       _joined(len(family), 1), TensorType(first.weight.dtype, (depth, total)),
+                       concat_attrs(1, len(family)), TensorType(first.weight.dtype, (depth, total)),
                        m, f"{name}.weight")]
     out += [derived("matmul", (m.inputs[0], f"{name}.weight"), dict(m.attrs),
                    TensorType(m.type.dtype, shape, m.type.layout), m, name)]
     if first.bias is not None and first.bias_vector is not None:
         bias = replace(first.bias, path=m.path)
         vectors = tuple(b.bias.inputs[1] for b in family if b.bias is not None)
-        out.append(derived("concat", vectors, _joined(len(family), 0),
+        out.append(derived("concat", vectors, concat_attrs(0, len(family)),
                            TensorType(first.bias_vector.dtype, (total,)), bias, f"{name}.bias"))
         out.append(derived("bias_add", (name, f"{name}.bias"), dict(bias.attrs),
                            TensorType(bias.type.dtype, shape, bias.type.layout), bias,
@@ -181,7 +181,7 @@ def _joined_path(paths: Iterable[str]) -> str:
     return f"{head}.{tail}" if head else tail
 
 
-def _joined(count: int, axis: int) -> dict[str, object]:
+def concat_attrs(axis: int, count: int) -> dict[str, object]:
     """A concat's attributes: its axis and its operands named as the checker names them."""
     return {"axis": axis, "operands": tuple(f"xs.{i}" for i in range(count))}
 
