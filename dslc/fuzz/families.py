@@ -314,17 +314,21 @@ def conv(g: Gen) -> bool:
         return False
     c = size(x.type.shape[1])
     n = x.type.rank - 2
-    r = g.ch.pick([1, 3, 2, 5])
-    stride = g.ch.pick([1, 2, 3])
-    attrs: dict[str, object] = {"stride": stride, "dilation": g.ch.pick([1, 1, 2])}
-    if g.ch.coin(0.25):  # transposed: x [N, K, *S], w [K, C, *R] -> [N, C, *O]
+    # an image network's stem: stride 2 over few channels, ungrouped (`lower.stem` rewrites it
+    # over the input's space-to-depth where the image is even)
+    stem = n == 2 and c <= 4 and g.ch.coin(0.2)
+    r = g.ch.pick([3, 7, 5, 4]) if stem else g.ch.pick([1, 3, 2, 5])
+    stride = 2 if stem else g.ch.pick([1, 2, 3])
+    attrs: dict[str, object] = {"stride": stride, "dilation": 1 if stem else g.ch.pick([1, 1, 2])}
+    if not stem and g.ch.coin(0.25):  # transposed: x [N, K, *S], w [K, C, *R] -> [N, C, *O]
         _pads(g, r, n, attrs, asym=False)
         attrs["output_pad"] = g.ch.between(0, stride - 1)
         w = g.new_param((c, g.ch.between(1, 16)) + (r,) * n)
         out = g.apply("conv_transpose", {"x": tame(g, x), "w": w}, attrs)
     else:
         fp8_form = n == 2 and c % 16 == 0 and g.ch.coin(0.4)  # ungrouped (below)
-        groups = 1 if fp8_form else g.ch.pick([1] + [d for d in (2, 3, 4, c) if c % d == 0 and d > 1])
+        groups = 1 if fp8_form or stem else \
+            g.ch.pick([1] + [d for d in (2, 3, 4, c) if c % d == 0 and d > 1])
         attrs["groups"] = groups
         _pads(g, r, n, attrs, asym=True)
         k = groups * g.ch.between(1, max(1, 16 // groups))
