@@ -5,11 +5,12 @@ standalone pointwise graph with a broadcast operand get a cuDNN engine (and a ma
 operand shapes, memory orders and dtypes, checked against numpy), and the depthwise convs of
 the model families in dslc's kernel, in cuDNN and in PyTorch, and the split-key attention
 kernel at several splits and cache lengths against PyTorch's attention, and the few-row matmul
-kernel at every cut over a decoder's projections against cuBLAS. Diagnostics for the
-benchmarks in docs/benchmarks.md, not a benchmark itself.
+kernel at every cut over a decoder's projections against cuBLAS, and ResNet's stem conv over 3
+channels, padded to 4 and 8, and over its 2x2 space-to-depth. Diagnostics for the benchmarks in
+docs/benchmarks.md, not a benchmark itself.
 
     python scripts/probe_gpu.py --out DIR [--skip PARTS | --only PARTS]  (pool, cold, layer,
-        broadcast, matrix, depthwise, attention, gemv)
+        broadcast, matrix, depthwise, attention, gemv, stem)
 """
 
 from __future__ import annotations

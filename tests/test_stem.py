@@ -101,3 +101,40 @@ def test_a_dynamic_image_keeps_its_form(tmp_path: Path) -> None:
     model = check_source(src, tmp_path).model
     lowered, _ = lower_and_fuse(model)
     assert not [n for n in lowered.nodes if "space_to_depth" in n.name]
+
+
+RESNET_STEM = """import "std/nn.cgraph"
+model m {
+  precision io=f16, intermediate=f32, compute=f32
+  layout NHWC
+  input x: [2, 3, 32, 32]
+  let c = conv2d(x, out=16, k=7, stride=2, pad=3) as "conv1"
+  let n = batchnorm2d(c) as "bn1"
+  output y = maxpool(relu(n), window=3, stride=2, pad=1)
+}
+"""
+
+
+def test_a_resnet_stem_in_its_memory_plan_equals_pytorch(tmp_path: Path) -> None:
+    """ResNet's stem compiled (deviceless) and run as the runtime lays memory out (the arena
+    oracle: the image's space-to-depth a fallback copy of rank 6, the conv a cuDNN graph over
+    its view): PyTorch's conv, batchnorm, relu and max pooling of the source's values."""
+    from dslc.fuzz import arena
+    from dslc.weights import random_weights
+    from tests.helpers import deviceless_program
+
+    model, program = deviceless_program(RESNET_STEM, tmp_path)
+    [copy] = [s for s in program.steps if "space_to_depth" in s.name]
+    assert copy.kind == "kernel" and "rank 6" in copy.reason
+    g = rng("resnet stem arena")
+    x = g.standard_normal((2, 3, 32, 32)).astype(np.float16)
+    weights = random_weights(model.params, 5)
+    got = arena.run(program, {}, {"x": x}, weights)["y"].astype(np.float64)
+    t = {k: torch.from_numpy(np.asarray(v, dtype=np.float64)) for k, v in weights.items()}
+    conv = torch.nn.functional.conv2d(torch.from_numpy(x.astype(np.float64)), t["conv1.weight"],
+                                      stride=2, padding=3)
+    norm = torch.nn.functional.batch_norm(conv, t["bn1.running_mean"], t["bn1.running_var"],
+                                          t["bn1.weight"], t["bn1.bias"], eps=1e-5)
+    want = torch.nn.functional.max_pool2d(torch.relu(norm), 3, stride=2, padding=1).numpy()
+    assert got.shape == want.shape and np.abs(want).max() > 0.5
+    assert np.abs(got - want).max() <= 4e-3 * np.abs(want).max()

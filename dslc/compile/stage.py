@@ -208,6 +208,8 @@ def _compile(out: Compiled, group: Group, handle: Any, properties: Any, why: str
     if len(group.nodes) == 1 and _reads_unaligned(nodes, nodes[group.nodes[0]]):
         return [_kernel(out, group, "a copy of a view that starts off a 16-byte boundary, which "
                                     "cuDNN's kernels cannot read: a fallback kernel copies it")]
+    if len(group.nodes) == 1 and _copy_of_high_rank(nodes[group.nodes[0]]):
+        return [_kernel(out, group, HIGH_RANK_COPY)]
     if len(group.nodes) > 1 and nodes[group.nodes[-1]].op in fused.BROADCASTS:
         if _one_kernel(nodes, group):
             return [Step("kernel", group, BROADCAST_TAIL)]
@@ -347,6 +349,18 @@ def _integer_math(nodes: dict[str, Node], node: Node) -> bool:
         return nodes[node.inputs[0]].type.dtype in INTS
     return OPS[node.op].family == "pointwise" and node.op not in ("cast", "contiguous") and \
         any(nodes[i].type.dtype in INTS for i in node.inputs)
+
+
+# A copy of rank 6 or more: a space-to-depth (`lower.stem`), [N, C, H/2, 2, W/2, 2] moved to
+# [N, 2, 2, C, H/2, W/2]. cuDNN proposes no engine for it deviceless (it would compile one at
+# start-up) and no GPU run has checked its copies at that rank; CuPy's strided copy is one
+# kernel, right by construction.
+HIGH_RANK_COPY = ("a copy of rank 6 or more (a space-to-depth) runs as a fallback kernel: cuDNN "
+                  "would compile one at start-up")
+
+
+def _copy_of_high_rank(node: Node) -> bool:
+    return node.op == "contiguous" and node.type.rank >= 6
 
 
 def _reads_unaligned(nodes: dict[str, Node], node: Node) -> bool:

@@ -527,6 +527,21 @@ model m {
   output w = transpose(x, perm=[1, 0, 2, 3])
 }""",
     # the probe of every permutation: relu of this one was 90% off
+    # ResNet's stem over its input's space-to-depth (`lower.stem`): the copy of rank 6 a CuPy
+    # kernel, the 4x4 conv over 12 channels with pads 2 and 1 a cuDNN graph
+    "stem_over_its_space_to_depth_f16": NN + """model m {
+  precision io=f16
+  layout NHWC
+  input x: [4, 3, 64, 48]
+  let c = conv2d(x, out=64, k=7, stride=2, pad=3, has_bias=true)
+  output y = maxpool(relu(c), window=3, stride=2, pad=1)
+}""",
+    "stem_over_its_space_to_depth_bf16": NN + """model m {
+  precision io=bf16
+  layout NHWC
+  input x: [2, 3, 32, 32]
+  output y = relu(conv2d(x, out=16, k=5, stride=2, pad=2, has_bias=true))
+}""",
     "relu_of_a_transpose_moving_the_batch_axis_f16": """model m {
   precision io=f16
   layout NHWC
