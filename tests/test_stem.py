@@ -138,3 +138,29 @@ def test_a_resnet_stem_in_its_memory_plan_equals_pytorch(tmp_path: Path) -> None
     want = torch.nn.functional.max_pool2d(torch.relu(norm), 3, stride=2, padding=1).numpy()
     assert got.shape == want.shape and np.abs(want).max() > 0.5
     assert np.abs(got - want).max() <= 4e-3 * np.abs(want).max()
+
+
+def test_a_stem_over_4_channels_reads_16(tmp_path: Path) -> None:
+    lowered, _ = lower_and_fuse(_model(tmp_path, c=4))
+    conv, nodes = _conv(lowered)
+    assert tuple(nodes[conv.inputs[0]].type.shape) == (2, 16, 8, 6)
+
+
+@pytest.mark.parametrize(("declarations", "call", "why"), [
+    ("param w: [9, 1, 7, 7]\n  param b: [9]", "conv(x, w, stride=2, pad=3, groups=3)",
+     "grouped (a group per channel)"),
+    ("input w: [8, 3, 7, 7]\n  param b: [8]", "conv(x, w, stride=2, pad=3)",
+     "weights known only at run time"),
+])
+def test_a_grouped_conv_or_one_of_run_time_weights_keeps_its_form(
+        declarations: str, call: str, why: str, tmp_path: Path) -> None:
+    src = f"""model m {{
+  precision io=f16
+  layout NHWC
+  input x: [2, 3, 16, 12]
+  {declarations}
+  output y = relu(bias_add({call}, b))
+}}
+"""
+    lowered, _ = lower_and_fuse(check_source(src, tmp_path).model)
+    assert not [n for n in lowered.nodes if "space_to_depth" in n.name], why

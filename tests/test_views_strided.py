@@ -154,6 +154,58 @@ def test_a_space_to_depth_read_by_a_conv_is_one_channels_last_copy_and_equals_py
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
 
 
+S2D = "reshape(transpose(reshape(x, [2, 3, 4, 2, 4, 2]), [0, 3, 5, 1, 2, 4]), [2, 12, 4, 4])"
+F = torch.nn.functional
+TORCH_OF = {  # the same in PyTorch, from the space-to-depth s, the param w and the input d
+    "relu": lambda s, w, d: torch.relu(s),
+    "conv_transpose": lambda s, w, d: F.conv_transpose2d(s, w, stride=2),
+    "weights": lambda s, w, d: F.conv2d(d, s),
+    "transposed": lambda s, w, d: F.conv2d(s.transpose(2, 3), w),
+    "sliced": lambda s, w, d: F.conv2d(s[:, :, 0:3, :], w),
+}
+
+
+@pytest.mark.parametrize(("case", "body", "want"), [
+    # read by a pointwise op: row-major (the reshape after it is a view of any row-major copy)
+    ("relu", f"  output y = relu({S2D})", (0, 1, 2, 3, 4, 5)),
+    # read by a transposed conv's data, or by a conv as its weights: channels-last there too
+    ("conv_transpose", f"  param w: [12, 5, 2, 2]\n  output y = conv_transpose({S2D}, w, stride=2)",
+     (0, 4, 5, 1, 2, 3)),
+    ("weights", f"  input d: [2, 12, 6, 6]\n  output y = conv(d, {S2D})", (0, 4, 5, 1, 2, 3)),
+    # two steps after the copy (a reshape, then a transpose of the image's axes): the order
+    # walks back through both
+    ("transposed", f"  param w: [5, 12, 3, 3]\n  output y = conv(transpose({S2D}, [0, 1, 3, 2]), w)",
+     (0, 5, 4, 1, 2, 3)),
+    # a slice after the copy: its view has gaps, which no conv reads (a copy is made for it)
+    ("sliced", f"  param w: [5, 12, 3, 3]\n  output y = conv({S2D}[:, :, 0:3, :], w)",
+     (0, 1, 2, 3, 4, 5)),
+])
+def test_a_view_chains_copy_is_laid_out_for_what_reads_it(case: str, body: str,
+                                                           want: tuple[int, ...]) -> None:
+    """`lower.views._copy_order`, per reader; each case computes what PyTorch does."""
+    import tempfile
+
+    from dslc.weights import random_weights
+
+    text = "model m {\n  layout NHWC\n  input x: [2, 3, 8, 8]\n" + body + "\n}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        checked = check_source(text, Path(tmp))
+        lowered, plan = lower_and_fuse(checked.model)
+    [copy] = [n for n in lowered.nodes if n.op == "contiguous" and n.name.endswith(".copy")]
+    assert copy.type.layout is not None and copy.type.layout.order == want
+    g = np.random.default_rng(SEED + 4)
+    x = g.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    d = g.standard_normal((2, 12, 6, 6)).astype(np.float32)
+    params = random_weights(checked.model.params, 5)
+    inputs = {"x": x, "d": d} if "input d" in text else {"x": x}
+    [out] = interp.run(lowered, inputs, params, checked.model.env, virtual=plan.virtual(),
+                       check_views=True).values()
+    s2d = torch.from_numpy(x).reshape(2, 3, 4, 2, 4, 2).permute(0, 3, 5, 1, 2, 4).reshape(2, 12, 4, 4)
+    w = torch.from_numpy(np.asarray(params["w"], np.float32)) if "w" in params else None
+    expected = TORCH_OF[case](s2d, w, torch.from_numpy(d)).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
 def test_reshape_of_a_channels_last_input_slice_equals_pytorch() -> None:
     """A slice of an NHWC input, then a merge of the sliced axes: no view, a copy."""
     text = """model m {

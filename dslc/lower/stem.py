@@ -14,24 +14,26 @@ ONNX SpaceToDepth's order), and w' is w padded with zero taps to an even size, o
 where p is odd (so the padding, p + 1, is even: p' = (p + 1) / 2), then split the same way:
 w'[a, b, (u, v, c)] = w_padded[2a + u, 2b + v, c]. The weights are rearranged at load time;
 the input is one copy (`views._copy_order` writes it channels-last). The zero taps only ever
-multiply zeros of the padding or image values the original also read."""
+multiply zeros of the padding or image values the original also reads (for a neighbouring
+output): the results differ only where the image holds an infinity or NaN, which then reaches
+one more output (0 * inf is NaN)."""
 
 from __future__ import annotations
 
 from dslc.core import dims
 from dslc.core.dims import Dim
 from dslc.core.types import TensorType
-from dslc.ir.graph import Node
+from dslc.ir.graph import Graph, Node
 from dslc.lower.canonical import load_time
 from dslc.lower.packing import concat_attrs
-from dslc.lower.rewrite import Rewriter
+from dslc.lower.rewrite import Rewriter, Rule
 
 FLOATS = ("f32", "f16", "bf16")
 MAX_CHANNELS = 4  # at most 16 channels after the rewrite: what cuDNN's kernels read in one go
 SPLIT = (0, 3, 5, 1, 2, 4)  # [.., C, H/2, 2, W/2, 2] -> [.., 2, 2, C, H/2, W/2]
 
 
-def make_space_to_depth_rule(graph):  # type: ignore[no-untyped-def]
+def make_space_to_depth_rule(graph: Graph) -> Rule:
     """The rule, knowing which weights are load-time values (their rearranging is free)."""
     weights = load_time(graph)
 

@@ -319,27 +319,28 @@ def _place_view(rw: Rewriter, node: Node, base: str, steps: tuple[tuple[object, 
 def _copy_order(rw: Rewriter, node: Node, shape: tuple[Dim, ...],
                 rest: tuple[views.Step, ...]) -> Layout:
     """The memory order of the copy a view chain needs (of `shape`, `rest` the steps after it):
-    where every reader of the view is a convolution's data, the order in which the rest of the
-    chain ends channels-last, so the conv reads the copy in place (a space-to-depth, reshape,
-    transpose, reshape, is one copy, not a row-major copy and a channels-last one:
-    `conv_in_one_memory_order`); else row-major, where any reshape after it is a view."""
+    where every reader of the view is a convolution, the order in which the rest of the chain
+    ends channels-last, so the conv reads the copy in place, data or weights (a space-to-depth,
+    reshape, transpose, reshape, is one copy, not a row-major copy and a channels-last one:
+    `conv_in_one_memory_order`, `weights_like_inputs`); else row-major, where any reshape after
+    it is a view."""
     row_major = Layout.row_major(len(shape))
     want = CHANNELS_LAST.get(node.type.rank)
     readers = rw.users_of(node.name)
-    if want is None or not readers or any(
-            r.op not in ("conv", "conv_transpose") or node.name in r.inputs[1:] for r in readers):
+    if want is None or not readers or any(r.op not in ("conv", "conv_transpose")
+                                          for r in readers):
         return row_major
     shapes = [shape]
     for step in rest:
         shapes.append(views.step_shape(shapes[-1], step))
     layout: Layout | None = Layout(want)
     for step, before, after in reversed(list(zip(rest, shapes[:-1], shapes[1:], strict=True))):
-        if layout is None or step[0] == "slice":  # a slice's gaps: conv reads no such view
-            return row_major
-        if step[0] == "transpose":
+        if layout is not None and step[0] == "transpose":
             layout = Layout(tuple(step[1][axis] for axis in layout.order))
-        else:
+        elif layout is not None and step[0] == "reshape":
             layout = reshape_layout(layout, after, before)
+        else:  # a slice: its view has gaps, which conv reads through a copy of its own
+            return row_major
     if layout is None or views.strides(shape, layout, rest) is None:
         return row_major
     return layout
