@@ -15,6 +15,7 @@ import onnx
 from onnx import helper
 
 from dslc.core.dims import Dim, DimEnv
+from dslc.core.types import FLOATS
 from dslc.importer.fold import as_sym
 from dslc.importer.graph import Arg, Const, Lit, Op, Origin, Seq, Value, const_array
 from dslc.importer.shapes import Shape, dim_text
@@ -46,9 +47,6 @@ def dtype_of(array: np.ndarray) -> str:
         if array.dtype == np.dtype(dt):
             return name
     raise Unsupported(f"a constant of type {array.dtype}, which the language has no dtype for")
-
-
-FLOATS = ("f32", "f16", "bf16")
 
 
 @dataclass

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from dslc.core import dims
 from dslc.core.dims import Dim
-from dslc.core.types import TensorType
+from dslc.core.types import FLOATS, TensorType
 from dslc.ir.graph import Graph, Node
 from dslc.lower.canonical import load_time
 from dslc.lower.packing import concat_attrs
 from dslc.lower.rewrite import Rewriter, Rule
 
-FLOATS = ("f32", "f16", "bf16")
 MAX_CHANNELS = 4  # at most 16 channels after the rewrite: what cuDNN's kernels read in one go
 SPLIT = (0, 3, 5, 1, 2, 4)  # [.., C, H/2, 2, W/2, 2] -> [.., 2, 2, C, H/2, W/2]
 
@@ -125,8 +124,7 @@ def _zero_taps(rw: Rewriter, node: Node, w: str, axis: int, front: int, back: in
 def _split(rw: Rewriter, node: Node, x: str, six: tuple[Dim, ...], four: tuple[Dim, ...],
            what: str) -> str:
     """The 2x2 space-to-depth of `x`: reshape to `six`, move the two phases before the channels,
-    merge them into `four` (views: the layout pass makes one copy, or none for weights read as
-    they are rearranged at load time)."""
+    merge them into `four` (views: the layout pass makes one copy, at load time for weights)."""
     dtype = rw.node(x).type.dtype
     split = rw.new("reshape", (x,), {"shape": six}, TensorType(dtype, six), node,
                    f"{node.name}.{what}.split")
