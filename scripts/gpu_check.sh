@@ -2,15 +2,14 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|bert|decode|families|tune|probe|stem|fuzz|all] [extra args...]
+# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|bert|decode|families|tune|probe|fuzz|all] [extra args...]
 #   tests: every GPU test (over 10 minutes since session 15: one device call runs tests-a, the
 #   files up to test_models_gpu.py, another tests-b, the rest); ops/models/startup: one file's worth (startup: tuning, start-up
 #   decisions, CLI); fp8: the fp8 GPT blocks against fp16 (tests/gpu/test_fp8_gpu.py); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
 #   start, tuned benchmarks); bert: dslc bench of the BERT front (B=8, S=128) against PyTorch,
 #   untuned and tuned (`dslc tune --fusion measure`), JSON reports for scripts/bench_docs.py; decode: scripts/bench_decode.py (the 16-layer decoder a token
 #   against PyTorch; extra args go to it, e.g. --kernels); probe: scripts/probe_gpu.py (where
-#   the time goes); stem: the stem's space-to-depth (GPU cases, ResNet, its plans, ResNet-50's
-#   steps); fuzz:
+#   the time goes); fuzz:
 #   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
 #   processes; extra args go to it); families: scripts/bench_families.py (the seven model
 #   families against PyTorch and torch.compile; extra args go to it, e.g. --untuned or --only
@@ -74,21 +73,6 @@ print(sys.argv[1], 'dslc graph %.4f call %.4f | torch.compile %.4f | x compile %
     tail -12 "$out/families.log" ;;
   probe)
     python3 scripts/probe_gpu.py --out "$out" 2>&1 | tee "$out/probe.log" | tail -80 || status=1 ;;
-  stem)
-    # ResNet's stem over its space-to-depth (`lower.stem`): the GPU cases, ResNet against
-    # torchvision, the conv's plans in each form (3, 4, 8 channels; 12 and 16 after the
-    # rearranging), and ResNet-50 at batch 32 and 256 with its per-step roofline
-    run_tests stem tests/gpu/test_ops_gpu.py tests/gpu/test_models_gpu.py -k "stem or resnet"
-    python3 scripts/probe_gpu.py --out "$out" --only stem > "$out/stem.log" 2>&1 || status=1
-    grep -E "^N=" "$out/stem.log"
-    python3 -m dslc bench models/resnet50.cgraph --size N=32 --size N=256 --repeats 20 \
-      --profile-repeats 3 --format json > "$out/resnet50_stem.json" 2> "$out/resnet50_stem.log" \
-      || status=1
-    python3 -c "import json, sys
-for s in json.load(open(sys.argv[1]))['sizes']:
-    steps = [r for r in (s['roofline'] or {}).get('steps') or [] if r['step'].startswith('conv1')]
-    print(s['dims'], 'graph %.3f ms' % s['dslc']['graph_ms'], ' | '.join(
-        '%s %.4f' % (r['step'], r['ms']) for r in steps))" "$out/resnet50_stem.json" || status=1 ;;
   fuzz)
     python3 scripts/fuzz_diff.py --backend cudnn --count "${FUZZ_COUNT:-500}" --seed "${FUZZ_SEED:-1}" \
       --jobs "${FUZZ_JOBS:-8}" "${extra[@]}" > "$out/fuzz.log" 2>&1 || status=1

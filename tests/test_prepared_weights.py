@@ -50,23 +50,13 @@ def _expected(program: Schedule, name: str, raw: dict[str, np.ndarray]) -> torch
         bn = next(p for p in paths if p.endswith(".running_var")).rsplit(".", 1)[0]
         stats = {f"{bn}.{k}" for k in ("weight", "bias", "running_mean", "running_var")}
         scale = t[f"{bn}.weight"] / torch.sqrt(t[f"{bn}.running_var"] + 1e-5)  # PyTorch's eps
-        if len(node.type.shape) in (4, 6):  # the conv's weight, folded (6: the stem's, below)
+        if len(node.type.shape) == 4:  # the conv's weight, folded
             [conv] = paths - stats
             value = t[conv] * scale.reshape(-1, 1, 1, 1)
         else:  # the batchnorm's shift, the conv's bias
             assert paths == stats, paths
             value = t[f"{bn}.bias"] - t[f"{bn}.running_mean"] * scale
     value = value.to({"f16": torch.float16, "f32": torch.float32}[node.type.dtype])
-    if len(node.type.shape) == 6:
-        # the stem's 7x7 weight over its image's space-to-depth (`lower.stem`), stored as the
-        # rearranging copy [K, 2, 2, C, 4, 4] in the order of the channels-last [K, 4C, 4, 4] the
-        # conv reads (`views._copy_order`): one zero tap in front of each axis (its pad, 3, is
-        # odd), then tap (2a + u, 2b + v) of channel c at [a, b] of channel (2u + v) * C + c
-        k, c = value.shape[:2]
-        value = torch.nn.functional.pad(value, (1, 0, 1, 0))
-        value = value.reshape(k, c, 4, 2, 4, 2).permute(0, 3, 5, 1, 2, 4).reshape(k, 4 * c, 4, 4)
-        assert node.type.layout is not None and node.type.layout.order == (0, 4, 5, 1, 2, 3)
-        return value.permute(0, 2, 3, 1).contiguous()
     layout = str(node.type.layout)
     if layout == "@NHWC":  # channels-last: the bytes of torch's channels_last memory format
         return value.permute(0, 2, 3, 1).contiguous()

@@ -351,10 +351,11 @@ def _integer_math(nodes: dict[str, Node], node: Node) -> bool:
         any(nodes[i].type.dtype in INTS for i in node.inputs)
 
 
-# A copy of rank 6 or more: a space-to-depth (`lower.stem`), [N, C, H/2, 2, W/2, 2] moved to
-# [N, 2, 2, C, H/2, W/2]. cuDNN proposes no engine for it deviceless (it would compile one at
-# start-up) and no GPU run has checked its copies at that rank; CuPy's strided copy is one
-# kernel, right by construction.
+# A copy of rank 6 or more: a space-to-depth, [N, C, H/2, 2, W/2, 2] moved to [N, 2, 2, C, H/2,
+# W/2] (a patch embedding's or a YOLO focus layer's). cuDNN proposes no engine for it deviceless
+# (it would compile one at start-up) and no GPU run has checked its copies at that rank; CuPy's
+# strided copy is one kernel, right by construction (it ran the space-to-depth of ResNet's
+# stem, right, on an H100 in session 27).
 HIGH_RANK_COPY = ("a copy of rank 6 or more (a space-to-depth) runs as a fallback kernel: cuDNN "
                   "would compile one at start-up")
 

@@ -314,8 +314,8 @@ def conv(g: Gen) -> bool:
         return False
     c = size(x.type.shape[1])
     n = x.type.rank - 2
-    # an image network's stem: stride 2 over few channels, ungrouped (`lower.stem` rewrites it
-    # over the input's space-to-depth where the image is even)
+    # an image network's stem: stride 2 over few channels, ungrouped (cuDNN's engines read
+    # channels in vectors: such convs get engines of their own)
     stem = n == 2 and c <= 4 and g.ch.coin(0.2)
     r = g.ch.pick([3, 7, 5, 4]) if stem else g.ch.pick([1, 3, 2, 5])
     stride = 2 if stem else g.ch.pick([1, 2, 3])
@@ -338,10 +338,8 @@ def conv(g: Gen) -> bool:
         out = g.apply("conv", {"x": tame(g, x), "w": w}, attrs)
         if out is not None and n == 2 and r == 5 and groups == c == w.type.shape[0]:
             g.stats.features["depthwise 5x5 conv"] += 1  # compiled apart from its bias
-        if out is not None and n == 2 and groups == 1 and stride == 2 and r >= 3 and c <= 4 \
-                and attrs["dilation"] == 1 and all(static(d) and size(d) % 2 == 0
-                                                   for d in x.type.shape[2:]):
-            g.stats.features["stem conv over its space-to-depth"] += 1  # `lower.stem`
+        if out is not None and stem:
+            g.stats.features["stem conv (stride 2 over at most 4 channels)"] += 1
         one_pixel = r > 1 and any(d == 1 for d in x.type.shape[2:])
         if out is not None and n == 2 and groups == 1 and c % 16 == 0 and \
                 k % 16 == 0 and not one_pixel:  # the fp8 forms cuDNN takes (E0404)

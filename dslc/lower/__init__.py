@@ -26,7 +26,6 @@ from dslc.lower.concat import pointwise_through_concat
 from dslc.lower.packing import pack_sibling_matmuls
 from dslc.lower.quantize import quantize
 from dslc.lower.rewrite import Rule, rewrite
-from dslc.lower.stem import make_space_to_depth_rule
 from dslc.lower.views import (
     assign_layouts,
     full_size_attention_bias,
@@ -61,12 +60,6 @@ def bias_from_add(graph: Graph, env: DimEnv | None = None) -> Graph:
     return rewrite(graph, make_bias_rule(graph))
 
 
-def space_to_depth_stem(graph: Graph, env: DimEnv | None = None) -> Graph:
-    """A stride-2 conv over at most 4 channels as a stride-1 conv over the input's 2x2
-    space-to-depth (`lower.stem`), its weights rearranged at load time."""
-    return rewrite(graph, make_space_to_depth_rule(graph))
-
-
 def quantize_fp8(graph: Graph, env: DimEnv | None = None) -> Graph:
     """The matmuls, convolutions and attentions the source asks to compute in fp8 read
     quantised operands."""
@@ -85,8 +78,6 @@ PASSES: list[Pass] = [
     bias_from_add,
     # A residual added before the conv's bias: the order cuDNN's fused conv kernels take.
     _each(residual_before_bias),
-    # A stem conv (stride 2 over 3 channels) over the space-to-depth of its input: 12 channels.
-    space_to_depth_stem,
     # x + 0, x * 1, same-dtype casts, scalar arithmetic: nothing to run.
     _each(fold_scalars),
     # The rows 0..n-1 of a table picked by `arange(n)`: a slice, read in place.
