@@ -57,7 +57,8 @@ def test_every_op_and_every_feature_is_generated() -> None:
     for feature in ("io=f32", "io=f16", "io=bf16", "layout NHWC", "dynamic dim N", "def",
                     "repeat", "an input declared in a def", "depthwise 5x5 conv", "fp8 matmul",
                     "fp8 conv", "rotary", "gated projections", "rotated and plain values cached",
-                    "a key mask read by attentions of two query counts"):
+                    "a key mask read by attentions of two query counts",
+                    "transposed conv as a matmul (kernel = stride)"):
         assert stats.features[feature] > 0, feature
 
 

@@ -376,7 +376,7 @@ def test_a_transposed_conv_reads_nchw_data_through_a_channels_last_copy(tmp_path
     c = _compiled("""model m {
   precision io=f16, intermediate=f32, compute=f32
   input x: [1, 16, 6, 6]
-  param w: [16, 8, 2, 2]
+  param w: [16, 8, 3, 3]
   output y = relu(conv_transpose(x, w, stride=2))
 }
 """, tmp_path)
@@ -405,7 +405,7 @@ def test_a_conv_over_rows_sliced_from_channels_last_data_reads_a_copy(tmp_path: 
 
 
 @pytest.mark.parametrize(("body", "inner_op", "suffix", "order"), [
-    ("  input x: [2, 4, 6, 6] @NHWC\n  param w: [4, 8, 2, 2]\n"
+    ("  input x: [2, 4, 6, 6] @NHWC\n  param w: [4, 8, 3, 3]\n"
      "  output y = conv_transpose(x, w, stride=2)", "conv_transpose", "channels_last_out",
      (0, 2, 3, 1)),
     ("  layout NHWC\n  input x: [2, 3, 5, 8]\n  param w: [8, 16]\n  output y = matmul(x, w)",
@@ -431,7 +431,7 @@ def test_a_transposed_conv_on_channels_last_data_reads_channels_last_weights(
     c = _compiled("""model m {
   layout NHWC
   input x: [2, 4, 6, 6]
-  param w: [4, 8, 2, 2]
+  param w: [4, 8, 3, 3]
   output y = relu(conv_transpose(x, w, stride=2))
 }
 """, tmp_path)

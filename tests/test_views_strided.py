@@ -169,7 +169,7 @@ TORCH_OF = {  # the same in PyTorch, from the space-to-depth s, the param w and 
     # read by a pointwise op: row-major (the reshape after it is a view of any row-major copy)
     ("relu", f"  output y = relu({S2D})", (0, 1, 2, 3, 4, 5)),
     # read by a transposed conv's data, or by a conv as its weights: channels-last there too
-    ("conv_transpose", f"  param w: [12, 5, 2, 2]\n  output y = conv_transpose({S2D}, w, stride=2)",
+    ("conv_transpose", f"  param w: [12, 5, 3, 3]\n  output y = conv_transpose({S2D}, w, stride=2)",
      (0, 4, 5, 1, 2, 3)),
     ("weights", f"  input d: [2, 12, 6, 6]\n  output y = conv(d, {S2D})", (0, 4, 5, 1, 2, 3)),
     # two steps after the copy (a reshape, then a transpose of the image's axes): the order

@@ -181,6 +181,22 @@ class _Shaper:
                 self.dropped[name] = self.dropped[node.inputs[0]]
         self.form = ("rows" if anchor.op in ROWS_OPS else "rank3" if anchor.op == "matmul"
                      else "channels" if anchor.op == "instancenorm" else "natural")
+        if self.form == "rank3" and not self._batch_merges(anchor):
+            self.form = "batched"
+
+    def _batch_merges(self, anchor: Node) -> bool:
+        """Whether each matmul operand's batch axes are all the result's or all 1, so they merge
+        into cuDNN's one batch axis. An operand broadcast along some of them (a [B, 1, M, K]
+        times a [2, K, N]: a transposed convolution as a matmul) keeps the axes apart: cuDNN
+        broadcasts per batch axis."""
+        out = [int(concrete(d, self.values, self.env)) for d in anchor.type.shape][:-2]
+        for name in anchor.inputs:
+            dims = [int(concrete(d, self.values, self.env))
+                    for d in self.nodes[name].type.shape][:-2]
+            dims = [1] * (len(out) - len(dims)) + dims
+            if dims != out and math.prod(dims) != 1:
+                return False
+        return True
 
     def shape(self, name: str, used_by: Node | None = None) -> tuple[list[int], list[int]]:
         node = self.nodes[name]
@@ -215,9 +231,9 @@ class _Shaper:
         return out
 
     def _form(self, shape: list[int], strides: list[int]) -> tuple[list[int], list[int]]:
-        if self.form == "rank3":
-            if len(shape) < 3:
-                return _pad(shape, strides, 3)
+        if self.form in ("rank3", "batched"):
+            if len(shape) < 3 or self.form == "batched":
+                return _pad(shape, strides, max(3, len(shape)))
             batch, bstride = _merge(shape, strides, 0, len(shape) - 2)
             return [batch, *shape[-2:]], [bstride, *strides[-2:]]
         if self.form == "rows":

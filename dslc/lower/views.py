@@ -59,9 +59,12 @@ def _chosen_layout(rw: Rewriter, node: Node) -> Layout:
         if seen.shape == node.type.shape and seen.layout is not None:
             return seen.layout
     if node.op == "concat":
-        first = rw.node(node.inputs[0])
-        if first.type.layout is not None and first.type.rank == rank:
-            return first.type.layout
+        # in the memory order its first part is read in, a view's included (a UNet's upsample,
+        # a view of a matmul's result, joined with the skip connection for a conv: channels-
+        # last, where row-major cost a second copy for the conv)
+        first = _seen_as(rw, node.inputs[0])
+        if first.layout is not None and first.rank == rank:
+            return first.layout
     return Layout.row_major(rank)
 
 

@@ -71,6 +71,29 @@ CASES: dict[str, str] = {
   input x: [2, 32, 8, 8]
   output y = conv_transpose2d(x, out=16, k=2, stride=2)
 }""",
+    # kernel = stride: a batched matmul (`lower.upconv`); the overlapping one: cuDNN's dgrad
+    "conv_transpose_overlapping_f16": NN + """model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 32, 8, 8]
+  output y = conv_transpose2d(x, out=16, k=3, stride=2, pad=1)
+}""",
+    "upsample_as_matmul_joined_with_a_skip_for_a_conv_bf16": NN + """model m {
+  precision io=bf16
+  layout NHWC
+  input x: [2, 64, 8, 8]
+  input skip: [2, 32, 16, 16]
+  let u = conv_transpose2d(x, out=32, k=2, stride=2)
+  output y = relu(conv2d(concat([u, skip], axis=1), out=32, k=3, pad=1))
+}""",
+    "upsample_3x2_as_matmul_f32": """model m {
+  precision io=f32, intermediate=f32, compute=f32
+  layout NHWC
+  input x: [3, 16, 5, 7]
+  param w: [16, 8, 3, 2]
+  param b: [8]
+  output y = sigmoid(bias_add(conv_transpose(x, w, stride=[3, 2]), b))
+}""",
     "matmul_bias_gelu_f16": NN + """model m {
   precision io=f16
   input x: [64, 256]

@@ -1,0 +1,139 @@
+"""A transposed convolution whose kernel is its stride runs as a batched matmul whose result is
+the channels-last output (`dslc.lower.upconv`): which ones are rewritten, the bias as the
+matmul's epilogue, and the values against PyTorch's conv_transpose2d of the source (the oracle
+never goes through the rewrite, nor through numpy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dslc.check.checker import CheckedModel
+from dslc.ir import interp
+from dslc.lower.canonical import load_time
+from dslc.pipeline import lower_and_fuse
+from tests.helpers import check_source, rng
+
+UP = """model m {
+  precision io=%(dtype)s, intermediate=f32, compute=f32
+  %(layout)s
+  dim N = 1..4
+  input x: [N, 6, 5, %(w)d]
+  param w: [6, 4, %(kh)d, %(kw)d]
+  param b: [4]
+  let u = conv_transpose(x, w, stride=%(stride)s%(more)s)
+  %(tail)s
+}
+"""
+BIAS = "output y = relu(bias_add(u, b))"
+
+
+def _model(tmp_path: Path, *, dtype: str = "f32", w: int = 7, kh: int = 2, kw: int = 2,
+           stride: str = "2", more: str = "", tail: str = BIAS,
+           layout: str = "layout NHWC") -> CheckedModel:
+    src = UP % {"dtype": dtype, "w": w, "kh": kh, "kw": kw, "stride": stride, "more": more,
+                "tail": tail, "layout": layout}
+    return check_source(src, tmp_path).model
+
+
+def _run(model: CheckedModel, kh: int, kw: int, n: int = 3,
+         dtype: str = "f32") -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    lowered, plan = lower_and_fuse(model)
+    g = rng(f"upconv {kh} {kw} {dtype}")
+    narrow = np.float16 if dtype == "f16" else np.float32
+    x = g.standard_normal((n, 6, 5, 7)).astype(narrow)
+    params = {"w": (g.standard_normal((6, 4, kh, kw)) / 3).astype(narrow),
+              "b": g.standard_normal(4).astype(narrow)}
+    got = interp.run(lowered, {"x": x}, params, model.env, virtual=plan.virtual(),
+                     check_views=True)
+    return {"x": x, **params}, got
+
+
+def _torch(v: dict[str, np.ndarray], stride: tuple[int, int]) -> torch.Tensor:
+    t = {k: torch.from_numpy(a.astype(np.float64)) for k, a in v.items()}
+    return torch.nn.functional.conv_transpose2d(t["x"], t["w"], stride=stride)
+
+
+@pytest.mark.parametrize(("kh", "kw", "stride"), [(2, 2, "2"), (3, 2, "[3, 2]"), (1, 1, "1")])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_a_transposed_conv_with_its_kernel_as_stride_is_a_matmul_and_equals_pytorch(
+        kh: int, kw: int, stride: str, dtype: str, tmp_path: Path) -> None:
+    model = _model(tmp_path, dtype=dtype, kh=kh, kw=kw, stride=stride)
+    lowered, _ = lower_and_fuse(model)
+    ops = [n.op for n in lowered.nodes]
+    assert "conv_transpose" not in ops and ops.count("matmul") == 1
+    [mm] = [n for n in lowered.nodes if n.op == "matmul"]
+    [bias] = [n for n in lowered.nodes if n.op == "bias_add"]
+    assert bias.inputs[0] == mm.name and bias.attrs["axis"] == 3  # the bias, its epilogue
+    copies = {n.name for n in lowered.nodes if n.op in ("contiguous", "concat")}
+    assert copies <= load_time(lowered), copies  # the weights' and the bias' (once, at load)
+    v, got = _run(model, kh, kw, dtype=dtype)
+    want = torch.relu(_torch(v, (kh, kw)) + torch.from_numpy(
+        v["b"].astype(np.float64))[:, None, None]).numpy()
+    assert got["y"].shape == want.shape and np.abs(want).max() > 0.5
+    tolerance = 4e-3 if dtype == "f16" else 1e-6  # f16: the output's rounding
+    assert np.abs(got["y"].astype(np.float64) - want).max() <= tolerance * np.abs(want).max()
+
+
+def test_without_a_bias_or_with_the_result_read_twice_the_matmul_stands_alone(
+        tmp_path: Path) -> None:
+    tail = "output y = bias_add(u, b)\n  output z = relu(u)"
+    model = _model(tmp_path, tail=tail)
+    lowered, _ = lower_and_fuse(model)
+    [mm] = [n for n in lowered.nodes if n.op == "matmul"]
+    assert "conv_transpose" not in [n.op for n in lowered.nodes]
+    assert all(mm.name not in n.inputs for n in lowered.nodes if n.op == "bias_add")
+    v, got = _run(model, 2, 2)
+    u = _torch(v, (2, 2))
+    want = {"y": (u + torch.from_numpy(v["b"].astype(np.float64))[:, None, None]).numpy(),
+            "z": torch.relu(u).numpy()}
+    for name, w in want.items():
+        assert np.abs(got[name] - w).max() <= 1e-6 * np.abs(w).max(), name
+
+
+def test_in_a_channels_first_model_the_input_and_the_output_are_copied_and_equal_pytorch(
+        tmp_path: Path) -> None:
+    """Without `layout NHWC` the rows the matmul reads, and the output it writes, are no views
+    of NCHW memory: one copy each way, and the same numbers."""
+    model = _model(tmp_path, layout="# NCHW")
+    lowered, _ = lower_and_fuse(model)
+    assert "conv_transpose" not in [n.op for n in lowered.nodes]
+    v, got = _run(model, 2, 2)
+    want = torch.relu(_torch(v, (2, 2)) + torch.from_numpy(
+        v["b"].astype(np.float64))[:, None, None]).numpy()
+    assert np.abs(got["y"] - want).max() <= 1e-6 * np.abs(want).max()
+
+
+@pytest.mark.parametrize(("kh", "stride", "more"), [
+    (3, "2", ""),  # overlapping blocks: a kernel larger than the stride
+    (2, "2", ", pad=1"),
+    (2, "2", ", output_pad=1"),
+    (2, "2", ", dilation=2"),
+])
+def test_a_transposed_conv_whose_blocks_overlap_or_are_cut_stays_a_convolution(
+        kh: int, stride: str, more: str, tmp_path: Path) -> None:
+    model = _model(tmp_path, kh=kh, kw=kh, stride=stride, more=more)
+    lowered, _ = lower_and_fuse(model)
+    assert "conv_transpose" in [n.op for n in lowered.nodes]
+    assert "matmul" not in [n.op for n in lowered.nodes]
+
+
+def test_the_matmul_keeps_its_batch_axes_apart_and_is_one_cudnn_graph(tmp_path: Path) -> None:
+    """Its input broadcasts along one batch axis (the block row): merged into cuDNN's one batch
+    axis, the shapes would not broadcast (cuDNN refused it); kept apart, cuDNN takes the graph
+    with the bias as its epilogue, deviceless."""
+    from dslc.backend.target import load_target
+    from dslc.compile.stage import compile_model
+
+    model = _model(tmp_path, dtype="f16", tail="output y = bias_add(u, b)")
+    lowered, plan = lower_and_fuse(model)
+    c = compile_model(model, lowered, plan, load_target("h200"))
+    [built] = [b for b in c.builds.values()]
+    assert [o.op for o in built.spec.ops] == ["matmul", "bias_add"]
+    dims = {t.name: t.dims for t in built.spec.tensors}
+    assert dims["y.rows"] == (20, 1, 7, 6)  # N * H (N = 4), the block rows broadcast, W, C
+    assert dims["y.taps"] == (1, 2, 6, 8)  # the block rows, C, the taps j and channels o
+    assert dims["y.matmul"] == (20, 2, 7, 8)
