@@ -2,7 +2,7 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|bert|decode|families|tune|probe|fuzz|all] [extra args...]
+# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|bert|decode|families|tune|probe|fuzz|ab|all] [extra args...]
 #   tests: every GPU test (over 10 minutes since session 15: one device call runs tests-a, the
 #   files up to test_models_gpu.py, another tests-b, the rest); ops/models/startup: one file's worth (startup: tuning, start-up
 #   decisions, CLI); fp8: the fp8 GPT blocks against fp16 (tests/gpu/test_fp8_gpu.py); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
@@ -13,7 +13,7 @@
 #   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
 #   processes; extra args go to it); families: scripts/bench_families.py (the seven model
 #   families against PyTorch and torch.compile; extra args go to it, e.g. --untuned or --only
-#   convnext); all: tests, then tune.
+#   convnext); ab: dslc bench of one model on this tree and on BASE's (below); all: tests, then tune.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -71,6 +71,24 @@ print(sys.argv[1], 'dslc graph %.4f call %.4f | torch.compile %.4f | x compile %
   families)
     python3 scripts/bench_families.py --out "$out" "${extra[@]}" > "$out/families.log" 2>&1 || status=1
     tail -12 "$out/families.log" ;;
+  ab)  # dslc bench of one model on this tree and on BASE (another tree's dslc/ and grammar/, e.g. `git
+       # archive REV dslc grammar | tar -x -C build/base`, carried), each with an empty plan cache;
+       # extra args: the .cgraph file, then bench's, e.g. models/unet.cgraph --size N=1,H=256,W=256
+    base=${BASE:-build/base}
+    [ -d "$base/dslc" ] && [ -d "$base/grammar" ] || { echo "ab: no dslc/ and grammar/ under $base (carry it)"; exit 1; }
+    root=$PWD
+    for side in new base; do
+      tree=$root; [ $side = base ] && tree=$root/$base
+      rm -rf ~/.cache/dslc
+      (cd "$tree" && PYTHONPATH=/tmp/site:$tree python3 -m dslc bench "$root/${extra[0]}" \
+        "${extra[@]:1}" --format json > "$out/ab_$side.json" 2> "$out/ab_$side.log") || status=1
+      python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+for s in d['sizes']:
+    steps = (s['roofline'] or {}).get('steps') or []
+    print(sys.argv[2], s['dims'], 'graph %.4f plain %.4f ms' % (s['dslc']['graph_ms'], s['dslc']['plain_ms']))
+    print('   ', ' | '.join('%s %.4f' % (r['step'], r['ms']) for r in steps[:8]))" "$out/ab_$side.json" $side \
+        || status=1
+    done ;;
   probe)
     python3 scripts/probe_gpu.py --out "$out" 2>&1 | tee "$out/probe.log" | tail -80 || status=1 ;;
   fuzz)

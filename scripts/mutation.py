@@ -187,12 +187,12 @@ def _loaded(group: str) -> dict[str, Any]:
 
 def _metas(folder: Path) -> dict[str, dict[str, Any]]:
     """module -> its mutmut result file (`.meta`), for the modules the group mutates now (a
-    module taken out of a group keeps a stale one)."""
+    module taken out of a group, or deleted from the checkout, keeps a stale one)."""
     globs = GROUPS[folder.name][0]
     out = {}
     for meta in sorted((folder / "mutants").glob("dslc/**/*.py.meta")):
         module = str(meta.relative_to(folder / "mutants"))[:-len(".meta")]
-        if any(fnmatch.fnmatch(module, pattern) for pattern in globs):
+        if any(fnmatch.fnmatch(module, pattern) for pattern in globs) and (ROOT / module).exists():
             out[module] = json.loads(meta.read_text())
     return out
 

@@ -107,6 +107,38 @@ def test_in_a_channels_first_model_the_input_and_the_output_are_copied_and_equal
     assert np.abs(got["y"] - want).max() <= 1e-6 * np.abs(want).max()
 
 
+def test_a_bias_along_another_axis_is_no_epilogue_of_the_matmul(tmp_path: Path) -> None:
+    """A vector added along the width is not the conv's bias: the matmul stands alone (taken
+    as the bias, it would be added per channel) and the numbers are PyTorch's."""
+    model = _model(tmp_path, tail="param v: [14]\n  output y = bias_add(u, v, axis=3)")
+    lowered, plan = lower_and_fuse(model)
+    [mm] = [n for n in lowered.nodes if n.op == "matmul"]
+    assert all(mm.name not in n.inputs for n in lowered.nodes if n.op == "bias_add")
+    g = rng("upconv width bias")
+    v = {"x": g.standard_normal((3, 6, 5, 7)).astype(np.float32),
+         "w": (g.standard_normal((6, 4, 2, 2)) / 3).astype(np.float32),
+         "v": g.standard_normal(14).astype(np.float32)}
+    params = {"w": v["w"], "v": v["v"], "b": np.ones(4, np.float32)}  # b: declared, unread
+    got = interp.run(lowered, {"x": v["x"]}, params, model.env,
+                     virtual=plan.virtual(), check_views=True)["y"]
+    want = (_torch(v, (2, 2)) + torch.from_numpy(v["v"].astype(np.float64))).numpy()
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+
+
+def test_a_3d_transposed_conv_with_its_kernel_as_stride_stays_a_convolution(
+        tmp_path: Path) -> None:
+    """The rewrite is of 2-d convolutions (the blocks' rows and columns)."""
+    src = """model m {
+  precision io=f32, intermediate=f32, compute=f32
+  input x: [2, 6, 3, 4, 5]
+  param w: [6, 4, 2, 2, 2]
+  output y = conv_transpose(x, w, stride=2)
+}
+"""
+    lowered, _ = lower_and_fuse(check_source(src, tmp_path).model)
+    assert "conv_transpose" in [n.op for n in lowered.nodes]
+
+
 @pytest.mark.parametrize(("kh", "stride", "more"), [
     (3, "2", ""),  # overlapping blocks: a kernel larger than the stride
     (2, "2", ", pad=1"),

@@ -32,7 +32,8 @@ def transposed_conv_as_matmul(rw: Rewriter, node: Node) -> str | None:
     """conv_transpose (stride = kernel, no padding) -> views of a matmul; with the bias_add that
     alone reads it, the bias as the matmul's epilogue (the rule fires at the bias_add then, and
     the convolution left behind is dead)."""
-    if node.op == "bias_add" and _takes_bias(rw, node):
+    # an eligible conv_transpose a bias_add reads is one left for it (`_bias_follows`)
+    if node.op == "bias_add" and _eligible(rw, rw.node(node.inputs[0])):
         return _as_matmul(rw, rw.node(node.inputs[0]), node, node.inputs[1])
     if _eligible(rw, node) and not _bias_follows(rw, node.name):
         return _as_matmul(rw, node, node, None)
@@ -51,17 +52,9 @@ def _eligible(rw: Rewriter, node: Node) -> bool:
     if node.op != "conv_transpose" or node.type.rank != 4 or node.type.dtype not in FLOATS:
         return False
     a = node.attrs
-    if any(tuple(a[k]) != (v, v) for k, v in (("pad", 0), ("dilation", 1), ("output_pad", 0))):
+    if any(x != v for k, v in (("pad", 0), ("dilation", 1), ("output_pad", 0)) for x in a[k]):
         return False
     return tuple(a["stride"]) == tuple(rw.node(node.inputs[1]).type.shape[2:])
-
-
-def _takes_bias(rw: Rewriter, node: Node) -> bool:
-    """A bias_add on the channels of an eligible conv_transpose that nothing else reads."""
-    if node.op != "bias_add" or int(node.attrs["axis"]) != 1:
-        return False
-    conv = node.inputs[0]
-    return conv in rw.by_name and _eligible(rw, rw.node(conv)) and rw.only_read_by_one(conv)
 
 
 def _as_matmul(rw: Rewriter, conv: Node, like: Node, bias: str | None) -> str:
@@ -77,9 +70,8 @@ def _as_matmul(rw: Rewriter, conv: Node, like: Node, bias: str | None) -> str:
     y = rw.new("matmul", (xt, wt), {}, TensorType(dtype, shape), conv, name)
     if bias is not None:
         b = rw.node(bias).type
-        tiled = bias if kw == 1 else rw.new(
-            "concat", (bias,) * kw, concat_attrs(0, kw),
-            TensorType(b.dtype, (dims.mul(kw, o),)), like, f"{like.name}.tiled_bias")
+        tiled = rw.new("concat", (bias,) * kw, concat_attrs(0, kw),
+                       TensorType(b.dtype, (dims.mul(kw, o),)), like, f"{like.name}.tiled_bias")
         y = rw.new("bias_add", (y, tiled), {"axis": 3}, TensorType(like.type.dtype, shape), like,
                    f"{like.name}.bias_add")
     out = (n, dims.mul(h, kh), dims.mul(wd, kw), o)
