@@ -162,8 +162,9 @@ def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
                     else f"no candidate plan: {_first_line(err)}")
         out.build_s = time.perf_counter() - start
         return out
+    residual = _adds_a_residual_to_a_conv(spec)
     for index in range(out.candidates):
-        if _fails_with_a_residual(spec, g, index):
+        if residual and int(g.get_engine_and_knobs_at_index(index)[0]) in FAILS_WITH_A_RESIDUAL:
             out.note = "no plan built: the engines proposed fail with a residual"
             continue
         try:
@@ -186,13 +187,9 @@ def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
     return out
 
 
-def _fails_with_a_residual(spec: GroupSpec, g: Any, index: int) -> bool:
-    """Candidate `index` is an engine of FAILS_WITH_A_RESIDUAL and the group adds a residual to
-    its conv's result (a conv and an `add` in one graph)."""
-    ops = {o.op for o in spec.ops}
-    if not {"conv", "add"} <= ops:
-        return False
-    return int(g.get_engine_and_knobs_at_index(index)[0]) in FAILS_WITH_A_RESIDUAL
+def _adds_a_residual_to_a_conv(spec: GroupSpec) -> bool:
+    """A conv and an `add` in one graph: the graphs FAILS_WITH_A_RESIDUAL's engines fail on."""
+    return {"conv", "add"} <= {o.op for o in spec.ops}
 
 
 def knobs_out(knobs: dict[Any, Any]) -> dict[str, int]:
