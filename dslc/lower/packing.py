@@ -30,7 +30,6 @@ class Branch:
     bias: Node | None  # the bias_add of the projection's bias vector, if it has one
     bias_vector: TensorType | None  # [N]
     block: str  # the instance its weight belongs to (`encoder.layer.0.attn.q_proj`)
-    rows: str | None  # the [N, K] value the weight transposes (a PyTorch linear's), if it does
 
     @property
     def end(self) -> Node:
@@ -89,21 +88,13 @@ def _families(graph: Graph) -> list[list[Branch]]:
         readers = users[m.name]
         bias = readers[0] if len(readers) == 1 and _is_bias(readers[0], m, constants) else None
         vector = nodes[bias.inputs[1]].type if bias is not None else None
-        branch = Branch(m, w, bias, vector, _block(names.weight(m.inputs[1]), m),
-                        _transposed(nodes[m.inputs[1]]))
+        branch = Branch(m, w, bias, vector, _block(names.weight(m.inputs[1]), m))
         if _feeds_an_epilogue(branch.end.name, users):
             continue
         key = (m.inputs[0], w.shape[0], w.dtype, vector is not None and vector.dtype,
                m.type.dtype, m.precision, m.attrs, bias is not None and bias.type.dtype)
         groups[key].append(branch)
     return list(groups.values())
-
-
-def _transposed(weight: Node) -> str | None:
-    """What a weight `transpose(w, [1, 0])` transposes."""
-    if weight.op == "transpose" and tuple(weight.attrs["perm"]) == (1, 0):
-        return weight.inputs[0]
-    return None
 
 
 def _block(weight: str | None, matmul: Node) -> str:
@@ -136,18 +127,12 @@ def _packed(family: list[Branch]) -> list[Node]:
     name = f"{m.name}.packed"
     shape = (*m.type.shape[:-1], total)
     depth = first.weight.shape[0]
-    rows = [b.rows for b in family if b.rows is not None]
-    if len(rows) == len(family):
-        # PyTorch linears' [N, K] weights joined along N, read transposed: K stays contiguous,
-        # as each projection read its own (the few-row matmul kernel needs it: `backend.gemv`)
-        out = [derived("concat", tuple(rows), concat_attrs(0, len(family)),
-                       TensorType(first.weight.dtype, (total, depth)), m, f"{name}.rows"),
-               derived("transpose", (f"{name}.rows",), {"perm": (1, 0)},
-                       TensorType(first.weight.dtype, (depth, total)), m, f"{name}.weight")]
-    else:
-        out = [derived("concat", tuple(b.matmul.inputs[1] for b in family),
-                       concat_attrs(1, len(family)), TensorType(first.weight.dtype, (depth, total)),
-                       m, f"{name}.weight")]
+    # PyTorch linears' [N, K] weights, read transposed, stay K-contiguous when joined: a concat
+    # is laid out as its first operand is seen (`lower.views`), as the few-row matmul kernel
+    # needs (`backend.gemv`)
+    out = [derived("concat", tuple(b.matmul.inputs[1] for b in family),
+                   concat_attrs(1, len(family)), TensorType(first.weight.dtype, (depth, total)),
+                   m, f"{name}.weight")]
     out += [derived("matmul", (m.inputs[0], f"{name}.weight"), dict(m.attrs),
                    TensorType(m.type.dtype, shape, m.type.layout), m, name)]
     if first.bias is not None and first.bias_vector is not None:
