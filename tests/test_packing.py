@@ -55,24 +55,32 @@ def test_a_packed_projection_computes_what_the_three_compute(tmp_path: Path) -> 
         assert got[name].shape == value.shape and relative_error(got[name], value) < 1e-6, name
 
 
-@pytest.mark.parametrize(("transposed", "contiguous_k"), [(True, True), (False, False)])
-def test_packed_linear_weights_keep_k_contiguous(
-        transposed: bool, contiguous_k: bool, tmp_path: Path) -> None:
-    """PyTorch linears' [N, K] weights, read transposed, are joined along N and read transposed:
-    K stays contiguous, as each branch read its own (what the few-row matmul kernel takes).
-    Weights given as [K, N] are joined along N as they are."""
-    if transposed:
-        body = """  param a: [16, 24]
+_LINEAR_WEIGHTS = {  # how each weight is declared and read -> whether the packed one is K-contiguous
+    "both transposed": ("""  param a: [16, 24]
   param b: [8, 24]
   output y = reshape(matmul(x, transpose(a, [1, 0])), [12, 16])
   output z = reshape(matmul(x, transpose(b, [1, 0])), [12, 8])
-"""
-    else:
-        body = """  param a: [24, 16]
+""", True),
+    "both as they are": ("""  param a: [24, 16]
   param b: [24, 8]
   output y = reshape(matmul(x, a), [12, 16])
   output z = reshape(matmul(x, b), [12, 8])
-"""
+""", False),
+    # the joined weight is laid out as its first part is read (`lower.views`)
+    "the first transposed": ("""  param a: [16, 24]
+  param b: [24, 8]
+  output y = reshape(matmul(x, transpose(a, [1, 0])), [12, 16])
+  output z = reshape(matmul(x, b), [12, 8])
+""", True),
+}
+
+
+@pytest.mark.parametrize("case", list(_LINEAR_WEIGHTS))
+def test_packed_linear_weights_keep_k_contiguous(case: str, tmp_path: Path) -> None:
+    """PyTorch linears' [N, K] weights, read transposed, are joined along N and stay
+    K-contiguous, as each branch read its own (what the few-row matmul kernel takes). Weights
+    given as [K, N] are joined along N as they are."""
+    body, contiguous_k = _LINEAR_WEIGHTS[case]
     text = "model m {\n  input x: [2, 6, 24]\n" + body + "}\n"
     model, program = deviceless_program(text, tmp_path)
     [m] = [n for n in program.graph.nodes if n.op == "matmul"]
@@ -81,7 +89,7 @@ def test_packed_linear_weights_keep_k_contiguous(
     x = rng("packed linears").standard_normal((2, 6, 24)).astype(np.float32)
     weights = random_weights(model.params, 3)
     got = arena.run(program, {}, {"x": x}, weights)
-    a, b = (weights[k].T if transposed else weights[k] for k in ("a", "b"))
+    a, b = (weights[k].T if weights[k].shape[0] != 24 else weights[k] for k in ("a", "b"))
     for name, value in (("y", (x @ a).reshape(12, 16)), ("z", (x @ b).reshape(12, 8))):
         assert relative_error(got[name], value) < 1e-6, name
 
