@@ -5,8 +5,9 @@ graph; it is stored in the bundle, so the runtime can rebuild any graph without 
 Tensors are shaped in the group's cuDNN form: broadcast operands padded to the group's rank,
 a bias vector placed on its axis, the dims a reduction drops kept as 1s, and two rank
 conventions of cuDNN: a matmul group in rank 3 ([batch, M, N]), a layernorm or rmsnorm group as
-rows ([prod(L), D, 1, 1]). Uids follow the order of the tensors, so groups with one signature get
-identical specs up to names and share one plan.
+rows ([prod(L), D, 1, 1]), and a 1-d convolution's group as a 2-d one over a single row ([N, C, T]
+as [N, C, 1, T], its window, stride and padding given the row's). Uids follow the order of the
+tensors, so groups with one signature get identical specs up to names and share one plan.
 """
 
 from __future__ import annotations
@@ -180,7 +181,9 @@ class _Shaper:
             elif node.inputs and node.inputs[0] in self.dropped:
                 self.dropped[name] = self.dropped[node.inputs[0]]
         self.form = ("rows" if anchor.op in ROWS_OPS else "rank3" if anchor.op == "matmul"
-                     else "channels" if anchor.op == "instancenorm" else "natural")
+                     else "channels" if anchor.op == "instancenorm"
+                     else "one_row" if over_one_row(anchor)
+                     else "natural")
         if self.form == "rank3" and not self._batch_merges(anchor):
             self.form = "batched"
 
@@ -243,6 +246,10 @@ class _Shaper:
             rows, rstride = _merge(shape, strides, 0, lead)
             cols, cstride = _merge(shape, strides, lead, len(shape))
             return [rows, cols, 1, 1], [rstride, cstride, cstride, cstride]
+        if self.form == "one_row":
+            # cuDNN's convolutions are 2-d and 3-d (a rank-3 [1, N, C, T] was refused, `xDimA[1]
+            # != wDimA[0]`, and the conv ran as a fallback kernel): the unit axis is the height
+            return [*shape[:2], 1, shape[2]], [*strides[:2], strides[2] * shape[2], strides[2]]
         if self.form == "channels" and len(shape) < 4:
             # An instance norm reads axis 0 as the batch and 1 as the channels: size-1 axes go
             # after the spatial ones ([N, C, L] as [N, C, L, 1]), not before (generated
@@ -255,6 +262,26 @@ class _Shaper:
         if len(shape) < 4:
             return _pad(shape, strides, 4)
         return shape, strides
+
+
+# A 1-d convolution's window attributes, and what the unit height axis adds to each.
+_ONE_ROW = {"stride": 1, "dilation": 1, "pad": 0, "pre_pad": 0, "post_pad": 0, "output_pad": 0}
+
+
+def over_one_row(anchor: Node) -> bool:
+    """Whether a group anchored at this node takes the 2-d form of a 1-d convolution."""
+    return anchor.op in CONV_OPS and anchor.type.rank == 3
+
+
+def one_row_attrs(op: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes of an op of a 1-d convolution's group in the 2-d form ([N, C, 1, T]): the
+    window's over the unit height, an epilogue's axis past it moved one on."""
+    out = dict(attrs)
+    if op in CONV_OPS:
+        out.update({k: (unit, *out[k]) for k, unit in _ONE_ROW.items() if out.get(k) is not None})
+    elif "axis" in out and int(out["axis"]) >= 2:
+        out["axis"] = int(out["axis"]) + 1
+    return out
 
 
 def _lengths_of(sdpa: Node) -> set[str]:
@@ -439,6 +466,8 @@ def group_spec(graph: Graph, group: Group, values: Mapping[str, int], env: DimEn
                        {k: concrete(v, values, env) for k, v in nodes[name].attrs.items()},
                        compute_dtype(nodes[name]))
                 for name in group.nodes)
+    if shaper.form == "one_row":
+        ops = tuple(replace(op, attrs=one_row_attrs(op.op, op.attrs)) for op in ops)
     _broadcastable(tensors, ops, group.anchor)
     _operands_apart(nodes, group)
     _window_inside_image(tensors, ops, group.anchor)

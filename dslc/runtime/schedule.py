@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dslc.backend import fused, gemv
+from dslc.backend.spec import one_row_attrs, over_one_row
 from dslc.core.dims import DimEnv
 from dslc.ir.graph import IN_PLACE, Graph, Node
 from dslc.ir.interp import ITEMSIZE, concrete
@@ -185,10 +186,11 @@ class Schedule:
         reaching no further than that value's memory."""
         if [o.op for o in spec.ops] != [self.nodes[n].op for n in step.nodes]:
             raise BundleError(f"{where}: its ops are not those of step `{step.name[:60]}`")
+        one_row = any(over_one_row(self.nodes[n]) for n in step.nodes)  # its 2-d form
         for o, name in zip(spec.ops, step.nodes, strict=True):
             node = self.nodes[name]
-            want = {k: plain(concrete(v, dims, self.env)) for k, v in node.attrs.items()}
-            if plain(dict(o.attrs)) != want:
+            want = {k: concrete(v, dims, self.env) for k, v in node.attrs.items()}
+            if plain(dict(o.attrs)) != plain(one_row_attrs(node.op, want) if one_row else want):
                 raise BundleError(f"{where}: the attributes of `{o.node[:60]}` are not those "
                                   f"of node `{name[:60]}` at {dict(dims)}")
         names = list(step.inputs) + list(step.nodes)

@@ -94,6 +94,31 @@ CASES: dict[str, str] = {
   param b: [8]
   output y = sigmoid(bias_add(conv_transpose(x, w, stride=[3, 2]), b))
 }""",
+    # 1-d convolutions as cuDNN's 2-d ones over one row (`backend.spec`, the "one_row" form)
+    "conv1d_bias_gelu_channels_last_f16": """model m {
+  precision io=f16
+  layout NHWC
+  input x: [4, 80, 64]
+  param w: [96, 80, 3]
+  param b: [96]
+  output y = gelu(bias_add(conv(x, w, pad=1), b))
+}""",
+    "conv1d_strided_dilated_with_a_residual_f32": """model m {
+  precision io=f32, intermediate=f32, compute=f32
+  input x: [2, 24, 50]
+  input s: [2, 25, 32]
+  param w: [32, 24, 5]
+  param b: [32]
+  let c = bias_add(conv(x, w, stride=2, pad=4, dilation=2), b)
+  output y = transpose(relu(c) + transpose(s, [0, 2, 1]), [0, 2, 1])
+}""",
+    "conv_transpose1d_overlapping_bf16": """model m {
+  precision io=bf16
+  layout NHWC
+  input x: [2, 32, 20]
+  param w: [32, 16, 4]
+  output y = conv_transpose(x, w, stride=2, pad=1)
+}""",
     "matmul_bias_gelu_f16": NN + """model m {
   precision io=f16
   input x: [64, 256]
