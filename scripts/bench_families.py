@@ -35,6 +35,7 @@ FAMILIES = {
     "sd_down_block": "B=2,H=32,W=32",
     "yolo_sppf": "N=16,H=20,W=20",
     "llama_layer": "B=1,S=1024",
+    "whisper_encoder": "B=8",
 }
 HEAD = ("| model | size | dslc ms | dslc graph ms | torch eager ms | torch graph ms | "
         "torch.compile ms | x graph | x compile | rel err | within |")

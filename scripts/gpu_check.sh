@@ -11,7 +11,7 @@
 #   against PyTorch; extra args go to it, e.g. --kernels); probe: scripts/probe_gpu.py (where
 #   the time goes); fuzz:
 #   scripts/fuzz_diff.py --backend cudnn (FUZZ_COUNT programs of FUZZ_SEED over FUZZ_JOBS
-#   processes; extra args go to it); families: scripts/bench_families.py (the seven model
+#   processes; extra args go to it); families: scripts/bench_families.py (the model
 #   families against PyTorch and torch.compile; extra args go to it, e.g. --untuned or --only
 #   convnext); ab: dslc bench of one model on this tree and on BASE's (below); all: tests, then tune.
 set -uo pipefail

@@ -332,3 +332,16 @@ def test_a_source_file_given_for_a_bundle_says_so(args: tuple[str, ...], tmp_pat
     assert r.code == 2
     assert r.stderr == ("error: `models/mlp.cgraph` is .cgraph source, not a bundle: compile it "
                         "first (`dslc compile models/mlp.cgraph`)\n")
+
+
+@pytest.mark.parametrize(("bucket", "says"), [
+    ("N=3", "is not a bucket of `dyn` (N=1; N=8); a model's buckets are its dims' `tune [...]`"),
+    ("N=eight", "`--bucket N=eight`: write DIM=VALUE[,DIM=VALUE...]"),
+])
+def test_a_bucket_the_model_lacks_is_a_usage_error_naming_its_buckets(
+        bucket: str, says: str, tmp_path: Path) -> None:
+    source = tmp_path / "dyn.cgraph"
+    source.write_text("model dyn {\n  dim N = 1..8 tune [1, 8]\n  input x: [N, 4]\n"
+                      "  output y = relu(x)\n}\n")
+    r = run_cli("compile", str(source), "-o", str(tmp_path / "out"), "--bucket", bucket, "-q")
+    assert r.code == 2 and says in r.stderr and not (tmp_path / "out").exists(), r.stderr

@@ -1,5 +1,5 @@
 """The model families of models/ (MobileNetV3, ConvNeXt, ViT, BERT, Stable Diffusion, YOLO,
-Llama) end to end on the CPU, against the independent PyTorch modules of
+Llama, Whisper's encoder) end to end on the CPU, against the independent PyTorch modules of
 tests/torch_conv_families.py and tests/torch_attention_families.py:
 - the params manifest is the PyTorch module's state_dict, keys and shapes in order, at the sizes
   the .cgraph file declares (the modules built on the meta device: no memory);
@@ -90,6 +90,11 @@ FAMILIES = {
     "llama_layer": Family(attn.LlamaLayer, _named(hidden_states=_f32(2, 48, 128)),
                           {"D": 128, "HEADS": 4, "KV_HEADS": 2, "FFN": 192},
                           {"d": 128, "heads": 4, "kv_heads": 2, "ffn": 192}),
+    "whisper_encoder": Family(attn.WhisperAudioEncoder, _named(input_features=_f32(2, 16, 36)),
+                              {"MELS": 16, "S": 18, "D": 64, "HEADS": 2, "FFN": 96,
+                               "LAYERS": 2},
+                              {"mels": 16, "positions": 18, "d": 64, "heads": 2, "ffn": 96,
+                               "layers": 2}),
 }
 
 
@@ -219,6 +224,8 @@ FALLBACK_KERNELS = {
     # cuDNN's pointwise graphs are not given (backend/spec.py): a kernel each, written into the
     # concatenation in place (its step copies nothing)
     "llama_layer": {"arange": 1, "concat": 3, "neg": 2, "mul": 2},
+    # its 1-d convolutions are cuDNN graphs (2-d over one row: backend.spec)
+    "whisper_encoder": {},
 }
 
 

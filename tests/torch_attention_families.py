@@ -424,3 +424,72 @@ class LlamaLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model(hidden_states)
+
+
+# ---- Whisper's audio encoder (transformers.models.whisper.modeling_whisper) ---------------------
+
+class WhisperAttention(nn.Module):
+    """Self-attention as Whisper's: q scaled by head_dim ** -0.5, k_proj without a bias."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, d // heads
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d)
+        self.q_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+
+        q = heads(self.q_proj(x) * self.head_dim ** -0.5)
+        scores = q @ heads(self.k_proj(x)).transpose(-1, -2)
+        ctx = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ heads(self.v_proj(x))
+        return self.out_proj(ctx.transpose(1, 2).reshape(b, s, d))
+
+
+class WhisperEncoderLayer(nn.Module):
+    def __init__(self, d: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.self_attn = WhisperAttention(d, heads)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, ffn)
+        self.fc2 = nn.Linear(ffn, d)
+        self.final_layer_norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.self_attn(self.self_attn_layer_norm(x))
+        return h + self.fc2(F.gelu(self.fc1(self.final_layer_norm(h))))
+
+
+class WhisperEncoder(nn.Module):
+    def __init__(self, mels: int, positions: int, d: int, heads: int, ffn: int,
+                 layers: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(mels, d, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
+        self.embed_positions = nn.Embedding(positions, d)
+        self.layers = nn.ModuleList([WhisperEncoderLayer(d, heads, ffn) for _ in range(layers)])
+        self.layer_norm = nn.LayerNorm(d)
+
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.conv2(F.gelu(self.conv1(input_features)))).permute(0, 2, 1)
+        x = x + self.embed_positions.weight[: x.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        return self.layer_norm(x)
+
+
+class WhisperAudioEncoder(nn.Module):
+    """models/whisper_encoder.cgraph: WhisperModel's `encoder` (whisper-tiny sizes by default)."""
+
+    def __init__(self, mels: int = 80, positions: int = 1500, d: int = 384, heads: int = 6,
+                 ffn: int = 1536, layers: int = 4) -> None:
+        super().__init__()
+        self.encoder = WhisperEncoder(mels, positions, d, heads, ffn, layers)
+
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_features)

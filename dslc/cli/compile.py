@@ -165,7 +165,9 @@ def _buckets(specs: list[str], model: Any) -> list[dict[str, int]] | None:
             raise UsageError(f"`--bucket {spec}`: write DIM=VALUE[,DIM=VALUE...]") from err
         if bucket not in [dict(b) for b in model.buckets]:
             known = "; ".join(",".join(f"{k}={v}" for k, v in b.items()) for b in model.buckets)
-            raise UsageError(f"`--bucket {spec}` is not a bucket of `{model.name}` ({known})")
+            raise UsageError(f"`--bucket {spec}` is not a bucket of `{model.name}` ({known}); a "
+                             "model's buckets are its dims' `tune [...]` lists or its `buckets` "
+                             "line (docs/LANGUAGE.md 2.4)")
         chosen.append(bucket)
     return chosen
 

@@ -36,13 +36,14 @@ MODELS = {"mlp": {"N": 16}, "resnet18": {"N": 32}, "resnet50": {"N": 32},
           "encoder": {"B": 8, "S": 200}, "unet": {"N": 1, "H": 256, "W": 256},
           "mobilenet_v3": {"N": 32, "H": 14, "W": 14}, "convnext": {"N": 32, "H": 56, "W": 56},
           "vit_front": {"N": 8}, "bert": {"B": 8, "S": 128}, "sd_down_block": {"B": 2, "H": 32, "W": 32},
-          "yolo_sppf": {"N": 16, "H": 20, "W": 20}, "llama_layer": {"B": 1, "S": 128}}
+          "yolo_sppf": {"N": 16, "H": 20, "W": 20}, "llama_layer": {"B": 1, "S": 128},
+          "whisper_encoder": {"B": 8}}
 # The model families' PyTorch modules (at the sizes the .cgraph files declare), and the
 # largest relative error allowed against them in the model's storage dtype.
 FAMILIES = {"mobilenet_v3": conv.MobileNetV3Blocks, "convnext": conv.ConvNeXtStage1,
             "vit_front": attn.ViTFront, "bert": attn.BertFront,
             "sd_down_block": attn.SDDownBlock1, "yolo_sppf": conv.YoloSPPF,
-            "llama_layer": attn.LlamaLayer}
+            "llama_layer": attn.LlamaLayer, "whisper_encoder": attn.WhisperAudioEncoder}
 AGAINST_PYTORCH = {"f16": 2e-2, "bf16": 5e-2}
 
 
