@@ -43,6 +43,14 @@ def test_encoder_steps_name_their_projections_and_attention() -> None:
         "encoder.layer.0.ffn.fc2+bias_add+add"]
 
 
+def test_a_defs_dotted_params_name_their_blocks() -> None:
+    """A def declaring its sub-blocks' params by dotted names (Hugging Face's layers, written
+    as one def): each projection's step is named by its weight's block, not the def's instance."""
+    assert _names("llama_layer")[15:19] == [
+        "model.layers.0.self_attn.o_proj+add", "model.layers.0.post_attention_layernorm",
+        "model.layers.0.mlp.up_proj", "model.layers.0.mlp.gate_proj+silu+mul"]
+
+
 def test_model_level_params_name_the_step() -> None:
     assert _names("mlp") == ["w1+b1+relu", "w2+b2+gelu", "w3+b3"]
 

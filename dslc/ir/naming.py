@@ -3,7 +3,8 @@
 the ops fused into it, so a profile reads like the model.
 
 The anchor is named by its parameter path: the instance whose weights it reads
-(`layer1.0.conv1`), or at model level the parameter itself (`w1`); an anchor that reads no
+(`layer1.0.conv1`; the block inside it a def's dotted param names, `model.layers.0.mlp.up_proj`),
+or at model level the parameter itself (`w1`); an anchor that reads no
 weights by the value it computes (`encoder.layer.0.attn.ctx`). Each op fused into it is named the
 same way, relative to the anchor's block (`bn1`, `downsample.1`), or by its op where it reads no
 weights or those of the anchor's instance (`relu`, `add`, `bias_add`):
@@ -58,7 +59,7 @@ class StepNames:
         for i in node.inputs:
             w = self.weight(i)
             if w is not None:
-                return node.path or w
+                return _owner(node.path, w)
         return None
 
     def name(self, members: Iterable[str]) -> str:
@@ -70,6 +71,16 @@ class StepNames:
             same = label is None or label == head
             parts.append(node.op if same else _relative(label or "", head) or node.op)
         return "+".join(parts)
+
+
+def _owner(path: str | None, weight: str) -> str:
+    """The block a weight belongs to, as a node at instance `path` reads it: the instance, or a
+    block inside it the weight's dotted name declares (a def's `param self_attn.o_proj.weight`:
+    `model.layers.0.self_attn.o_proj`, not `model.layers.0`); at model level the weight itself."""
+    if not path:
+        return weight
+    inner = weight[len(path) + 1:] if weight.startswith(path + ".") else ""
+    return f"{path}.{inner.rsplit('.', 1)[0]}" if "." in inner else path
 
 
 def _relative(label: str, anchor: str) -> str:
