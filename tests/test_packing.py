@@ -117,6 +117,30 @@ def test_a_pointwise_op_after_a_view_does_not_keep_a_projection_apart(tmp_path: 
     assert [shape for _, shape in _matmuls(text, tmp_path)] == [(16, 32)]
 
 
+def test_a_projection_without_a_bias_joins_with_zeros_for_its_bias(tmp_path: Path) -> None:
+    """Whisper's k_proj has no bias, its q_proj and v_proj have: the three are one matmul, k's
+    part of the joined bias zeros (made when the weights load), and each computes what it did."""
+    text = HEAD + """  let q = linear(x, out=16) as "q"
+  let k = linear(x, out=8, has_bias=false) as "k"
+  let v = linear(x, out=8) as "v"
+  output y = reshape(q, [12, 16])
+  output z = transpose(k, [0, 2, 1])
+  output w = reshape(v, [12, 8])
+}
+"""
+    model, program = deviceless_program(text, tmp_path)
+    [m] = [n for n in program.graph.nodes if n.op == "matmul"]
+    assert m.type.shape == (2, 6, 32) and m.path == "q|k|v"
+    x = rng("zero bias").standard_normal((2, 6, 16)).astype(np.float32)
+    w = random_weights(model.params, 11)
+    got = arena.run(program, {}, {"x": x}, w)
+    want = {"y": (x @ w["q.weight"].T + w["q.bias"]).reshape(12, 16),
+            "z": (x @ w["k.weight"].T).transpose(0, 2, 1),
+            "w": (x @ w["v.weight"].T + w["v.bias"]).reshape(12, 8)}
+    for name, value in want.items():
+        assert got[name].shape == value.shape and relative_error(got[name], value) < 1e-6, name
+
+
 def test_projections_of_other_activations_or_depths_stay_apart(tmp_path: Path) -> None:
     text = HEAD + """  input u: [2, 6, 8]
   let a = linear(x, out=16) as "a"

@@ -49,6 +49,11 @@ def test_a_defs_dotted_params_name_their_blocks() -> None:
     assert _names("llama_layer")[15:19] == [
         "model.layers.0.self_attn.o_proj+add", "model.layers.0.post_attention_layernorm",
         "model.layers.0.mlp.up_proj", "model.layers.0.mlp.gate_proj+silu+mul"]
+    assert _names("whisper_encoder")[4:10] == [
+        "encoder.layers.0.self_attn_layer_norm",
+        "encoder.layers.0.self_attn.q_proj|k_proj|v_proj+bias_add", "encoder.layers.0.ctx",
+        "encoder.layers.0.self_attn.out_proj+bias_add+add", "encoder.layers.0.final_layer_norm",
+        "encoder.layers.0.fc1+bias_add+gelu"]
 
 
 def test_model_level_params_name_the_step() -> None:

@@ -1,7 +1,8 @@
 """Sibling matmuls packed into one: projections of the same activation by weights of the same
 depth (an attention's q, k and v, or a gated MLP's gate and up) become one matmul by the weights
-joined along their output axis (joined at load time), with the biases joined likewise, and each
-projection a slice (a view) of the packed result. The activation is read once instead of once
+joined along their output axis (joined at load time), with the biases joined likewise (zeros
+for a projection without one, where others have one: Whisper's k_proj), and each projection a
+slice (a view) of the packed result. The activation is read once instead of once
 per projection, and one launch replaces several: the encoders' q/k/v projections were three
 launches each reading the same layer norm.
 
@@ -72,13 +73,18 @@ def pack_sibling_matmuls(graph: Graph) -> Graph:
 
 def _families(graph: Graph) -> list[list[Branch]]:
     """Projections grouped by what makes them one matmul: the activation, the weights' depth
-    and dtype, whether they have a bias (and its dtype), the result's dtype and precision."""
+    and dtype, the result's dtype and precision, and a bias's dtype. Projections without a bias
+    join a family with one, of their result's dtype, taking a zero bias (Whisper's k_proj
+    beside its q_proj and v_proj)."""
     constants = load_time(graph)
     users = graph.users()
     nodes = graph.by_name()
     exported = {v for _, v in graph.outputs}
     names = StepNames(graph, constants)
-    groups: dict[tuple[object, ...], list[Branch]] = defaultdict(list)
+    # (what every branch shares, the bias's dtypes and precision or None) -> the branches
+    groups: dict[tuple[tuple[object, ...], tuple[object, ...] | None], list[Branch]] = \
+        defaultdict(list)
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
     for m in graph.nodes:
         if m.op != "matmul" or m.inputs[1] not in constants or m.inputs[0] in constants:
             continue
@@ -91,9 +97,17 @@ def _families(graph: Graph) -> list[list[Branch]]:
         branch = Branch(m, w, bias, vector, _block(names.weight(m.inputs[1]), m))
         if _feeds_an_epilogue(branch.end.name, users):
             continue
-        key = (m.inputs[0], w.shape[0], w.dtype, vector is not None and vector.dtype,
-               m.type.dtype, m.precision, m.attrs, bias is not None and bias.type.dtype)
-        groups[key].append(branch)
+        base = (m.inputs[0], w.shape[0], w.dtype, m.type.dtype, m.precision, m.attrs)
+        biased = None if bias is None or vector is None else (vector.dtype, bias.type.dtype,
+                                                                bias.precision)
+        groups[base, biased].append(branch)
+    for plain in [k for k in groups if k[1] is None]:
+        # the biased family whose result has these projections' dtype (the base's fourth)
+        host = next((k for k in groups if k[0] == plain[0] and k[1] is not None
+                     and k[1][1] == plain[0][3]), None)
+        if host is not None:
+            groups[host] = sorted(groups[host] + groups.pop(plain),
+                                  key=lambda b: order[b.matmul.name])
     return list(groups.values())
 
 
@@ -135,11 +149,24 @@ def _packed(family: list[Branch]) -> list[Node]:
                    m, f"{name}.weight")]
     out += [derived("matmul", (m.inputs[0], f"{name}.weight"), dict(m.attrs),
                    TensorType(m.type.dtype, shape, m.type.layout), m, name)]
-    if first.bias is not None and first.bias_vector is not None:
-        bias = replace(first.bias, path=m.path)
-        vectors = tuple(b.bias.inputs[1] for b in family if b.bias is not None)
-        out.append(derived("concat", vectors, concat_attrs(0, len(family)),
-                           TensorType(first.bias_vector.dtype, (total,)), bias, f"{name}.bias"))
+    biased = next((b for b in family if b.bias is not None), None)
+    if biased is not None and biased.bias is not None and biased.bias_vector is not None:
+        bias = replace(biased.bias, path=m.path)
+        vdtype = biased.bias_vector.dtype
+        vectors = []
+        for b in family:
+            if b.bias is not None:
+                vectors.append(b.bias.inputs[1])
+                continue
+            # a projection without a bias adds zeros (made once, when the weights load)
+            zero = f"{b.matmul.name}.zero_bias"
+            out += [derived("full", (), {"shape": (b.width,), "value": 0, "dtype": "i32"},
+                            TensorType("i32", (b.width,)), b.matmul, f"{zero}.i32"),
+                    derived("cast", (f"{zero}.i32",), {"dtype": vdtype},
+                            TensorType(vdtype, (b.width,)), b.matmul, zero)]
+            vectors.append(zero)
+        out.append(derived("concat", tuple(vectors), concat_attrs(0, len(family)),
+                           TensorType(vdtype, (total,)), bias, f"{name}.bias"))
         out.append(derived("bias_add", (name, f"{name}.bias"), dict(bias.attrs),
                            TensorType(bias.type.dtype, shape, bias.type.layout), bias,
                            f"{name}.biased"))
