@@ -58,7 +58,7 @@ def test_every_op_and_every_feature_is_generated() -> None:
                     "repeat", "an input declared in a def", "depthwise 5x5 conv", "fp8 matmul",
                     "fp8 conv", "rotary", "gated projections", "rotated and plain values cached",
                     "a key mask read by attentions of two query counts",
-                    "transposed conv as a matmul (kernel = stride)"):
+                    "transposed conv with kernel = stride"):
         assert stats.features[feature] > 0, feature
 
 

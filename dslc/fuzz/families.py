@@ -321,7 +321,7 @@ def conv(g: Gen) -> bool:
     stride = 2 if stem else g.ch.pick([1, 2, 3])
     attrs: dict[str, object] = {"stride": stride, "dilation": 1 if stem else g.ch.pick([1, 1, 2])}
     if not stem and g.ch.coin(0.25):  # transposed: x [N, K, *S], w [K, C, *R] -> [N, C, *O]
-        # a learned upsample: the kernel its stride, unpadded (a batched matmul: `lower.upconv`)
+        # a learned upsample: the kernel its stride, unpadded
         upsample = g.ch.coin(0.4)
         if upsample:
             r = stride = g.ch.pick([2, 3, 1])
@@ -332,7 +332,7 @@ def conv(g: Gen) -> bool:
         w = g.new_param((c, g.ch.between(1, 16)) + (r,) * n)
         out = g.apply("conv_transpose", {"x": tame(g, x), "w": w}, attrs)
         if out is not None and upsample and n == 2:
-            g.stats.features["transposed conv as a matmul (kernel = stride)"] += 1
+            g.stats.features["transposed conv with kernel = stride"] += 1
     else:
         fp8_form = n == 2 and c % 16 == 0 and g.ch.coin(0.4)  # ungrouped (below)
         groups = 1 if fp8_form or stem else \
