@@ -141,6 +141,36 @@ def test_a_projection_without_a_bias_joins_with_zeros_for_its_bias(tmp_path: Pat
         assert got[name].shape == value.shape and relative_error(got[name], value) < 1e-6, name
 
 
+def test_projections_whose_biases_differ_in_dtype_stay_apart(tmp_path: Path) -> None:
+    """An f32 bias beside an f16 one: joined, one of them would be read as the other's dtype.
+    The projection without a bias joins a family whose result has its dtype."""
+    text = """model m {
+  precision io=f16
+  input x: [2, 6, 16]
+  param a: [16, 16]
+  param b: [16, 8]
+  param c: [16, 8]
+  param ba: f32[16]
+  param bb: [8]
+  output y = reshape(bias_add(matmul(x, a), ba, axis=2), [12, 16])
+  output z = reshape(bias_add(matmul(x, b), bb, axis=2), [12, 8])
+  output w = reshape(matmul(x, c), [12, 8])
+}
+"""
+    model, program = deviceless_program(text, tmp_path)
+    widths = sorted(n.type.shape[-1] for n in program.graph.nodes if n.op == "matmul")
+    assert widths == [8, 24]  # a and b apart; c (no bias) joined with the first, a
+    x = rng("bias dtypes").standard_normal((2, 6, 16)).astype(np.float16)
+    w = random_weights(model.params, 13)
+    got = arena.run(program, {}, {"x": x}, w)
+    f = {k: v.astype(np.float32) for k, v in w.items()}
+    xf = x.astype(np.float32)
+    want = {"y": (xf @ f["a"] + f["ba"]).reshape(12, 16),
+            "z": (xf @ f["b"] + f["bb"]).reshape(12, 8), "w": (xf @ f["c"]).reshape(12, 8)}
+    for name, value in want.items():
+        assert relative_error(got[name].astype(np.float32), value) < 2e-3, name
+
+
 def test_projections_of_other_activations_or_depths_stay_apart(tmp_path: Path) -> None:
     text = HEAD + """  input u: [2, 6, 8]
   let a = linear(x, out=16) as "a"
