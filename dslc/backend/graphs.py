@@ -16,7 +16,7 @@ import numpy as np
 
 from dslc.backend.channels_last import channels_last_form
 from dslc.backend.spec import GroupSpec
-from dslc.ir.interp import ITEMSIZE
+from dslc.ir.storage import Storage
 from dslc.ops import OPS
 
 DATA_TYPES = {
@@ -199,12 +199,9 @@ def _fails_to_run(g: Any, spec: GroupSpec, handle: Any) -> str | None:
     run once before its plan is taken, as the tuner runs each candidate."""
     import cupy
 
-    buffers = {}
-    for t in spec.tensors:
-        if t.role in ("input", "output"):
-            span = 1 + sum((d - 1) * st for d, st in zip(t.dims, t.strides, strict=True)) \
-                if all(t.dims) else 1
-            buffers[t.uid] = cupy.zeros(span * ITEMSIZE[t.dtype], dtype=cupy.uint8)
+    buffers = {t.uid: cupy.zeros(max(Storage(t.dims, t.strides, t.dtype, t.name, 0).nbytes, 1),
+                                 dtype=cupy.uint8)
+               for t in spec.tensors if t.role in ("input", "output")}
     workspace = cupy.empty(max(int(g.get_workspace_size()), 1), dtype=cupy.uint8)
     try:
         g.execute({uid: int(b.data.ptr) for uid, b in buffers.items()},
