@@ -8,6 +8,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from dslc.ir.storage import span as storage_span
+
 # Loads and stores through f32: bf16 (uint16 bits) converted by hand, every other type by a cast.
 PREAMBLE = r"""
 __device__ __forceinline__ float to_f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
@@ -64,7 +66,7 @@ def flat(a: Any) -> tuple[Any, list[int]]:
 
     item = a.dtype.itemsize
     strides = [s // item for s in a.strides]
-    span = 1 + sum((d - 1) * s for d, s in zip(a.shape, strides, strict=True)) if a.size else 0
+    span = storage_span(a.shape, strides)
     return cupy.ndarray((span,), a.dtype, memptr=a.data), strides
 
 

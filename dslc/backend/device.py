@@ -12,6 +12,7 @@ from typing import Any
 
 from dslc.core.errors import RunnerError
 from dslc.core.types import FP8
+from dslc.ir.storage import span as storage_span
 from dslc.ops import fp8
 
 TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i8": "int8",
@@ -113,7 +114,7 @@ def as_array(obj: Any, name: str, span: dict[str, Any] | None) -> ArrayRef:
 
 def empty(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, kind: str) -> ArrayRef:
     """A new device array of that layout, in the caller's framework."""
-    span = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) if all(shape) else 0
+    span = storage_span(shape, strides)
     if kind == "torch" or dtype not in CUPY_DTYPES:
         import torch
 
@@ -135,7 +136,7 @@ def view(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str,
     if dtype not in table:
         raise RunnerError("R0801", f"the fallback kernels do not take {dtype} tensors")
     dt = cupy.dtype(table[dtype])
-    span = (1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))) * dt.itemsize
+    span = storage_span(shape, strides) * dt.itemsize
     mem = cupy.cuda.UnownedMemory(ptr, max(span, 1), None)
     return cupy.ndarray(shape, dt, memptr=cupy.cuda.MemoryPointer(mem, 0),
                         strides=tuple(s * dt.itemsize for s in strides))

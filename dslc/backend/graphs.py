@@ -163,7 +163,7 @@ def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
                     else f"no candidate plan: {_first_line(err)}")
         out.build_s = time.perf_counter() - start
         return out
-    residual = _adds_a_residual_to_a_conv(spec)
+    residual = adds_a_residual_to_a_conv(spec)
     for index in range(out.candidates):
         if residual and int(g.get_engine_and_knobs_at_index(index)[0]) in FAILS_WITH_A_RESIDUAL:
             out.note = "no plan built: the engines proposed fail with a residual"
@@ -173,7 +173,7 @@ def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
         except Exception as err:
             out.note = f"no plan built: {_first_line(err)}"
             continue
-        failed = _fails_to_run(g, spec, handle) if residual and handle is not None else None
+        failed = fails_to_run(g, spec, handle) if residual and handle is not None else None
         if failed:
             out.note = f"no plan built: the engines proposed fail when they run ({failed})"
             continue
@@ -192,17 +192,21 @@ def build(spec: GroupSpec, handle: Any = None, properties: Any = None,
     return out
 
 
-def _fails_to_run(g: Any, spec: GroupSpec, handle: Any) -> str | None:
+def fails_to_run(g: Any, spec: GroupSpec, handle: Any, workspace_bytes: int | None = None,
+                 ) -> str | None:
     """Run a built plan once over zeroed scratch memory: the first line of the error it raises,
     or None. On an H100 engines other than FAILS_WITH_A_RESIDUAL's failed so too (the GPU case
     `conv_bn_residual_relu_f16`, session 29): on a device each conv graph with a residual is
-    run once before its plan is taken, as the tuner runs each candidate."""
+    run once before its plan is taken, as the tuner runs each candidate, and start-up runs a
+    restored one that no device has run (`runtime.plans.prepare`)."""
     import cupy
 
     buffers = {t.uid: cupy.zeros(max(Storage(t.dims, t.strides, t.dtype, t.name, 0).nbytes, 1),
                                  dtype=cupy.uint8)
                for t in spec.tensors if t.role in ("input", "output")}
-    workspace = cupy.empty(max(int(g.get_workspace_size()), 1), dtype=cupy.uint8)
+    if workspace_bytes is None:
+        workspace_bytes = int(g.get_workspace_size())
+    workspace = cupy.empty(max(workspace_bytes, 1), dtype=cupy.uint8)
     try:
         g.execute({uid: int(b.data.ptr) for uid, b in buffers.items()},
                   int(workspace.data.ptr), handle=handle)
@@ -212,7 +216,7 @@ def _fails_to_run(g: Any, spec: GroupSpec, handle: Any) -> str | None:
     return None
 
 
-def _adds_a_residual_to_a_conv(spec: GroupSpec) -> bool:
+def adds_a_residual_to_a_conv(spec: GroupSpec) -> bool:
     """A conv and an `add` in one graph: the graphs FAILS_WITH_A_RESIDUAL's engines fail on."""
     return {"conv", "add"} <= {o.op for o in spec.ops}
 

@@ -24,6 +24,7 @@ from dslc.ir.groups import make_group
 from dslc.ir.interp import ITEMSIZE, NUMPY_DTYPES, concrete_attrs
 from dslc.ir.placement import placed_in
 from dslc.ir.storage import Storage
+from dslc.ir.storage import span as storage_span
 from dslc.runtime import batches
 from dslc.runtime.cachewrites import ROWS_AXIS, Recomputed
 from dslc.runtime.schedule import MemoryPlan, Schedule
@@ -59,7 +60,7 @@ class Memory:
         item = ITEMSIZE[dtype]
         flat = raw[start + offset * item:].view(NUMPY_DTYPES[dtype]) if raw.size > start else \
             raw.view(NUMPY_DTYPES[dtype])
-        span = 1 + sum((d - 1) * s for d, s in zip(dims, strides, strict=True)) if all(dims) else 0
+        span = storage_span(dims, strides)
         if span > flat.size:
             raise IndexError(f"{list(dims)} with strides {list(strides)} reaches past `{base}`")
         return as_strided(flat, dims, tuple(s * item for s in strides), writeable=True)
@@ -79,7 +80,7 @@ class Extent:
     def __init__(self, buffer: int, first: int, dims: tuple[int, ...], strides: tuple[int, ...],
                  item: int) -> None:
         self.buffer, self.first, self.dims, self.strides, self.item = buffer, first, dims, strides, item
-        span = 1 + sum((d - 1) * s for d, s in zip(dims, strides, strict=True)) if all(dims) else 0
+        span = storage_span(dims, strides)
         self.end = first + span * item
 
     def bytes(self) -> np.ndarray:

@@ -3,6 +3,7 @@ dim values: what the runtime's memory plan gives each value and what measuring r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dslc.ir.interp import ITEMSIZE
@@ -25,6 +26,13 @@ class Storage:
     @property
     def span(self) -> int:
         """Elements from the first to one past the last that it reaches."""
-        if not self.shape or 0 in self.shape:
-            return 0 if 0 in self.shape else 1
-        return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True))
+        return span(self.shape, self.strides)
+
+
+def span(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements from a strided tensor's first to one past the last it reaches: 0 when it is
+    empty, 1 for a scalar. The one formula the memory plan, the runtime's device arrays, the
+    fallback kernels and the arena all size memory by."""
+    if 0 in shape:
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))

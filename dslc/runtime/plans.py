@@ -38,7 +38,8 @@ def plan_record(ready: Ready) -> PlanRecord:
         blob: bytes | None = bytes(ready.graph.serialize(as_bytes=True))
     except Exception:
         blob = None
-    return PlanRecord(ready.engine_id, dict(ready.knobs or {}), ready.workspace, blob)
+    return PlanRecord(ready.engine_id, dict(ready.knobs or {}), ready.workspace, blob,
+                      built_on_device=True)  # a Ready is a plan on this machine's GPU
 
 
 def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
@@ -53,8 +54,13 @@ def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
     if plan is not None and plan.serialized:
         try:
             g = cbuild.restore(plan.serialized, handle)
-            return Ready(g, spec, _workspace(g, plan.workspace), "restored",
-                         time.perf_counter() - start, plan.engine_id, dict(plan.knobs))
+            workspace = _workspace(g, plan.workspace)
+            failed = None if plan.built_on_device else _unproven(g, spec, handle, workspace)
+            if failed is None:
+                return Ready(g, spec, workspace, "restored",
+                             time.perf_counter() - start, plan.engine_id, dict(plan.knobs))
+            reasons.append(f"the serialized plan failed its first run ({failed})")
+            plan = None  # its engine is the one that failed: the heuristics' next candidate
         except Exception as err:
             reasons.append(f"the serialized plan did not load ({_short(err)})")
     engine = None
@@ -81,6 +87,17 @@ def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
     log.info("%s: %s; took the heuristics' choice (engine %s)", where, why, built.engine_id)
     return Ready(built.graph, spec, built.workspace, "heuristics", time.perf_counter() - start,
                  built.engine_id, built.knobs)
+
+
+def _unproven(graph: Any, spec: GroupSpec, handle: Any, workspace: int) -> str | None:
+    """A restored plan that no device has run (a deviceless compile's): where it adds a
+    residual to a conv, run it once (`graphs.fails_to_run`); engines that fail so on one GPU
+    build on another and on the profile, and failed in `execute` mid-model (session 29)."""
+    from dslc.backend import graphs as cbuild
+
+    if not cbuild.adds_a_residual_to_a_conv(spec):
+        return None
+    return cbuild.fails_to_run(graph, spec, handle, workspace)
 
 
 def _workspace(graph: Any, recorded: int) -> int:

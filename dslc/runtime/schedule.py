@@ -23,6 +23,7 @@ from dslc.ir.interp import ITEMSIZE, concrete
 from dslc.ir.placement import in_place, slice_of
 from dslc.ir.serial import plain
 from dslc.ir.storage import Storage
+from dslc.ir.storage import span as storage_span
 from dslc.ir.views import layout_strides
 from dslc.runtime.fields import MAX_BYTES, MAX_DIM, MAX_ELEMENTS, BundleError
 from dslc.runtime.memory import Buffer, plan_memory
@@ -207,7 +208,7 @@ class Schedule:
                 raise BundleError(f"{where}: tensor `{t.name[:60]}` (uid {t.uid}) is bound to "
                                   f"no {t.role} of step `{step.name[:60]}`")
             s = storage[value]
-            span = 1 + sum((d - 1) * st for d, st in zip(t.dims, t.strides, strict=True))
+            span = storage_span(t.dims, t.strides)
             if t.dtype != s.dtype or span * ITEMSIZE[t.dtype] > s.nbytes:
                 raise BundleError(f"{where}: tensor `{t.name[:60]}` reaches past the memory of "
                                   f"`{value[:60]}` ({span} {t.dtype} elements, it holds "

@@ -120,6 +120,21 @@ def test_resnet_matches_torchvision(name: str, bundles: dict[str, Path]) -> None
     assert err <= 2e-2
 
 
+def test_a_deviceless_resnet50_matches_the_reference_on_this_gpu(tmp_path: Path) -> None:
+    """Compiled as a CI machine compiles it, from this GPU's profile (plans nobody ran), then
+    started here: its residual groups' restored plans run once at start-up."""
+    from dslc.runtime import Model
+
+    bundle = compile_file(ROOT / "models" / "resnet50.cgraph", tmp_path, MODELS["resnet50"],
+                          deviceless=True)
+    inputs = random_inputs(bundle, MODELS["resnet50"], seed=4)
+    model = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=None, tuning_db=None)
+    ours = to_host(model.run(to_device(inputs, bundle)))["logits"]
+    err = rel_error(ours, reference(bundle, inputs)["logits"])
+    print(f"resnet50 (deviceless): relative error {err:.2e} against the reference executor")
+    assert err <= TOLERANCE["f16"]
+
+
 def test_encoder_matches_pytorch(bundles: dict[str, Path]) -> None:
     import torch
     from safetensors.numpy import load_file
