@@ -75,7 +75,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                "tests/test_groupnorm.py", "tests/test_expand.py", "tests/test_packing.py",
                "tests/test_step_names.py", "tests/test_fp8.py", "tests/test_fp8_deviceless.py",
                "tests/test_fp8_auto.py", "tests/test_sdpa_kv_len.py", "tests/test_masks.py",
-               "tests/test_pointwise_order.py", "tests/test_gather.py"]),
+               "tests/test_pointwise_order.py", "tests/test_gather.py", "tests/test_upconv.py"]),
     "fuse": (["dslc/fuse/*.py"],
              ["tests/test_fuse.py", "tests/test_fusion_checks.py",
               "tests/test_intermediate_precision.py", "tests/test_memory_order_needs.py"]),

@@ -321,7 +321,7 @@ def conv(g: Gen) -> bool:
     stride = 2 if stem else g.ch.pick([1, 2, 3])
     attrs: dict[str, object] = {"stride": stride, "dilation": 1 if stem else g.ch.pick([1, 1, 2])}
     if not stem and g.ch.coin(0.25):  # transposed: x [N, K, *S], w [K, C, *R] -> [N, C, *O]
-        # a learned upsample: the kernel its stride, unpadded
+        # a learned upsample: the kernel its stride, unpadded (a matmul per kernel row: `lower.upconv`)
         upsample = g.ch.coin(0.4)
         if upsample:
             r = stride = g.ch.pick([2, 3, 1])

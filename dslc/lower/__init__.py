@@ -26,6 +26,7 @@ from dslc.lower.concat import pointwise_through_concat
 from dslc.lower.packing import pack_sibling_matmuls
 from dslc.lower.quantize import quantize
 from dslc.lower.rewrite import Rule, rewrite
+from dslc.lower.upconv import transposed_conv_as_matmul
 from dslc.lower.views import (
     assign_layouts,
     full_size_attention_bias,
@@ -86,6 +87,10 @@ PASSES: list[Pass] = [
     _each(reshape_before_pointwise),
     # fp8: quantised operands (weights at load time, after batchnorm folding), descaled results.
     quantize_fp8,
+    # A transposed conv whose kernel is its stride (a learned upsample): a matmul per kernel row,
+    # each writing its rows of the channels-last output in place (cuDNN's conv_dgrad ran it at
+    # 25x its memory bound).
+    _each(transposed_conv_as_matmul),
     # Projections of one activation (q, k, v) as one matmul by weights joined at load time.
     _graph_only(pack_sibling_matmuls),
     # A pointwise op on a concatenation of two parts runs on each part, in its group, and no

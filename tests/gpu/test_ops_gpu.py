@@ -73,8 +73,8 @@ CASES: dict[str, str] = {
   input x: [2, 32, 8, 8]
   output y = conv_transpose2d(x, out=16, k=2, stride=2)
 }""",
-    # kernel = stride (session 28 ran it as a batched matmul, which cuDNN refused on an H100:
-    # the rewrite is gone) and an overlapping one: cuDNN's dgrad
+    # kernel = stride: a matmul per kernel row (`lower.upconv`; session 28's one batched matmul
+    # got no engine on an H100); the overlapping one: cuDNN's dgrad
     "conv_transpose_overlapping_f16": NN + """model m {
   precision io=f16
   layout NHWC
