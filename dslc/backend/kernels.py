@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from dslc.backend import attention, depthwise, fused, merge
+from dslc.backend import attention, depthwise, fused, merge, rows
 from dslc.backend.cuda import (
     PREAMBLE,
     elementwise,
@@ -185,7 +185,8 @@ def concat(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
         index = tuple(slice(at, at + x.shape[axis]) if i == axis else slice(None)
                       for i in range(y.ndim))
         part = y[index]
-        if (part.data.ptr, part.strides, part.shape) != (x.data.ptr, x.strides, x.shape):
+        if (part.data.ptr, part.strides, part.shape) != (x.data.ptr, x.strides, x.shape) and \
+                not rows.copy(x, part):  # rows at a pitch: one vector copy
             part[...] = x  # a strided copy kernel
         at += x.shape[axis]
 

@@ -80,7 +80,7 @@ def small(program: Schedule, memory: MemoryPlan, step: StepRecord,
     `bucket`: `Schedule.runs_graph`): a cache write, a gather (an embedding lookup: a
     model's lookups read their tables side by side), or a pointwise step small enough for the
     strided kernel."""
-    if program.runs_graph(step, bucket):
+    if program.graph_here(step, bucket):
         return False
     if len(step.nodes) == 1 and program.nodes[step.nodes[0]].op in ("cache_write", "gather"):
         return True

@@ -61,12 +61,19 @@ class Executable:
         for step, spec, plan in specs:
             where = f"group {step.name} ({step.signature}) at {self.key}"
             outcome = shared.get(step.signature)
-            if outcome is not None:
-                ready = self._from_fleet(model.spec_from(spec.to_data()), outcome, where)
-            elif plan is not None:
-                ready = self._saved(model.spec_from(spec.to_data()), plan, decision.action, where)
-            else:
-                ready = self._between_buckets(spec, step, where)
+            try:
+                if outcome is not None:
+                    ready = self._from_fleet(model.spec_from(spec.to_data()), outcome, where)
+                elif plan is not None:
+                    ready = self._saved(model.spec_from(spec.to_data()), plan, decision.action,
+                                        where)
+                else:
+                    ready = self._between_buckets(spec, step, where)
+            except RunnerError as err:
+                if err.code != "R0802" or not model.program.has_kernel(step):
+                    raise
+                self._to_kernel(step, err)
+                continue
             model.startup.append({"bucket": self.key, "signature": step.signature,
                                   "how": ready.how, "seconds": ready.seconds,
                                   "kernel_cache": ready.kernel_cache})
@@ -80,7 +87,7 @@ class Executable:
         self.slots, self.recomputed = batches.plan(model.program, self.memory, self.bucket)
         self.bindings = {}
         for step in model.program.steps:
-            if model.program.runs_graph(step, self.bucket):
+            if model.program.graph_here(step, self.bucket):
                 spec = self.graphs[step.signature].spec
                 names = list(step.inputs) + list(step.nodes)
                 self.bindings[step.name] = [(t.uid, names[t.uid - 1]) for t in spec.tensors
@@ -94,7 +101,7 @@ class Executable:
         bucket = m.buckets.get(self.key)
         out: dict[str, tuple[StepRecord, Any, PlanRecord | None]] = {}
         for step in m.program.steps:
-            if not m.program.runs_graph(step, self.bucket):
+            if not m.program.graph_here(step, self.bucket):
                 continue
             if step.signature not in out:
                 entry = bucket.graphs.get(step.signature) if bucket is not None else None
@@ -103,6 +110,16 @@ class Executable:
             m.program.check_bindings(step, out[step.signature][1], self.memory.storage,
                                      self.dims, f"group {step.name} at {self.key}")
         return list(out.values())
+
+    def _to_kernel(self, step: StepRecord, err: RunnerError) -> None:
+        """A group with no cuDNN plan that runs on this GPU (a deviceless compile's, which could
+        not try its plans: on an H200 cuDNN proposed no engine for a global average pool's
+        reduction that the profile had taken) runs as fallback kernels, as a compile on this
+        GPU would have made it, at every size."""
+        self.model.program.kernels_here.add(step.signature)
+        self.model.log.warning("%s; it runs as fallback kernels here", err.message)
+        self.model.startup.append({"bucket": self.key, "signature": step.signature,
+                                   "how": "kernel", "seconds": 0.0, "kernel_cache": False})
 
     def _shared(self) -> dict[str, fleet.Outcome]:
         """Where start-up does not trust the bucket's saved plans: the tuning database's, or
@@ -342,7 +359,9 @@ class Model:
         for bucket in self.bundle.buckets:
             exe = self.executable(dict(bucket.dims))
             for signature, entry in bucket.graphs.items():
-                ready = exe.graphs[signature]
+                ready = exe.graphs.get(signature)
+                if ready is None:  # no plan runs here: the step runs its fallback kernels
+                    continue
                 plans[(bucket.key, signature)] = entry.plan.updated(
                     {**plan_record(ready).to_data(), "made_at_startup": ready.how},
                     f"buckets.{bucket.key}.graphs.{signature}.plan")
@@ -479,7 +498,7 @@ class Model:
 
     def _step(self, exe: Executable, step: Any, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef], workspace: int) -> None:
-        if self.program.runs_graph(step, exe.bucket):
+        if self.program.graph_here(step, exe.bucket):
             pack = {uid: self._pointer(exe, value, refs, outputs)
                     for uid, value in exe.bindings[step.name]}
             exe.graphs[step.signature].graph.execute(pack, workspace, handle=self.handle)

@@ -82,7 +82,9 @@ def prepare(spec: GroupSpec, plan: PlanRecord | None, handle: Any, where: str,
     except Exception as err:
         raise RunnerError("R0802", f"{where}: cuDNN rejects this graph here ({_short(err)})") from err
     if not built.has_plan:
-        raise RunnerError("R0802", f"{where}: no cuDNN plan builds here ({built.note})")
+        raise RunnerError("R0802", f"{where}: no cuDNN plan builds here ({built.note}); compile "
+                          "the model on this GPU (`dslc compile --target device`), which splits "
+                          "a fused group that has no plan that runs")
     why = "; ".join(reasons) if reasons else "no plan was recorded for it"
     log.info("%s: %s; took the heuristics' choice (engine %s)", where, why, built.engine_id)
     return Ready(built.graph, spec, built.workspace, "heuristics", time.perf_counter() - start,

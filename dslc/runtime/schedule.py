@@ -60,6 +60,9 @@ class Schedule:
         self._written = frozenset(w.input for w in self.bundle.manifest.written)
         self._pointwise: dict[str, fused.Plan | None] = {}
         self._matmul: dict[str, gemv.Gemv | None] = {}
+        # Graph steps (by signature) for which start-up found no cuDNN plan that runs on this
+        # GPU and which run their fallback kernel instead (`runtime.model.Executable`).
+        self.kernels_here: set[str] = set()
 
     def pointwise_kernel(self, step: StepRecord) -> fused.Plan | None:
         """The one pointwise kernel that runs a fallback-kernel step (`backend.fused`), or None
@@ -79,6 +82,16 @@ class Schedule:
         if step.kind == "graph":
             return True
         return bool(step.graph_at) and (bucket is None or bucket in step.graph_at)
+
+    def graph_here(self, step: StepRecord, bucket: str | None) -> bool:
+        """`runs_graph`, but not for a group start-up moved to its fallback kernel here."""
+        return self.runs_graph(step, bucket) and step.signature not in self.kernels_here
+
+    def has_kernel(self, step: StepRecord) -> bool:
+        """Whether the step can run as fallback kernels: one op (its kernel, or its reference on
+        the device), a pointwise chain as one kernel, or a matmul with its epilogue."""
+        return len(step.nodes) == 1 or self.pointwise_kernel(step) is not None or \
+            self.matmul_kernel(step) is not None
 
     def matmul_kernel(self, step: StepRecord) -> gemv.Gemv | None:
         """The matmul kernel with its epilogue (`backend.gemv`) that runs a step of a matmul and

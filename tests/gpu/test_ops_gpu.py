@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dslc.core.errors import RunnerError
 from dslc.runtime.bundle import read
 from dslc.runtime.schedule import Schedule
 from tests.gpu.common import (
@@ -657,6 +658,16 @@ def test_op_on_gpu_matches_reference(name: str, tmp_path: Path) -> None:
         assert err <= tol, f"{name}: output {out} relative error {err:.3e} > {tol}"
 
 
+# Conv groups with a residual for which every engine cuDNN proposes failed when run (session
+# 30: the first on an H100 and an H200, the second on an H100, the third on an H200; the H200
+# run came before groups of one op could fall to their kernels): compiled on the GPU they are
+# split; from a deviceless bundle start-up stops with R0802 and says to compile on the GPU
+# (the runtime splits no conv group; a group of one op or of pointwise ops runs its kernels).
+NO_PLAN_RUNS_DEVICELESS = {"conv_bn_residual_relu_f16",
+                           "conv_over_3_channels_with_its_input_as_residual_f32",
+                           "conv_with_a_separate_residual_f32"}
+
+
 @pytest.mark.parametrize("name", [name for name in CASES if "residual" in name])
 def test_a_deviceless_bundle_runs_its_residual_convs_on_this_gpu(name: str, tmp_path: Path,
                                                                   ) -> None:
@@ -671,7 +682,14 @@ def test_a_deviceless_bundle_runs_its_residual_convs_on_this_gpu(name: str, tmp_
     assert plans and not any(p.built_on_device for p in plans)
     inputs = random_inputs(bundle, seed=len(name))
     model = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=None, tuning_db=None)
-    ours = to_host(model.run(to_device(inputs, bundle)))
+    if name in NO_PLAN_RUNS_DEVICELESS:
+        try:
+            ours = to_host(model.run(to_device(inputs, bundle)))
+        except RunnerError as err:  # a conv group with a residual has no kernel to fall to
+            assert err.code == "R0802" and "--target device" in err.message, err
+            return
+    else:
+        ours = to_host(model.run(to_device(inputs, bundle)))
     for out, value in reference(bundle, inputs).items():
         err = rel_error(ours[out], value)
         tol = TOLERANCE[output_dtype(bundle, out)]

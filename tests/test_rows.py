@@ -1,0 +1,35 @@
+"""`backend.rows.rows_of`: which strided arrays are rows at a pitch (the concat's one-kernel
+copy), against hand-derived rows, widths and pitches (numpy arrays carry the same shape and
+strides as CuPy's; the copy itself runs on the GPU: tests/gpu/test_rows_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dslc.backend.rows import rows_of
+
+
+def _order(a: np.ndarray) -> list[int]:
+    return sorted((i for i in range(a.ndim) if a.shape[i] != 1), key=lambda i: -a.strides[i])
+
+
+def test_a_channel_slice_of_an_nhwc_buffer_is_rows_at_the_buffer_pitch() -> None:
+    buffer = np.zeros((2, 6, 5, 64), np.float16)  # NHWC, 64 channels
+    part = buffer[..., :32].transpose(0, 3, 1, 2)  # the first 32 channels, read as NCHW
+    assert rows_of(part, _order(part)) == (2 * 6 * 5, 32, 64)
+    dense = np.zeros((2, 6, 5, 32), np.float16).transpose(0, 3, 1, 2)
+    assert rows_of(dense, _order(part)) == (60, 32, 32)
+
+
+def test_a_transposed_or_gapped_array_is_not_rows() -> None:
+    a = np.zeros((4, 6), np.float32)
+    assert rows_of(a.T, [0, 1]) is None  # read in row-major order: the last axis is strided
+    assert rows_of(a.T, [1, 0]) == (4, 6, 6)  # in its own memory order: rows
+    gapped = np.zeros((4, 8, 6), np.float32)[:, :5, :]  # rows of 6, 8 apart, 5 of 8 per block
+    assert rows_of(gapped, [0, 1, 2]) is None
+    assert rows_of(np.zeros((4, 5, 6), np.float32)[:, :, :3], [0, 1, 2]) == (20, 3, 6)
+
+
+def test_one_element_and_one_row() -> None:
+    assert rows_of(np.zeros((1, 1), np.float32), []) == (1, 1, 1)
+    assert rows_of(np.zeros((1, 7), np.float32), [1]) == (1, 7, 7)
