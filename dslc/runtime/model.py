@@ -38,6 +38,8 @@ from dslc.runtime.plans import Ready, measure_here, plan_record, prepare, retime
 from dslc.runtime.records import BucketRecord, Environment, PlanRecord, StepRecord
 from dslc.runtime.replay import Captured, Replays, stream_of
 from dslc.runtime.schedule import ITEMSIZE, MemoryPlan, Schedule
+from dslc.runtime.split import Split, split
+from dslc.runtime.split import views as split_views
 from dslc.runtime.tuningdb import TuningStore, open_store
 
 LOG = logging.getLogger("dslc.runtime")
@@ -55,6 +57,7 @@ class Executable:
         # this size's bucket (None between buckets): where a kernel step runs its graph
         self.bucket = self.key if self.key in model.buckets else None
         self.graphs: dict[str, Ready] = {}
+        self.splits: dict[str, Split] = {}  # groups run as their anchor, then a kernel
         decision = model.decision()
         specs = self._specs()
         shared = self._shared()
@@ -70,9 +73,12 @@ class Executable:
                 else:
                     ready = self._between_buckets(spec, step, where)
             except RunnerError as err:
-                if err.code != "R0802" or not model.program.has_kernel(step):
+                if err.code != "R0802":
                     raise
-                self._to_kernel(step, err)
+                if model.program.has_kernel(step):
+                    self._to_kernel(step, err)
+                    continue
+                self._split(step, err, where)
                 continue
             model.startup.append({"bucket": self.key, "signature": step.signature,
                                   "how": ready.how, "seconds": ready.seconds,
@@ -80,14 +86,16 @@ class Executable:
             self.graphs[step.signature] = ready
         cupy = model.cupy
         self.arena = cupy.empty(max(self.memory.arena, 1), dtype=cupy.uint8)
-        workspace = max((r.workspace for r in self.graphs.values()), default=0)
+        workspace = max((r.workspace for r in [*self.graphs.values(),
+                                                *(p.ready for p in self.splits.values())]),
+                        default=0)
         self.workspace = cupy.empty(max(workspace, 256), dtype=cupy.uint8)
         # Small kernel steps of no dependency between them run as one launch (`batches`); a
         # cache write may run as its value's writers (`cachewrites`).
         self.slots, self.recomputed = batches.plan(model.program, self.memory, self.bucket)
         self.bindings = {}
         for step in model.program.steps:
-            if model.program.graph_here(step, self.bucket):
+            if model.program.graph_here(step, self.bucket) and step.signature in self.graphs:
                 spec = self.graphs[step.signature].spec
                 names = list(step.inputs) + list(step.nodes)
                 self.bindings[step.name] = [(t.uid, names[t.uid - 1]) for t in spec.tensors
@@ -120,6 +128,20 @@ class Executable:
         self.model.log.warning("%s; it runs as fallback kernels here", err.message)
         self.model.startup.append({"bucket": self.key, "signature": step.signature,
                                    "how": "kernel", "seconds": 0.0, "kernel_cache": False})
+
+    def _split(self, step: StepRecord, err: RunnerError, where: str) -> None:
+        """A conv group with no plan that runs here and no kernel: its anchor alone, then its
+        epilogue as one kernel (`runtime.split`); else the start-up error stands."""
+        m = self.model
+        try:
+            parts = split(m.program, self.memory, step, m.handle, where, m.log)
+        except RunnerError:
+            parts = None
+        if parts is None:
+            raise err
+        self.splits[step.signature] = parts
+        m.startup.append({"bucket": self.key, "signature": step.signature, "how": "split",
+                          "seconds": parts.ready.seconds, "kernel_cache": False})
 
     def _shared(self) -> dict[str, fleet.Outcome]:
         """Where start-up does not trust the bucket's saved plans: the tuning database's, or
@@ -498,6 +520,13 @@ class Model:
 
     def _step(self, exe: Executable, step: Any, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef], workspace: int) -> None:
+        parts = exe.splits.get(step.signature)
+        if parts is not None:
+            pack = {uid: self._pointer(exe, value, refs, outputs) for uid, value in parts.bindings}
+            parts.ready.graph.execute(pack, workspace, handle=self.handle)
+            fused.run(parts.epilogue, *split_views(
+                parts, lambda v: self._view(exe, v, refs, outputs), step.outputs))
+            return
         if self.program.graph_here(step, exe.bucket):
             pack = {uid: self._pointer(exe, value, refs, outputs)
                     for uid, value in exe.bindings[step.name]}
