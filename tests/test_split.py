@@ -13,7 +13,7 @@ from dslc.backend.spec import group_spec
 from dslc.ir.groups import make_group
 from dslc.runtime.bundle import read
 from dslc.runtime.schedule import Schedule
-from dslc.runtime.split import ALIGN, scratch
+from dslc.runtime.split import ALIGN, anchor_spec, parts_of, scratch
 from tests.gpu.common import compile_source
 
 # the GPU case whose every engine failed on an H100 and an H200 (a 1x1 conv, its own input
@@ -56,3 +56,37 @@ def test_the_epilogue_is_one_kernel_and_the_scratch_is_where_the_conv_alone_writ
     [out] = [t for t in spec.tensors if t.role == "output"]
     assert (tuple(out.dims), tuple(out.strides)) == (s.shape, s.strides)  # NHWC: C innermost
     assert s.strides == (64 * 14 * 14, 1, 14 * 64, 64)
+
+
+TWO_BLOCKS = """import "std/nn.cgraph"
+model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 64, 14, 14]
+  let c = conv2d(x, out=64, k=1)
+  let y1 = relu(batchnorm2d(c) + x)
+  let c2 = conv2d(y1, out=64, k=1)
+  output y = relu(batchnorm2d(c2) + y1)
+}
+"""
+
+
+def test_steps_of_one_signature_bind_their_own_values_and_share_one_scratch(
+        tmp_path: Path) -> None:
+    """Repeated blocks share a signature, and so the anchor's graph; each step must still read
+    its own input, weights and residual (a review found the first step's bindings reused)."""
+    program = Schedule(read(compile_source(TWO_BLOCKS, tmp_path, profile="h200")))
+    steps = [s for s in program.steps if s.kind == "graph" and len(s.nodes) > 1]
+    assert len(steps) == 2 and steps[0].signature == steps[1].signature
+    memory = program.memory_plan({})
+    planned = memory.arena
+    parts = parts_of(program, memory, steps, anchor_spec(program, memory, steps[0]))
+    assert parts is not None
+    (a1, b1, e1), (a2, b2, e2) = parts[steps[0].name], parts[steps[1].name]
+    assert [u for u, _ in b1] == [u for u, _ in b2]  # one graph, bound by position
+    v1, v2 = dict(b1), dict(b2)
+    assert set(v1.values()) & set(v2.values()) == set()  # no value of one block in the other
+    assert a1 in v1.values() and a2 in v2.values()  # each writes its own anchor's result
+    assert {o.name for o in e1.operands} >= {a1, "x"} and a2 in {o.name for o in e2.operands}
+    assert memory.offsets[a1] == memory.offsets[a2] >= planned  # one scratch past the plan
+    assert memory.arena == memory.offsets[a1] + memory.storage[a1].nbytes

@@ -34,6 +34,15 @@ def test_resnet50_steps_are_named_after_their_layers() -> None:
     assert len(set(names)) == len(names) == 56
 
 
+def test_the_unets_upsamples_are_named_by_their_kernel_rows() -> None:
+    # one matmul per kernel row (lower/upconv.py): each step names its row, not `#2`
+    names = _names("unet")
+    assert [n for n in names if "upconv" in n] == [
+        "up1.upconv.row0+bias_add", "up1.upconv.row1+bias_add", "up1.upconv.rows_out",
+        "up2.upconv.row0+bias_add", "up2.upconv.row1+bias_add", "up2.upconv.rows_out"]
+    assert not [n for n in names if "#" in n] and len(set(names)) == len(names)
+
+
 def test_encoder_steps_name_their_projections_and_attention() -> None:
     # q, k and v packed into one matmul (lower/packing.py): one step names the three
     assert _names("encoder")[:7] == [

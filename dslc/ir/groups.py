@@ -70,7 +70,10 @@ def make_group(graph: Graph, members: list[str], pattern: str, reason: str = "",
 
 def unique_names(groups: Iterable[Group]) -> tuple[Group, ...]:
     """The groups, each one that has an earlier one's name renamed `<name>#2`, `#3`... (the
-    runtime keys a step's bindings by its name)."""
+    runtime keys a step's bindings by its name); but groups of one name whose anchors are parts
+    of one op a rewrite made (the upsample's matmul per kernel row, `up1.upconv.row0` and
+    `.row1`) are each named by their part: `up1.upconv.row0+bias_add`."""
+    groups = _by_parts(list(groups))
     taken: set[str] = set()
     next_k: dict[str, int] = {}
     out = []
@@ -85,6 +88,25 @@ def unique_names(groups: Iterable[Group]) -> tuple[Group, ...]:
         taken.add(g.name)
         out.append(g)
     return tuple(out)
+
+
+def _by_parts(groups: list[Group]) -> list[Group]:
+    """Groups of one name, each anchored at a distinct part `<head>.<part>` of its name's head,
+    renamed `<head>.<part>+...`; any other group as it is."""
+    parts: dict[str, list[str]] = {}
+    for g in groups:
+        head = g.name.partition("+")[0]
+        part = g.anchor[len(head) + 1:] if g.anchor.startswith(head + ".") else ""
+        parts.setdefault(g.name, []).append(part if part and "." not in part else "")
+    named = {name for name, ps in parts.items()
+             if len(ps) > 1 and all(ps) and len(set(ps)) == len(ps)}
+    out = []
+    for g in groups:
+        if g.name in named:
+            head, plus, rest = g.name.partition("+")
+            g = replace(g, name=f"{head}.{g.anchor[len(head) + 1:]}{plus}{rest}")
+        out.append(g)
+    return out
 
 
 def signature(graph_nodes: Mapping[str, Node], nodes: tuple[str, ...], inputs: tuple[str, ...],

@@ -22,7 +22,7 @@ from typing import Any
 from dslc import fsutil
 from dslc.backend import device, environment, fused, gemv, merge
 from dslc.backend.kernels import cache_write_part, gather_part, run_kernel
-from dslc.backend.spec import GroupSpec, group_spec
+from dslc.backend.spec import GroupSpec, SpecError, group_spec
 from dslc.core.dims import bucket_key
 from dslc.core.errors import RunnerError
 from dslc.ir.groups import make_group
@@ -57,7 +57,7 @@ class Executable:
         # this size's bucket (None between buckets): where a kernel step runs its graph
         self.bucket = self.key if self.key in model.buckets else None
         self.graphs: dict[str, Ready] = {}
-        self.splits: dict[str, Split] = {}  # groups run as their anchor, then a kernel
+        self.splits: dict[str, Split] = {}  # by step name: its anchor alone, then a kernel
         decision = model.decision()
         specs = self._specs()
         shared = self._shared()
@@ -131,17 +131,20 @@ class Executable:
 
     def _split(self, step: StepRecord, err: RunnerError, where: str) -> None:
         """A conv group with no plan that runs here and no kernel: its anchor alone, then its
-        epilogue as one kernel (`runtime.split`); else the start-up error stands."""
+        epilogue as one kernel, for each step of its signature (`runtime.split`); else the
+        start-up error stands."""
         m = self.model
+        steps = [s for s in m.program.steps if s.signature == step.signature]
         try:
-            parts = split(m.program, self.memory, step, m.handle, where, m.log)
-        except RunnerError:
+            parts = split(m.program, self.memory, steps, m.handle, where, m.log)
+        except (RunnerError, SpecError):
             parts = None
         if parts is None:
             raise err
-        self.splits[step.signature] = parts
+        self.splits.update(parts)
         m.startup.append({"bucket": self.key, "signature": step.signature, "how": "split",
-                          "seconds": parts.ready.seconds, "kernel_cache": False})
+                          "seconds": next(iter(parts.values())).ready.seconds,
+                          "kernel_cache": False})
 
     def _shared(self) -> dict[str, fleet.Outcome]:
         """Where start-up does not trust the bucket's saved plans: the tuning database's, or
@@ -520,7 +523,7 @@ class Model:
 
     def _step(self, exe: Executable, step: Any, refs: Mapping[str, device.ArrayRef],
               outputs: Mapping[str, device.ArrayRef], workspace: int) -> None:
-        parts = exe.splits.get(step.signature)
+        parts = exe.splits.get(step.name)
         if parts is not None:
             pack = {uid: self._pointer(exe, value, refs, outputs) for uid, value in parts.bindings}
             parts.ready.graph.execute(pack, workspace, handle=self.handle)

@@ -28,8 +28,9 @@ ALIGN = 256  # bytes: where the scratch of a split's anchor starts past the plan
 
 @dataclass
 class Split:
-    """The anchor's graph (`ready`, bound by `bindings`: uid -> value) and the epilogue's
-    kernel, which reads the anchor's result from the scratch memory `MemoryPlan` now holds."""
+    """One step of the group: the anchor's graph (`ready`, shared by the steps of one signature,
+    bound by this step's `bindings`: uid -> value) and its epilogue's kernel, which reads the
+    anchor's result from the scratch memory `MemoryPlan` now holds."""
 
     anchor: str
     ready: Ready
@@ -37,27 +38,58 @@ class Split:
     epilogue: fused.Plan
 
 
-def split(program: Schedule, memory: MemoryPlan, step: StepRecord, handle: Any, where: str,
-          log: logging.Logger) -> Split | None:
-    """The step as its anchor's graph and its epilogue's kernel, or None where the epilogue is
-    no one pointwise kernel or the anchor alone has no plan here either (RunnerError)."""
-    anchor, rest = step.nodes[0], step.nodes[1:]
-    epilogue = fused.plan_of(program.nodes, rest, (*step.inputs, anchor), step.outputs)
-    if not rest or not isinstance(epilogue, fused.Plan):
+def split(program: Schedule, memory: MemoryPlan, steps: list[StepRecord], handle: Any,
+          where: str, log: logging.Logger) -> dict[str, Split] | None:
+    """The steps of one signature (repeated blocks share it) each as the anchor's graph and its
+    epilogue's kernel, by step name (`parts_of`); None where an epilogue is no one pointwise
+    kernel. The anchor's graph is prepared once: RunnerError where it has no plan here either."""
+    spec = anchor_spec(program, memory, steps[0])
+    parts = parts_of(program, memory, steps, spec)
+    if parts is None:
         return None
-    group = make_group(program.graph, [anchor], step.pattern, placement=program.placement)
-    spec = group_spec(program.graph, group, memory.dims, program.env, program.placement)
     ready = prepare(spec, None, handle, f"{where}, its anchor alone", log)
-    scratch(program, memory, anchor)
-    names = list(group.inputs) + list(group.nodes)
-    bindings = [(t.uid, names[t.uid - 1]) for t in spec.tensors if t.role in ("input", "output")]
-    log.warning("%s: no cuDNN plan of the fused group runs here; its anchor runs alone and its "
-                "epilogue as one kernel", where)
-    return Split(anchor, ready, bindings, epilogue)
+    log.warning("%s: no cuDNN plan of the fused group runs here; its anchor (%s) runs alone and "
+                "its epilogue as one kernel", where, steps[0].nodes[0])
+    return {name: Split(anchor, ready, bindings, epilogue)
+            for name, (anchor, bindings, epilogue) in parts.items()}
 
 
-def scratch(program: Schedule, memory: MemoryPlan, value: str) -> None:
-    """Memory of its own for `value` (a group's virtual tensor until now), past the arena."""
+def parts_of(program: Schedule, memory: MemoryPlan, steps: list[StepRecord], spec: Any,
+             ) -> dict[str, tuple[str, list[tuple[int, str]], fused.Plan]] | None:
+    """Per step name: its anchor, the anchor graph's bindings (uid -> this step's value, by
+    position, as `Executable.bindings` binds the steps of one signature) and its epilogue's
+    kernel; each anchor's result in the one scratch of the signature (a split step runs alone,
+    and only it reads its scratch). None where an epilogue is no one pointwise kernel."""
+    epilogues = {}
+    for step in steps:
+        anchor, rest = step.nodes[0], step.nodes[1:]
+        plan = fused.plan_of(program.nodes, rest, (*step.inputs, anchor), step.outputs)
+        if not rest or not isinstance(plan, fused.Plan):
+            return None
+        epilogues[step.name] = plan
+    offset = -(-memory.arena // ALIGN) * ALIGN
+    out = {}
+    for step in steps:
+        anchor = step.nodes[0]
+        group = make_group(program.graph, [anchor], step.pattern, placement=program.placement)
+        scratch(program, memory, anchor, offset)
+        names = list(group.inputs) + list(group.nodes)
+        bindings = [(t.uid, names[t.uid - 1]) for t in spec.tensors
+                    if t.role in ("input", "output")]
+        out[step.name] = (anchor, bindings, epilogues[step.name])
+    return out
+
+
+def anchor_spec(program: Schedule, memory: MemoryPlan, step: StepRecord) -> Any:
+    group = make_group(program.graph, [step.nodes[0]], step.pattern,
+                       placement=program.placement)
+    return group_spec(program.graph, group, memory.dims, program.env, program.placement)
+
+
+def scratch(program: Schedule, memory: MemoryPlan, value: str, offset: int | None = None,
+            ) -> None:
+    """Memory for `value` (a group's virtual tensor until now) past the planned arena, at
+    `offset` (bytes; default: the arena's end, aligned), the arena grown to hold it."""
     t = program.nodes[value].type
     shape = tuple(int(concrete(d, memory.dims, program.env)) for d in t.shape)
     strides: tuple[int, ...]
@@ -69,10 +101,11 @@ def scratch(program: Schedule, memory: MemoryPlan, value: str) -> None:
             dense[i] = dense[i + 1] * max(shape[i + 1], 1)
         strides = tuple(dense)
     s = Storage(shape, strides, t.dtype, value, 0)
-    offset = -(-memory.arena // ALIGN) * ALIGN
+    if offset is None:
+        offset = -(-memory.arena // ALIGN) * ALIGN
     memory.storage[value] = s
     memory.offsets[value] = offset
-    memory.arena = offset + s.nbytes
+    memory.arena = max(memory.arena, offset + s.nbytes)
 
 
 def _concrete(d: Dim) -> int:

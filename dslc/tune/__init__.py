@@ -117,8 +117,9 @@ def tune(bundle: Bundle, db: TuningStore | None = None, budget_s: float = 20.0,
                     row, plan = (None, None, None, "failed"), None
             report.rows.append(Row(bucket.key, signature, group, *row))
             if plan is not None:
-                plans[(bucket.key, signature)] = entry.plan.updated(
-                    plan.to_data(), f"buckets.{bucket.key}.graphs.{signature}.plan")
+                plans[(bucket.key, signature)] = entry.plan.updated(  # measured: it ran here
+                    {**plan.to_data(), "built_on_device": True},
+                    f"buckets.{bucket.key}.graphs.{signature}.plan")
     report.seconds = time.perf_counter() - started
     return Tuned(plans, live, report)
 
