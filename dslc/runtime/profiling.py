@@ -73,7 +73,10 @@ def profile(model: Model, inputs: Mapping[str, Any], repeats: int = 10,
                 else:
                     ms, how = _median(cupy, stream, _replay(graph, stream), repeats) / \
                         launches, "graph"
-                rows.append({"step": step.name, "kind": step.kind, "pattern": step.pattern,
+                kind = ("split" if step.name in exe.splits  # as it ran here
+                        else "graph" if model.program.graph_here(step, exe.bucket)
+                        else "kernel")
+                rows.append({"step": step.name, "kind": kind, "pattern": step.pattern,
                              "ms": ms, "timed": how})
         stream.synchronize()
     finally:  # the stream dies with this call: the handle must not keep it

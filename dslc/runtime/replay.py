@@ -88,7 +88,8 @@ class Captured:
             nodes = model.program.nodes
             program = model.program  # a step one pointwise kernel runs never refuses
             fallbacks = sorted({nodes[s.nodes[0]].op for s in program.steps
-                                if s.kind == "kernel" and program.pointwise_kernel(s) is None
+                                if not program.graph_here(s, self.exe.bucket)
+                                and program.pointwise_kernel(s) is None
                                 and _on_the_reference(nodes, s.nodes[0])})
             raise RunnerError("R0803", "this model cannot be captured as a CUDA graph: its "
                               f"fallback kernels ({', '.join(f'`{op}`' for op in fallbacks)}) "
