@@ -15,19 +15,12 @@ from dslc.runtime.bundle import read
 from dslc.runtime.schedule import Schedule
 from dslc.runtime.split import ALIGN, anchor_spec, parts_of, scratch
 from tests.gpu.common import compile_source
+from tests.gpu.test_ops_gpu import CASES
 
-# the GPU case whose every engine failed on an H100 and an H200 (a 1x1 conv, its own input
-# as the residual)
-SOURCE = """import "std/nn.cgraph"
-model m {
-  precision io=f16
-  layout NHWC
-  input x: [2, 64, 14, 14]
-  let c = conv2d(x, out=64, k=1)
-  let b = batchnorm2d(c)
-  output y = relu(b + x)
-}
-"""
+# the GPU case whose fused graph no engine ran on an H100 and an H200 (a 1x1 conv with its own
+# input as the residual), and two such blocks of one signature (not yet run on a GPU)
+SOURCE = CASES["conv_bn_residual_relu_f16"]
+TWO_BLOCKS = CASES["two_blocks_each_with_its_input_as_residual_f16"]
 
 
 def _deviceless(tmp_path: Path) -> Schedule:
@@ -58,17 +51,6 @@ def test_the_epilogue_is_one_kernel_and_the_scratch_is_where_the_conv_alone_writ
     assert s.strides == (64 * 14 * 14, 1, 14 * 64, 64)
 
 
-TWO_BLOCKS = """import "std/nn.cgraph"
-model m {
-  precision io=f16
-  layout NHWC
-  input x: [2, 64, 14, 14]
-  let c = conv2d(x, out=64, k=1)
-  let y1 = relu(batchnorm2d(c) + x)
-  let c2 = conv2d(y1, out=64, k=1)
-  output y = relu(batchnorm2d(c2) + y1)
-}
-"""
 
 
 def test_steps_of_one_signature_bind_their_own_values_and_share_one_scratch(

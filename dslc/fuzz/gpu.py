@@ -184,21 +184,30 @@ def _deviceless_equal(checked: Any, tmp: Path, device_inputs: dict[str, Any],
     from dslc.backend.target import Target, capture
     from dslc.compile.stage import compile_model
     from dslc.emit import bundle as emit_bundle
-    from dslc.runtime import Model
 
     lowered, plan = _lower(checked.graph, checked.env)
     compiled = compile_model(checked, lowered, plan, Target("this-gpu", capture()))
     path = tmp / "deviceless.bundle"
     emit_bundle.write(path, emit_bundle.payload(compiled))
+    _runs_the_reference(path, tmp, device_inputs, want, tolerance, "deviceless",
+                        "compiled deviceless and started here")
+
+
+def _runs_the_reference(path: Path, tmp: Path, device_inputs: dict[str, Any],
+                        want: dict[str, np.ndarray], tolerance: float, stage: str,
+                        how: str) -> None:
+    """The bundle at `path`, started here (no plan cache, no tuning database), computes the
+    reference's values within `tolerance`."""
+    from dslc.runtime import Model
+
     model = Model(path, tmp / "fuzz.safetensors", plan_cache=None, tuning_db=None)
     got = to_host(model.run(device_inputs))
     model.close()
     for name, value in want.items():
         err = relative_error(np.asarray(got[name], np.float64), np.asarray(value, np.float64))
         if not err <= tolerance:
-            raise Failure(Outcome("mismatch", "deviceless", f"output {name}: compiled "
-                                  f"deviceless and started here, relative error {err:.3e} > "
-                                  f"{tolerance}"))
+            raise Failure(Outcome("mismatch", stage, f"output {name}: {how}, relative error "
+                                                     f"{err:.3e} > {tolerance}"))
 
 
 def _kernels_equal(bundle: Path, tmp: Path, device_inputs: dict[str, Any],
@@ -206,7 +215,6 @@ def _kernels_equal(bundle: Path, tmp: Path, device_inputs: dict[str, Any],
     """The bundle with every step its fallback kernel (`tune.joins.every_kernel`) computes
     the reference's values; nothing to run where no step has one."""
     from dslc.emit import bundle as emit_bundle
-    from dslc.runtime import Model
     from dslc.runtime.bundle import load
     from dslc.tune.joins import every_kernel
 
@@ -216,15 +224,8 @@ def _kernels_equal(bundle: Path, tmp: Path, device_inputs: dict[str, Any],
         return
     path = tmp / "kernels.bundle"
     emit_bundle.write(path, forced)
-    model = Model(path, tmp / "fuzz.safetensors", plan_cache=None)
-    got = to_host(model.run(device_inputs))
-    model.close()
-    for name, value in want.items():
-        err = relative_error(np.asarray(got[name], np.float64), np.asarray(value, np.float64))
-        if not err <= tolerance:
-            raise Failure(Outcome("mismatch", "kernels", f"output {name}: with every step a "
-                                  f"fallback kernel computes made it, relative error "
-                                  f"{err:.3e} > {tolerance}"))
+    _runs_the_reference(path, tmp, device_inputs, want, tolerance, "kernels",
+                        "with every step a fallback kernel computes made it")
 
 
 def _calibrated(bundle: Path, inputs: dict[str, np.ndarray],
