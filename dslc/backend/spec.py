@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -82,6 +82,11 @@ class GroupSpec:
                 return t
         raise KeyError(name)
 
+    def bound(self, names: Sequence[str]) -> list[tuple[int, str]]:
+        """(uid, value) of each input and output tensor: a tensor's uid is its value's position
+        in `names` (a step's inputs, then its nodes) plus one."""
+        return [(t.uid, names[t.uid - 1]) for t in self.tensors if t.role in ("input", "output")]
+
     def data(self) -> dict[str, Any]:
         return {"signature": self.signature, "tensors": [t.data() for t in self.tensors],
                 "ops": [o.data() for o in self.ops], "io": self.io,
@@ -124,6 +129,13 @@ def _strides(shape: list[int], layout: Layout) -> list[int]:
         assert isinstance(s, int)  # concrete shape, concrete strides
         out.append(s)
     return out
+
+
+def own_strides(shape: list[int], layout: Layout | None) -> list[int]:
+    """The strides of a value a group computes (not read from a storage): dense in its layout's
+    order, row-major without one. A graph writes them, and a split group's scratch holds its
+    anchor's result so (`runtime.split`)."""
+    return _strides(shape, layout) if layout is not None else _dense(shape)
 
 
 def _dense(shape: list[int]) -> list[int]:
@@ -208,7 +220,7 @@ class _Shaper:
         if node.name in self.group.nodes and node.name not in self.placement:
             shape = [int(concrete(d, self.values, self.env)) for d in node.type.shape]
             layout = node.type.layout
-            strides = _strides(shape, layout) if layout is not None else _dense(shape)
+            strides = own_strides(shape, layout)
         else:  # read from (or, written in place into a concat, written to) its storage
             s, st, _ = storage(self.nodes, name, self.values, self.env, self.placement)
             shape, strides = list(s), list(st)

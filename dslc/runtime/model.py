@@ -97,9 +97,7 @@ class Executable:
         for step in model.program.steps:
             if model.program.graph_here(step, self.bucket) and step.signature in self.graphs:
                 spec = self.graphs[step.signature].spec
-                names = list(step.inputs) + list(step.nodes)
-                self.bindings[step.name] = [(t.uid, names[t.uid - 1]) for t in spec.tensors
-                                            if t.role in ("input", "output")]
+                self.bindings[step.name] = spec.bound([*step.inputs, *step.nodes])
 
     def _specs(self) -> list[tuple[StepRecord, Any, PlanRecord | None]]:
         """Per group signature: its first step, its spec at these dims (the bucket's, with its

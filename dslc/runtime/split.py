@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslc.backend import fused
-from dslc.backend.spec import group_spec
-from dslc.core.dims import Dim
+from dslc.backend.spec import group_spec, own_strides
 from dslc.ir.groups import make_group
 from dslc.ir.interp import concrete
 from dslc.ir.storage import Storage
-from dslc.ir.views import layout_strides
 from dslc.runtime.plans import Ready, prepare
 from dslc.runtime.records import StepRecord
 from dslc.runtime.schedule import MemoryPlan, Schedule
@@ -73,10 +71,8 @@ def parts_of(program: Schedule, memory: MemoryPlan, steps: list[StepRecord], spe
         anchor = step.nodes[0]
         group = make_group(program.graph, [anchor], step.pattern, placement=program.placement)
         scratch(program, memory, anchor, offset)
-        names = list(group.inputs) + list(group.nodes)
-        bindings = [(t.uid, names[t.uid - 1]) for t in spec.tensors
-                    if t.role in ("input", "output")]
-        out[step.name] = (anchor, bindings, epilogues[step.name])
+        out[step.name] = (anchor, spec.bound([*group.inputs, *group.nodes]),
+                          epilogues[step.name])
     return out
 
 
@@ -92,25 +88,12 @@ def scratch(program: Schedule, memory: MemoryPlan, value: str, offset: int | Non
     `offset` (bytes; default: the arena's end, aligned), the arena grown to hold it."""
     t = program.nodes[value].type
     shape = tuple(int(concrete(d, memory.dims, program.env)) for d in t.shape)
-    strides: tuple[int, ...]
-    if t.layout is not None:  # as `backend.spec` lays out a group's own values
-        strides = tuple(_concrete(x) for x in layout_strides(shape, t.layout))
-    else:
-        dense = [1] * len(shape)
-        for i in range(len(shape) - 2, -1, -1):
-            dense[i] = dense[i + 1] * max(shape[i + 1], 1)
-        strides = tuple(dense)
-    s = Storage(shape, strides, t.dtype, value, 0)
+    s = Storage(shape, tuple(own_strides(list(shape), t.layout)), t.dtype, value, 0)
     if offset is None:
         offset = -(-memory.arena // ALIGN) * ALIGN
     memory.storage[value] = s
     memory.offsets[value] = offset
     memory.arena = max(memory.arena, offset + s.nbytes)
-
-
-def _concrete(d: Dim) -> int:
-    assert isinstance(d, int)  # strides of a concrete shape
-    return d
 
 
 def views(split: Split, view: Any, outputs: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
