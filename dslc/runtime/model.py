@@ -132,7 +132,8 @@ class Executable:
         epilogue as one kernel, for each step of its signature (`runtime.split`); else the
         start-up error stands."""
         m = self.model
-        steps = [s for s in m.program.steps if s.signature == step.signature]
+        steps = [s for s in m.program.steps if s.signature == step.signature
+                 and m.program.graph_here(s, self.bucket)]  # not a kernel step of one here
         try:
             parts = split(m.program, self.memory, steps, m.handle, where, m.log)
         except (RunnerError, SpecError):
