@@ -626,8 +626,9 @@ model m {
   output y = relu(conv(x, w, pad=1) + r)
 }""",
     # two blocks of one signature whose residual is each conv's own input: deviceless, start-up
-    # splits them (on an H100 and an H200 no engine of the fused graph ran), each step reading
-    # its own values (a review found the first step's bindings reused for the second)
+    # splits them (one such block's fused graph had no engine that ran on an H100 and an H200),
+    # each step reading its own values (a review found the first step's bindings reused for the
+    # second); not yet run on a GPU
     "two_blocks_each_with_its_input_as_residual_f16": NN + """model m {
   precision io=f16
   layout NHWC
@@ -661,9 +662,12 @@ def test_op_on_gpu_matches_reference(name: str, tmp_path: Path) -> None:
     bundle = compile_source(CASES[name], tmp_path)
     inputs = random_inputs(bundle, seed=len(name))
     model = Model(bundle, bundle.with_suffix(".safetensors"))
-    ours = to_host(model.run(to_device(inputs, bundle)))
-    want = reference(bundle, inputs)
-    for out, value in want.items():
+    _matches_reference(name, bundle, inputs, to_host(model.run(to_device(inputs, bundle))))
+
+
+def _matches_reference(name: str, bundle: Path, inputs: dict[str, np.ndarray],
+                       ours: dict[str, np.ndarray]) -> None:
+    for out, value in reference(bundle, inputs).items():
         err = rel_error(ours[out], value)
         tol = TOLERANCE[output_dtype(bundle, out)]
         assert err <= tol, f"{name}: output {out} relative error {err:.3e} > {tol}"
@@ -699,10 +703,7 @@ def test_a_deviceless_bundle_runs_its_residual_convs_on_this_gpu(name: str, tmp_
     print(f"{name}: start-up {hows}")
     if name in NO_PLAN_RUNS_DEVICELESS and "split" not in hows:
         print(f"{name}: the fused group's plan ran on this GPU")
-    for out, value in reference(bundle, inputs).items():
-        err = rel_error(ours[out], value)
-        tol = TOLERANCE[output_dtype(bundle, out)]
-        assert err <= tol, f"{name}: output {out} relative error {err:.3e} > {tol}"
+    _matches_reference(name, bundle, inputs, ours)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
