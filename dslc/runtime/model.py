@@ -25,6 +25,7 @@ from dslc.backend.kernels import cache_write_part, gather_part, run_kernel
 from dslc.backend.spec import GroupSpec, SpecError, group_spec
 from dslc.core.dims import bucket_key
 from dslc.core.errors import RunnerError
+from dslc.ir.graph import stored_dtype
 from dslc.ir.groups import make_group
 from dslc.ir.interp import concrete_attrs
 from dslc.ir.storage import Storage
@@ -77,8 +78,10 @@ class Executable:
                     raise
                 if model.program.has_kernel(step):
                     self._to_kernel(step, err)
-                    continue
-                self._split(step, err, where)
+                elif not self._split(step, where):
+                    if not model.program.by_ops(step):
+                        raise
+                    self._to_kernel(step, err)
                 continue
             model.startup.append({"bucket": self.key, "signature": step.signature,
                                   "how": ready.how, "seconds": ready.seconds,
@@ -86,6 +89,10 @@ class Executable:
             self.graphs[step.signature] = ready
         cupy = model.cupy
         self.arena = cupy.empty(max(self.memory.arena, 1), dtype=cupy.uint8)
+        self._inner: dict[str, dict[str, Any]] = {}
+        for step in model.program.steps:  # made before any call: none while one is captured
+            if self._by_ops(step):
+                self.inner(step)
         workspace = max((r.workspace for r in [*self.graphs.values(),
                                                 *(p.ready for p in self.splits.values())]),
                         default=0)
@@ -127,10 +134,10 @@ class Executable:
         self.model.startup.append({"bucket": self.key, "signature": step.signature,
                                    "how": "kernel", "seconds": 0.0, "kernel_cache": False})
 
-    def _split(self, step: StepRecord, err: RunnerError, where: str) -> None:
+    def _split(self, step: StepRecord, where: str) -> bool:
         """A conv group with no plan that runs here and no kernel: its anchor alone, then its
-        epilogue as one kernel, for each step of its signature (`runtime.split`); else the
-        start-up error stands."""
+        epilogue as one kernel, for each step of its signature (`runtime.split`). False where
+        it cannot be split so."""
         m = self.model
         steps = [s for s in m.program.steps if s.signature == step.signature
                  and m.program.graph_here(s, self.bucket)]  # not a kernel step of one here
@@ -139,11 +146,38 @@ class Executable:
         except (RunnerError, SpecError):
             parts = None
         if parts is None:
-            raise err
+            return False
         self.splits.update(parts)
         m.startup.append({"bucket": self.key, "signature": step.signature, "how": "split",
                           "seconds": next(iter(parts.values())).ready.seconds,
                           "kernel_cache": False})
+        return True
+
+    def _by_ops(self, step: StepRecord) -> bool:
+        """Whether the step runs here as its ops' kernels one after the other."""
+        p = self.model.program
+        return (not p.graph_here(step, self.bucket) and step.name not in self.splits
+                and p.by_ops(step) and p.pointwise_kernel(step) is None
+                and p.matmul_kernel(step) is None)
+
+    def inner(self, step: StepRecord) -> dict[str, Any]:
+        """The inner values of a step run op by op (`Schedule.by_ops`), each in scratch of its
+        own, laid out as its value would be stored and held in the dtype the reference holds
+        a fused group's inner values in (`ir.graph.stored_dtype`)."""
+        found = self._inner.get(step.name)
+        if found is None:
+            cupy, found = self.model.cupy, {}
+            for name in step.nodes:
+                if name in step.outputs:
+                    continue
+                s = self.model.program.storage(name, self.dims)  # not in the memory plan
+                dt = cupy.dtype(device.KERNEL_DTYPES[stored_dtype(self.model.program.nodes[name],
+                                                                  True)])
+                memory = cupy.empty(max(s.span, 1), dt)
+                found[name] = cupy.ndarray(s.shape, dt, memptr=memory.data,
+                                           strides=tuple(x * dt.itemsize for x in s.strides))
+            self._inner[step.name] = found
+        return found
 
     def _shared(self) -> dict[str, fleet.Outcome]:
         """Where start-up does not trust the bucket's saved plans: the tuning database's, or
@@ -544,10 +578,15 @@ class Model:
             gemv.run(g, [self._view(exe, name, refs, outputs) for name in g.operands],
                      [self._view(exe, v, refs, outputs) for v in step.outputs])
             return
-        node = self.program.nodes[step.nodes[0]]
-        xs = [self._view(exe, v, refs, outputs) for v in node.inputs]
-        y = self._view(exe, node.name, refs, outputs)
-        run_kernel(node.op, xs, y, concrete_attrs(node, exe.dims, self.program.env))
+        inner = exe.inner(step) if len(step.nodes) > 1 else {}  # `Schedule.by_ops`
+
+        def view(v: str) -> Any:
+            return inner[v] if v in inner else self._view(exe, v, refs, outputs)
+
+        for name in step.nodes:
+            node = self.program.nodes[name]
+            run_kernel(node.op, [view(v) for v in node.inputs], view(name),
+                       concrete_attrs(node, exe.dims, self.program.env))
 
     def _merged(self, exe: Executable, slot: list[StepRecord],
                 refs: Mapping[str, device.ArrayRef], outputs: Mapping[str, device.ArrayRef],

@@ -87,10 +87,10 @@ class Captured:
         if refused is not None:
             nodes = model.program.nodes
             program = model.program  # a step one pointwise kernel runs never refuses
-            fallbacks = sorted({nodes[s.nodes[0]].op for s in program.steps
+            fallbacks = sorted({nodes[n].op for s in program.steps
                                 if not program.graph_here(s, self.exe.bucket)
                                 and program.pointwise_kernel(s) is None
-                                and _on_the_reference(nodes, s.nodes[0])})
+                                for n in s.nodes if _on_the_reference(nodes, n)})
             raise RunnerError("R0803", "this model cannot be captured as a CUDA graph: its "
                               f"fallback kernels ({', '.join(f'`{op}`' for op in fallbacks)}) "
                               f"compute on CuPy, which refuses ({refused}); call the model "

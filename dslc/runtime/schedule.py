@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dslc.backend import fused, gemv
+from dslc.backend.device import KERNEL_DTYPES
 from dslc.backend.spec import one_row_attrs, over_one_row
 from dslc.core.dims import DimEnv
-from dslc.ir.graph import IN_PLACE, Graph, Node
+from dslc.ir.graph import IN_PLACE, Graph, Node, stored_dtype
 from dslc.ir.interp import ITEMSIZE, concrete
 from dslc.ir.placement import in_place, slice_of
 from dslc.ir.serial import plain
@@ -92,6 +93,18 @@ class Schedule:
         the device), a pointwise chain as one kernel, or a matmul with its epilogue."""
         return len(step.nodes) == 1 or self.pointwise_kernel(step) is not None or \
             self.matmul_kernel(step) is not None
+
+    def by_ops(self, step: StepRecord) -> bool:
+        """Whether the step can run as its ops' fallback kernels one after the other, its inner
+        values in scratch of their own (`Executable.inner`): the last resort of a group with
+        no cuDNN plan that runs here and no kernel of its own (a deviceless compile's softmax
+        pieces on a GPU whose cuDNN proposes no engine for them). Not where an inner value is
+        a view or written in place into another's memory."""
+        return len(step.nodes) > 1 and not any(
+            n not in step.outputs and (self.nodes[n].op in ("view", *IN_PLACE)
+                                       or n in self.placement
+                                       or stored_dtype(self.nodes[n], True) not in KERNEL_DTYPES)
+            for n in step.nodes)
 
     def matmul_kernel(self, step: StepRecord) -> gemv.Gemv | None:
         """The matmul kernel with its epilogue (`backend.gemv`) that runs a step of a matmul and

@@ -706,6 +706,28 @@ def test_a_deviceless_bundle_runs_its_residual_convs_on_this_gpu(name: str, tmp_
     _matches_reference(name, bundle, inputs, ours)
 
 
+@pytest.mark.parametrize("name", ["reductions_f32", "conv_bn_residual_relu_f16", "softmax_f16",
+                                  "sdpa_causal_f16"])
+def test_a_model_whose_groups_have_no_plan_here_runs_on_its_fallback_kernels(
+        name: str, tmp_path: Path) -> None:
+    """Every group moved to its fallback kernels as start-up moves one with no cuDNN plan that
+    runs here (seed 76's generated programs 10 and 26, deviceless, on an H100: a reduction with
+    its pointwise tail): one op its kernel, a pointwise chain one kernel, any other group its
+    ops one after the other (`Schedule.by_ops`), its inner values in scratch."""
+    from dslc.runtime import Model
+
+    bundle = compile_source(CASES[name], tmp_path, deviceless=True)
+    inputs = random_inputs(bundle, seed=len(name))
+    model = Model(bundle, bundle.with_suffix(".safetensors"), plan_cache=None, tuning_db=None)
+    program = model.program
+    program.kernels_here.update(s.signature for s in program.steps)
+    ours = to_host(model.run(to_device(inputs, bundle)))
+    by_ops = [s.name for s in program.steps if program.by_ops(s)
+              and program.pointwise_kernel(s) is None and program.matmul_kernel(s) is None]
+    print(f"{name}: op by op {by_ops}")
+    _matches_reference(name, bundle, inputs, ours)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_a_gather_gives_nan_rows_for_indices_outside_the_table(dtype: str,
                                                                 tmp_path: Path) -> None:
