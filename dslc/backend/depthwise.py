@@ -149,8 +149,13 @@ def conv(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
 def _kernel(storage: str, vec: int, wide: bool) -> Any:
     import cupy
 
+    return cupy.RawKernel(source(storage, vec, wide), "dslc_depthwise")
+
+
+def source(storage: str, vec: int, wide: bool) -> str:
+    """The kernel's CUDA source for a CuPy storage name, channels a thread (`cuda.vector_width`)
+    and 64-bit indices (`wide`)."""
     kind, load, store = LOAD_STORE[storage]
-    source = _SOURCE.format(index="long long" if wide else "int", storage=kind, vec=vec,
-                            load=load, store=store)
-    return cupy.RawKernel(source, "dslc_depthwise")
+    return _SOURCE.format(index="long long" if wide else "int", storage=kind, vec=vec,
+                          load=load, store=store)
 

@@ -137,8 +137,13 @@ def _bits(a: Any) -> Any:
 def _kernel(storage: str, param: str, wide: bool) -> Any:
     import cupy
 
+    return cupy.RawKernel(source(storage, param, wide), "dslc_groupnorm")
+
+
+def source(storage: str, param: str, wide: bool) -> str:
+    """The kernel's CUDA source for the CuPy storage names of the input and of the scale and
+    bias, and 64-bit indices (`wide`)."""
     kind, load, store = LOAD_STORE[storage]
     param_kind, load_p, _ = LOAD_STORE[param]
-    source = _SOURCE.format(index="long long" if wide else "int", storage=kind, param=param_kind,
-                            load=load, store=store, load_p=load_p)
-    return cupy.RawKernel(source, "dslc_groupnorm")
+    return _SOURCE.format(index="long long" if wide else "int", storage=kind, param=param_kind,
+                          load=load, store=store, load_p=load_p)

@@ -63,7 +63,12 @@ def _i64(v: int) -> Any:
 def _kernel(word: str) -> Any:
     import cupy
 
-    return cupy.RawKernel(r"""
+    return cupy.RawKernel(source(word), "dslc_copy_rows")
+
+
+def source(word: str) -> str:
+    """The copy's CUDA source, moving one `word` (a C type of `_WORDS`) a thread."""
+    return r"""
 extern "C" __global__ void dslc_copy_rows(const WORD* __restrict__ x, WORD* __restrict__ y,
     const long long total, const long long per_row, const long long xp, const long long yp) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
@@ -71,4 +76,4 @@ extern "C" __global__ void dslc_copy_rows(const WORD* __restrict__ x, WORD* __re
     const long long r = i / per_row, c = i - r * per_row;
     y[r * yp + c] = x[r * xp + c];
   }
-}""".replace("WORD", word), "dslc_copy_rows")
+}""".replace("WORD", word)
