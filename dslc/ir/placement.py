@@ -9,7 +9,8 @@ own, copied by the concat, when it is an input, a param, a load-time value, a vi
 concat or a write in place (whose memory is the caller's cache), a model output, an operand of
 more than one concat (or twice of one), the base of a view (whose strides were planned in its own
 memory), in another dtype or memory order than the concat, or when its slice could start off a
-16-byte boundary (cuDNN's 16-byte vector stores) or has a stride off 16 bytes (`_aligned`).
+16-byte boundary (cuDNN's 16-byte vector stores) or has a stride off 16 bytes (`_aligned`), or
+when a convolution computes it and its slice has gaps inside (`_conv_through_workspace`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dslc.core.dims import Dim
 from dslc.ir import views
 from dslc.ir.graph import IN_PLACE, SOURCES, Graph, Node
 from dslc.ir.interp import ITEMSIZE
+from dslc.ops import OPS
 
 NOT_PLACED = (*SOURCES, "view", "concat", *IN_PLACE)  # a write in place has its input's memory
 
@@ -35,6 +37,7 @@ def in_place(graph: Graph, load_time: Collection[str]) -> dict[str, tuple[str, t
     outputs = {v for _, v in graph.outputs}
     operand_uses = Counter(i for n in graph.nodes if n.op == "concat" for i in n.inputs)
     viewed = {n.inputs[0] for n in graph.nodes if n.op == "view"}
+    readers = Counter(i for n in graph.nodes for i in n.inputs)
     out: dict[str, tuple[str, tuple[Slice]]] = {}
     for c in graph.nodes:
         if c.op != "concat" or c.type.layout is None:
@@ -51,9 +54,47 @@ def in_place(graph: Graph, load_time: Collection[str]) -> dict[str, tuple[str, t
                     operand_uses[name] != 1 or not _same_storage(x, c):
                 continue
             found = views.strides(c.type.shape, c.type.layout, (step,))
-            if found is not None and _aligned(x, *found):
+            if found is not None and _aligned(x, *found) and \
+                    not _conv_through_workspace(nodes, readers, x, found[0]):
                 out[name] = (c.name, (step,))
     return out
+
+
+def _conv_through_workspace(nodes: Mapping[str, Node], readers: Mapping[str, int], x: Node,
+                            strides: tuple[Dim, ...]) -> bool:
+    """Whether a convolution with a spatial kernel (with its epilogue) computes `x` and the
+    slice has gaps inside (a channel slice of NHWC data: each pixel's channels at a pitch past
+    their count), where it would cost more than the copy it saves. cuDNN's 3x3 convolutions
+    wrote such an output through a workspace of the output's size: in the UNet on an H100
+    (session 31, heuristics' plans, the same engine and knobs each pair) a 32-channel 3x3 conv
+    at 256x256 took 32.4 us into its slice of the skip concat against 22.8 us for the same conv
+    written densely, and a 64-channel one at 128x128 15.5 against 8.5 us, where copying the
+    dense result takes 1.5-3 us. A 1x1 conv (a GEMM over the pixels, as an SPPF's first) was
+    not measured so and stays in place."""
+    if _dense_but_outermost(x, strides):
+        return False
+    at = x
+    for _ in range(8):  # back through the epilogue's pointwise ops, each read by the next alone
+        if at.op == "conv":
+            w = nodes[at.inputs[1]].type.shape
+            return len(w) > 2 and any(d != 1 for d in w[2:])
+        if at.op not in OPS or OPS[at.op].family != "pointwise":
+            return False
+        producers = [nodes[i] for i in at.inputs if nodes[i].op not in ("param", "scalar")]
+        if not producers or readers[producers[0].name] != 1:
+            return False
+        at = producers[0]
+    return False
+
+
+def _dense_but_outermost(x: Node, strides: tuple[Dim, ...]) -> bool:
+    """Whether the slice's strides are those of `x` stored densely, but for its outermost axis
+    of more than one element."""
+    assert x.type.layout is not None  # placed operands are laid out (`_same_storage`)
+    shape = x.type.shape
+    real = [axis for axis in x.type.layout.order if shape[axis] != 1]  # outermost first
+    dense = views.layout_strides(shape, x.type.layout)
+    return all(strides[a] == dense[a] for a in real[1:])
 
 
 def _aligned(x: Node, strides: tuple[Dim, ...], offset: Dim) -> bool:
@@ -74,7 +115,7 @@ def _aligned(x: Node, strides: tuple[Dim, ...], offset: Dim) -> bool:
     assert x.type.layout is not None  # placed operands are laid out (`_same_storage`)
     real = [axis for axis in x.type.layout.order if shape[axis] != 1]  # outermost first
     dense = views.layout_strides(shape, x.type.layout)
-    return all(strides[a] == dense[a] for a in real[1:]) and (
+    return _dense_but_outermost(x, strides) and (
         not real or strides[real[0]] == dense[real[0]] or views.aligned(strides[real[0]], item))
 
 
