@@ -44,7 +44,8 @@ def test_the_timing_hold_compiles() -> None:
 
 def test_a_kernel_source_with_a_type_error_fails_this_check() -> None:
     """The check can fail: a source the kernels' own could become by a bad edit."""
-    broken = rows.source("uint4").replace("y[r * yp + c] = x[r * xp + c];",
-                                          "y[r * yp + c] = x;")
+    broken = rows.source("uint4").replace("y##k[r * yp##k + c] = x##k[r * xp##k + c];",
+                                          "y##k[r * yp##k + c] = x##k;")
+    assert broken != rows.source("uint4")
     ok, _ = nvrtc_compile(broken)
     assert not ok

@@ -181,14 +181,20 @@ def concat(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     (`dslc.ir.placement`): that one already is the slice."""
     axis = int(a["axis"])
     at = 0
+    copies = []
     for x in xs:
         index = tuple(slice(at, at + x.shape[axis]) if i == axis else slice(None)
                       for i in range(y.ndim))
         part = y[index]
         if (part.data.ptr, part.strides, part.shape) != (x.data.ptr, x.strides, x.shape) and \
-                not rows.copy(x, part):  # rows at a pitch: one vector copy
-            part[...] = x  # a strided copy kernel
+                x.size:
+            copies.append((x, part))
         at += x.shape[axis]
+    if rows.copy_parts(copies):  # all rows at a pitch: one launch moving vectors
+        return
+    for x, part in copies:
+        if not rows.copy(x, part):
+            part[...] = x  # a strided copy kernel
 
 
 def _reduction(op: str) -> KernelFn:

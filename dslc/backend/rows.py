@@ -5,8 +5,11 @@ bytes a thread, at the memory's speed. CuPy's strided `y[...] = x` took 0.034 ms
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
+
+import numpy as np
 
 from dslc.backend.cuda import grid_blocks
 
@@ -32,30 +35,53 @@ def rows_of(a: Any, order: list[int]) -> tuple[int, int, int] | None:
     return rows, shape[-1], strides[-2] if len(order) > 1 else shape[-1]
 
 
+_NULL = np.uint64(0)  # a part past those given: never read
+MOST_PARTS = 4  # parts one launch copies (a concat's operands: two in a UNet's skip concat)
+
+
 def copy(x: Any, y: Any) -> bool:
     """x into y (same shape and dtype) as rows, if both are rows in y's memory order: whether it
     ran (else the caller copies another way)."""
-    if x.shape != y.shape or x.dtype != y.dtype or x.size == 0:
+    return copy_parts([(x, y)])
+
+
+def copy_parts(pairs: Sequence[tuple[Any, Any]]) -> bool:
+    """Each x into its y (same shape and dtype) in one launch, where every pair is rows in its
+    y's memory order and all have as many rows (a concat's copied operands, each into its
+    channel slice: a thread a word of a concatenated row, so the writes of a row are adjacent):
+    whether it ran (else the caller copies another way)."""
+    if not 1 <= len(pairs) <= MOST_PARTS:
         return False
-    axes = [i for i in range(y.ndim) if y.shape[i] != 1]
-    order = sorted(axes, key=lambda i: -int(y.strides[i]))
-    src, dst = rows_of(x, order), rows_of(y, order)
-    if src is None or dst is None:
+    forms: list[tuple[Any, Any, tuple[int, int, int], tuple[int, int, int]]] = []
+    for x, y in pairs:
+        if x.shape != y.shape or x.dtype != y.dtype or x.size == 0:
+            return False
+        axes = [i for i in range(y.ndim) if y.shape[i] != 1]
+        order = sorted(axes, key=lambda i: -int(y.strides[i]))
+        src, dst = rows_of(x, order), rows_of(y, order)
+        if src is None or dst is None or (forms and src[0] != forms[0][2][0]):
+            return False
+        forms.append((x, y, src, dst))
+    item = forms[0][0].itemsize
+    if any(x.itemsize != item for x, _, _, _ in forms):
         return False
-    rows, width, item = src[0], src[1], x.itemsize
-    word = next(w for w in _WORDS if all(v % w == 0 for v in (
-        width * item, src[2] * item, dst[2] * item, int(x.data.ptr), int(y.data.ptr))))
-    per_row = width * item // word
-    total = rows * per_row
+    word = next(w for w in _WORDS if all(v % w == 0 for x, y, src, dst in forms for v in (
+        src[1] * item, src[2] * item, dst[2] * item, int(x.data.ptr), int(y.data.ptr))))
+    widths = [src[1] * item // word for _, _, src, _ in forms]
+    per_row = sum(widths)
+    total = forms[0][2][0] * per_row
+    empty = MOST_PARTS - len(forms)
     _kernel(_WORDS[word])((grid_blocks(total),), (256,), (
-        x, y, _i64(total), _i64(per_row), _i64(src[2] * item // word),
-        _i64(dst[2] * item // word)))
+        *(x for x, _, _, _ in forms), *([_NULL] * empty), *(y for _, y, _, _ in forms),
+        *([_NULL] * empty),
+        *(_i64(w) for w in widths), *([_i64(0)] * empty),
+        *(_i64(src[2] * item // word) for _, _, src, _ in forms), *([_i64(0)] * empty),
+        *(_i64(dst[2] * item // word) for _, _, _, dst in forms), *([_i64(0)] * empty),
+        _i64(total), _i64(per_row)))
     return True
 
 
 def _i64(v: int) -> Any:
-    import numpy as np
-
     return np.int64(v)
 
 
@@ -67,13 +93,24 @@ def _kernel(word: str) -> Any:
 
 
 def source(word: str) -> str:
-    """The copy's CUDA source, moving one `word` (a C type of `_WORDS`) a thread."""
+    """The copy's CUDA source, moving one `word` (a C type of `_WORDS`) a thread. A part past
+    the parts given has width 0 (and null pointers, never read)."""
     return r"""
-extern "C" __global__ void dslc_copy_rows(const WORD* __restrict__ x, WORD* __restrict__ y,
-    const long long total, const long long per_row, const long long xp, const long long yp) {
+#define PART(k) \
+  if (c < w##k) { y##k[r * yp##k + c] = x##k[r * xp##k + c]; continue; } \
+  c -= w##k;
+extern "C" __global__ void dslc_copy_rows(
+    const WORD* __restrict__ x0, const WORD* __restrict__ x1, const WORD* __restrict__ x2,
+    const WORD* __restrict__ x3, WORD* __restrict__ y0, WORD* __restrict__ y1,
+    WORD* __restrict__ y2, WORD* __restrict__ y3,
+    const long long w0, const long long w1, const long long w2, const long long w3,
+    const long long xp0, const long long xp1, const long long xp2, const long long xp3,
+    const long long yp0, const long long yp1, const long long yp2, const long long yp3,
+    const long long total, const long long per_row) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
-    const long long r = i / per_row, c = i - r * per_row;
-    y[r * yp + c] = x[r * xp + c];
+    const long long r = i / per_row;
+    long long c = i - r * per_row;
+    PART(0) PART(1) PART(2) PART(3)
   }
 }""".replace("WORD", word)

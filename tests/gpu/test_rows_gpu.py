@@ -38,3 +38,39 @@ def test_rows_copy_declines_a_transposed_source() -> None:
     x = cupy.arange(24, dtype=cupy.float32).reshape(4, 6)
     y = cupy.zeros((6, 4), dtype=cupy.float32)
     assert not rows.copy(x.T, y)
+
+
+@pytest.mark.parametrize(("dtype", "widths"), [
+    ("float16", (32, 32)), ("float16", (8, 16, 8)), ("float32", (3, 5, 1, 2)), ("uint8", (3, 4))])
+def test_a_concat_s_copied_parts_in_one_launch_equal_numpy(dtype: str,
+                                                           widths: tuple[int, ...]) -> None:
+    """A UNet's skip concat copies its upsample and its skip (session 31): every part into its
+    channel slice in one launch, each at its own pitch, the slices next to each other."""
+    import cupy
+
+    from dslc.backend import rows
+
+    g = rng(f"parts {dtype} {widths}")
+    xs = [(g.standard_normal((2, 5, 7, w)) * 50).astype(dtype) for w in widths]
+    y = np.zeros((2, 5, 7, sum(widths) + 1), dtype)  # one channel past the parts, untouched
+    want = y.copy()
+    pairs, at = [], 0
+    dy = cupy.asarray(y)
+    for x, w in zip(xs, widths, strict=True):
+        want[..., at:at + w] = x
+        pairs.append((cupy.asarray(x).transpose(0, 3, 1, 2),
+                      dy[..., at:at + w].transpose(0, 3, 1, 2)))
+        at += w
+    assert rows.copy_parts(pairs)
+    np.testing.assert_array_equal(cupy.asnumpy(dy), want)
+
+
+def test_parts_of_other_row_counts_are_not_copied_in_one_launch() -> None:
+    import cupy
+
+    from dslc.backend import rows
+
+    y = cupy.zeros((4, 8), dtype=cupy.float32)
+    a, b = cupy.ones((4, 4), dtype=cupy.float32), cupy.ones((2, 4), dtype=cupy.float32)
+    assert not rows.copy_parts([(a, y[:, :4]), (b, y[:2, 4:])])
+    assert int(y.sum()) == 0  # nothing written
