@@ -37,7 +37,7 @@ model m {
   layout NHWC
   dim N = 1..8 tune [2, 4]
   input x: [N, 8, 6, 6]
-  let a = relu(conv2d(x, out=8, k=3, pad=1, has_bias=true)) as "c1"
+  let a = relu(conv2d(x, out=8, k=1, has_bias=true)) as "c1"    # 1x1: written in place
   let b = relu(conv2d(a, out=8, k=3, pad=1, has_bias=true) + x) as "c2"
   output y = conv2d(b, out=8, k=1, has_bias=true) as "c3"
 }
@@ -407,7 +407,7 @@ model m {
   layout NHWC
   dim N = 1..4 tune [1, 2]
   input x: [N, 8, 6, 6]
-  let a = relu(conv2d(x, out=8, k=3, pad=1, has_bias=true)) as "c1"
+  let a = relu(conv2d(x, out=8, k=1, has_bias=true)) as "c1"    # 1x1: written in place
   let b = relu(conv2d(a, out=8, k=3, pad=1, has_bias=true) + x) as "c2"
   let c = relu(conv2d(b, out=8, k=3, pad=1, has_bias=true) + x) as "c3"
   output y = concat([a, x], axis=1)
