@@ -192,6 +192,18 @@ model m {
 }
 """, tmp_path)
     assert set(got) == {"a"}
+    got = _placement("""import "std/nn.cgraph"
+model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 16, 8, 8]
+  let c = conv2d(x, out=16, k=3, pad=1, has_bias=true)
+  let a = relu(c)
+  output y = concat([a, x], axis=1)
+  output z = c * 2.0
+}
+""", tmp_path)
+    assert set(got) == {"a"}  # the conv's result is stored: a pointwise step writes `a`
 
 
 def test_inspect_json_says_what_is_written_in_place(tmp_path: Path) -> None:
