@@ -5,7 +5,7 @@
     scripts/mutation.py GROUP --typecheck-elsewhere   # then scripts/mutation_device.sh GROUP
     scripts/mutation.py GROUP --modules GLOB ...      # only those modules' untested mutants
 
-GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, channels_last, fusion, joins,
+GROUP is one of ir, ops, lower, fuse, runtime, bundle, weights, channels_last, placement, fusion, joins,
 tune (all of them, in that order, when none is named). The modules are `[tool.mutmut] only_mutate` in
 pyproject.toml; GROUPS below maps each group to its modules and to the test files that exercise
 them, and mutmut runs, for each mutant, only those of the group's tests that call the mutated
@@ -91,6 +91,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 ["tests/test_weights.py", "tests/test_weight_checks.py",
                  "tests/test_weights_details.py"]),
     "channels_last": (["dslc/backend/channels_last.py"], ["tests/test_channels_last_form.py"]),
+    "placement": (["dslc/ir/placement.py"],
+                  ["tests/test_concat_in_place.py", "tests/test_upconv.py", "tests/test_gather.py",
+                   "tests/test_kv_cache.py"]),
     "fusion": (["dslc/tune/fusion.py"],
                ["tests/test_fusion_choice.py", "tests/test_gemv_kernel.py",
                 "tests/test_attention_kernel.py", "tests/test_fused_kernel.py"]),

@@ -46,3 +46,24 @@ def test_an_inner_value_written_into_another_s_memory_keeps_the_group_from_runni
     [step] = [s for s in program.steps if s.name == "a.reduce_l2.sum+sqrt"]
     program.placement[step.nodes[0]] = program.placement.get(step.nodes[0], ("x", ()))
     assert not program.by_ops(step)
+
+
+def test_only_ops_without_a_kernel_of_their_own_are_said_to_run_on_the_reference() -> None:
+    """R0803 names the fallback ops that compute on CuPy's reference (a matmul on cuBLAS, which
+    a CUDA graph's capture refuses); a pointwise op of a group run op by op is one kernel."""
+    from dslc.backend.kernels import on_the_reference
+
+    assert on_the_reference("matmul", [(4, 8), (8, 2)], "f16", {})
+    assert not on_the_reference("relu", [(4, 8)], "f16", {})
+    assert not on_the_reference("reduce_max", [(4, 8)], "f16", {"axes": (1,)})  # its kernel
+
+
+def test_a_group_with_an_fp8_value_is_not_run_op_by_op(tmp_path: Path) -> None:
+    """The ops' kernels take no fp8 (an op's reference would read an e4m3 tensor's bytes as
+    integers): a group that makes or reads one runs its own kernel or stops with R0802."""
+    from tests.test_fp8_deviceless import FP8_CONV
+
+    program = Schedule(read(compile_source(FP8_CONV, tmp_path, profile="h200")))
+    [step] = [s for s in program.steps if program.nodes[s.nodes[-1]].type.dtype == "f8e4m3"
+              and len(s.nodes) > 1]  # the activation's quantising cast
+    assert program.has_kernel(step) and not program.by_ops(step)

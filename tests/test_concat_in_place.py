@@ -204,6 +204,49 @@ model m {
 }
 """, tmp_path)
     assert set(got) == {"a"}  # the conv's result is stored: a pointwise step writes `a`
+    got = _placement("""import "std/nn.cgraph"
+model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 16, 8, 8]
+  input r: [2, 16, 8, 8]
+  let a = relu(r + conv2d(x, out=16, k=3, pad=1))
+  output y = concat([a, x], axis=1)
+}
+""", tmp_path)
+    assert got == {}  # the conv is the sum's second operand
+    got = _placement("""model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 16, 8, 8]
+  param w: [16, 16, 3, 1]
+  let a = relu(conv(x, w, pad=[1, 0]))
+  output y = concat([x, a], axis=1)
+}
+""", tmp_path)
+    assert got == {}  # a 3x1 kernel is spatial too; the input before it changes nothing
+    got = _placement("""model m {
+  precision io=f16
+  input x: [2, 16, 8] @NWC
+  param w: [16, 16, 3]
+  let a: [2, 16, 8] @NWC = relu(conv(x, w, pad=1))
+  output y: [2, 32, 8] @NWC = concat([x, a], axis=1)
+}
+""", tmp_path)
+    assert got == {}  # so is a 1-d one
+
+
+def test_an_operand_after_one_that_keeps_its_buffer_is_still_placed(tmp_path: Path) -> None:
+    got = _placement("""model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 8, 4, 2]
+  input z: [2, 8, 4, 2]
+  let b = relu(z)
+  output y = concat([x, b], axis=1)
+}
+""", tmp_path)
+    assert set(got) == {"b"}
 
 
 def test_inspect_json_says_what_is_written_in_place(tmp_path: Path) -> None:

@@ -467,7 +467,8 @@ def conv(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:
     """A depthwise conv as one kernel (`backend.depthwise`); any other conv the reference runs
     (a conv reaches a kernel only where cuDNN has no engine for it)."""
     x, w = xs
-    if on_the_reference("conv", [x.shape, w.shape], _STORED_AS[x.dtype.name], a):
+    if on_the_reference("conv", [x.shape, w.shape], _STORED_AS[x.dtype.name], a) or \
+            y.dtype != x.dtype:  # the depthwise kernel stores in its input's dtype
         reference_kernel("conv", xs, y, a)
     else:
         depthwise.conv(xs, y, a)
@@ -484,7 +485,7 @@ def on_the_reference(op: str, shapes: list[tuple[Any, ...]], dtype: str,
     if op == "conv":
         taps = depthwise_taps(shapes[0], shapes[1], int(a["groups"]))
         return taps is None or not depthwise.takes(taps, dtype)
-    return op not in KERNELS
+    return op not in KERNELS and op not in fused.POINTWISE  # a pointwise op: one kernel
 
 
 def sdpa(xs: list[Any], y: Any, a: Mapping[str, Any]) -> None:

@@ -71,20 +71,21 @@ def _conv_through_workspace(nodes: Mapping[str, Node], readers: Mapping[str, int
     written densely, and a 64-channel one at 128x128 15.5 against 8.5 us, where copying the
     dense result takes 1.5-3 us. A 1x1 conv (a GEMM over the pixels, as an SPPF's first) was
     not measured so and stays in place."""
-    if _dense_but_outermost(x, strides):
+    return not _dense_but_outermost(x, strides) and _spatial_conv_under(nodes, readers, x, 8)
+
+
+def _spatial_conv_under(nodes: Mapping[str, Node], readers: Mapping[str, int], at: Node,
+                        depth: int) -> bool:
+    """Whether `at` is a conv with a spatial kernel, or a pointwise op (an epilogue's) with such
+    a conv under it through operands read by it alone (whichever operand: a residual sum may
+    take the conv second), within `depth` ops."""
+    if at.op == "conv":
+        w = nodes[at.inputs[1]].type.shape
+        return len(w) > 2 and any(d != 1 for d in w[2:])
+    if depth == 0 or at.op not in OPS or OPS[at.op].family != "pointwise":
         return False
-    at = x
-    for _ in range(8):  # back through the epilogue's pointwise ops, each read by the next alone
-        if at.op == "conv":
-            w = nodes[at.inputs[1]].type.shape
-            return len(w) > 2 and any(d != 1 for d in w[2:])
-        if at.op not in OPS or OPS[at.op].family != "pointwise":
-            return False
-        producers = [nodes[i] for i in at.inputs if nodes[i].op not in ("param", "scalar")]
-        if not producers or readers[producers[0].name] != 1:
-            return False
-        at = producers[0]
-    return False
+    return any(_spatial_conv_under(nodes, readers, nodes[i], depth - 1) for i in at.inputs
+               if readers[i] == 1)
 
 
 def _dense_but_outermost(x: Node, strides: tuple[Dim, ...]) -> bool:

@@ -19,6 +19,7 @@ from dslc.backend import fused, gemv
 from dslc.backend.device import KERNEL_DTYPES
 from dslc.backend.spec import one_row_attrs, over_one_row
 from dslc.core.dims import DimEnv
+from dslc.core.types import FP8
 from dslc.ir.graph import IN_PLACE, Graph, Node, stored_dtype
 from dslc.ir.interp import ITEMSIZE, concrete
 from dslc.ir.placement import in_place, slice_of
@@ -100,11 +101,17 @@ class Schedule:
         no cuDNN plan that runs here and no kernel of its own (a deviceless compile's softmax
         pieces on a GPU whose cuDNN proposes no engine for them). Not where an inner value is
         a view or written in place into another's memory."""
-        return len(step.nodes) > 1 and not any(
+        if len(step.nodes) < 2 or any(self._fp8(n) for n in (*step.inputs, *step.nodes)):
+            return False  # the ops' kernels take no fp8: their references would read bytes
+        return not any(
             n not in step.outputs and (self.nodes[n].op in ("view", *IN_PLACE)
                                        or n in self.placement
                                        or stored_dtype(self.nodes[n], True) not in KERNEL_DTYPES)
             for n in step.nodes)
+
+    def _fp8(self, name: str) -> bool:
+        node = self.nodes[name]
+        return node.type.dtype in FP8 or node.attrs.get("precision") in FP8
 
     def matmul_kernel(self, step: StepRecord) -> gemv.Gemv | None:
         """The matmul kernel with its epilogue (`backend.gemv`) that runs a step of a matmul and
