@@ -15,19 +15,13 @@ import numpy as np
 import pytest
 
 from dslc.backend import rows
+from tests.test_fused_kernel import _GRID, _SHIMS  # CUDA's names for g++, uint2 and uint4 too
 
 COMPILER = shutil.which("g++")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no host C++ compiler (.ci/run installs g++)")
 
-SHIM = """#include <cstdio>
-#include <cstdint>
-#define __global__
-#define __restrict__
-struct Dim { long long x; } blockIdx, threadIdx, blockDim, gridDim;
-"""
-
-# main(): reads the parts' element counts, row count and pitches from argv, the parts' bits
-# from stdin, and writes the destination rows (prefilled with 0xAB bytes) to stdout
+# main(): reads the parts' widths and places (in words), the row count and the pitch from argv,
+# the parts' bits from stdin, and writes the destination rows (prefilled with 0xAB bytes) to stdout
 MAIN = """
 #include <vector>
 #include <cstdlib>
@@ -60,32 +54,32 @@ int main(int argc, char** argv) {
 
 def _built(tmp_path: Path, word: str) -> Path:
     src = tmp_path / "rows.cpp"
-    src.write_text(SHIM + "#include <cstring>\n" + rows.source(word) + MAIN.replace("WORD", word))
+    src.write_text(_SHIMS + _GRID + "#include <cstdio>\n" + rows.source(word)
+                   + MAIN.replace("WORD", word))
     exe = tmp_path / "rows"
     assert COMPILER is not None
     subprocess.run([COMPILER, "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
     return exe
 
 
-@pytest.mark.parametrize(("word", "dtype"), [("unsigned short", np.uint16),
-                                             ("unsigned int", np.uint32),
-                                             ("unsigned char", np.uint8)])
+@pytest.mark.parametrize(("size", "word"), sorted(rows._WORDS.items()))
 @pytest.mark.parametrize("widths", [(32, 32), (3, 5, 1, 2), (7,)])
 def test_the_row_copy_kernel_writes_each_part_into_its_slice_and_nothing_else(
-        tmp_path: Path, word: str, dtype: type, widths: tuple[int, ...]) -> None:
-    rows_, pitch = 37, sum(widths) + 3  # three columns past the parts, untouched
-    g = np.random.default_rng(len(widths) * 31 + np.dtype(dtype).itemsize)
-    parts = [g.integers(0, np.iinfo(dtype).max, (rows_, w), dtype=dtype) for w in widths]
-    want = np.full((rows_, pitch), np.frombuffer(b"\xab" * 8, dtype)[0], dtype)
+        tmp_path: Path, size: int, word: str, widths: tuple[int, ...]) -> None:
+    """Widths and pitches in words of `size` bytes; the data as bytes."""
+    rows_, pitch = 37, sum(widths) + 3  # three words past the parts, untouched
+    g = np.random.default_rng(len(widths) * 31 + size)
+    parts = [g.integers(0, 256, (rows_, w * size), dtype=np.uint8) for w in widths]
+    want = np.full((rows_, pitch * size), 0xAB, np.uint8)
     args, at = [str(len(widths)), str(rows_), str(pitch)], 0
     for part, w in zip(parts, widths, strict=True):
-        want[:, at:at + w] = part
+        want[:, at * size:(at + w) * size] = part
         args += [str(w), str(at)]
         at += w
     exe = _built(tmp_path, word)
     out = subprocess.run([str(exe), *args], input=b"".join(p.tobytes() for p in parts),
                          capture_output=True, check=True).stdout
-    np.testing.assert_array_equal(np.frombuffer(out, dtype).reshape(rows_, pitch), want)
+    np.testing.assert_array_equal(np.frombuffer(out, np.uint8).reshape(rows_, pitch * size), want)
 
 
 def test_a_wrong_index_in_the_kernel_is_seen(tmp_path: Path) -> None:
@@ -94,7 +88,8 @@ def test_a_wrong_index_in_the_kernel_is_seen(tmp_path: Path) -> None:
     bad = good.replace("x##k[r * xp##k + c]", "x##k[r * yp##k + c]")
     assert bad != good
     src = tmp_path / "rows.cpp"
-    src.write_text(SHIM + "#include <cstring>\n" + bad + MAIN.replace("WORD", "unsigned short"))
+    src.write_text(_SHIMS + _GRID + "#include <cstdio>\n" + bad
+                   + MAIN.replace("WORD", "unsigned short"))
     assert COMPILER is not None
     subprocess.run([COMPILER, "-O1", "-o", str(tmp_path / "rows"), str(src)], check=True,
                    capture_output=True)
