@@ -578,6 +578,7 @@ class Model:
             gemv.run(g, [self._view(exe, name, refs, outputs) for name in g.operands],
                      [self._view(exe, v, refs, outputs) for v in step.outputs])
             return
+        assert len(step.nodes) == 1 or self.program.by_ops(step), step.name  # start-up chose
         inner = exe.inner(step) if len(step.nodes) > 1 else {}  # `Schedule.by_ops`
 
         def view(v: str) -> Any:
