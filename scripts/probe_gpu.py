@@ -135,23 +135,11 @@ print(json.dumps(r))
 
 
 def kernels(fn: Any, calls: int = 20) -> list[tuple[float, int, str]]:
-    """(microseconds per call, launches per call, name) of every device activity of `fn()`."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    """(microseconds per call, launches per call, name) of every device activity of `fn()`
+    (`dslc.backend.torch_side.kernels`, which `dslc bench --kernels` lists)."""
+    from dslc.backend.torch_side import kernels as listed
 
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        us = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
-        if us > 0:
-            rows.append((us / calls, e.count // calls, e.key[:90]))
-    return sorted(rows, reverse=True)
+    return [(r["us"], round(r["launches"]), r["name"][:90]) for r in listed(fn, calls)]
 
 
 def layer(out: Path) -> dict[str, Any]:

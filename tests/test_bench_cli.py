@@ -168,3 +168,35 @@ def test_without_matplotlib_no_plot_is_written(tmp_path: Path,
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it fails
     assert not plot(REPORT, tmp_path / "b.png") and not (tmp_path / "b.png").exists()
+
+
+def test_with_kernels_each_side_lists_its_kernels_longest_first_with_their_sum() -> None:
+    """`dslc bench --kernels`: the kernels of one replay per side, as `torch_side.kernels`
+    returns them (the longest first); a side without them (not run, or no `--kernels`) shows
+    nothing."""
+    report = copy.deepcopy(REPORT)
+    row = report["sizes"][0]
+    row["dslc"]["kernels"] = [{"name": "sm90_xmma_fprop_implicit_gemm", "us": 30.5, "launches": 3},
+                              {"name": "dslc_copy_rows", "us": 2.25, "launches": 2}]
+    row["torch"]["compile_kernels"] = [{"name": "triton_poi_fused_relu_0", "us": 4.0,
+                                        "launches": 1}]
+    text = render_table(report, top=1)
+    dslc = text.index("kernels of one dslc graph replay at N=32: 0.0328 ms in 5 launches "
+                      "(1 more kernels in --format json)")
+    assert "sm90_xmma_fprop_implicit_gemm  30.50         3" in text[dslc:]
+    assert "dslc_copy_rows" not in text  # past --top
+    assert "kernels of one torch.compile replay at N=32: 0.0040 ms in 1 launches" in text
+    assert "torch graph replay" not in text  # no kernels listed for that side
+    assert "kernels of one" not in render_table(REPORT)
+
+
+def test_kernels_without_pytorch_is_a_usage_error(mlp_bundle: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr("dslc.cli.bench.require_device", lambda what: None)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    r = run_cli("bench", str(mlp_bundle), "--kernels", "-q")
+    assert r.code == 2 and "`--kernels` reads the GPU's kernels through PyTorch" in r.stderr

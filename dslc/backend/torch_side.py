@@ -101,3 +101,26 @@ def version() -> str:
     import torch
 
     return str(torch.__version__)
+
+
+def kernels(fn: Call, calls: int = 20) -> list[dict[str, Any]]:
+    """Every GPU kernel (and copy) `fn()` runs, by name, from CUPTI through torch.profiler: its
+    microseconds and launches per call, the longest first. It sees any library's kernels
+    (cuDNN's, CuPy's and dslc's own as well as PyTorch's): where a model's time goes inside a
+    replayed CUDA graph, which a per-step profile times only step by step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            rows.append({"name": e.key, "us": us / calls, "launches": e.count / calls})
+    return sorted(rows, key=lambda r: -r["us"])

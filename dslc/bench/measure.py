@@ -37,6 +37,7 @@ class BenchOptions:
     profile_repeats: int = 10  # runs of the per-step profile
     torch_compile: str | None = "default"  # with a reference: torch.compile's mode, or None
     seed: int = 0  # of the random inputs
+    kernels: bool = False  # also the GPU kernels of a replay, each side's (`torch_side.kernels`)
 
 
 @dataclass
@@ -115,6 +116,9 @@ def _bench_size(model: Model, dims: dict[str, int], options: BenchOptions,
         dslc["graph_ms"] = timing.median_ms(captured.replay, options.repeats, options.warmup)
         dslc["graph_call_ms"] = timing.median_ms(lambda: captured(inputs), options.repeats,
                                                  options.warmup)
+        if options.kernels:
+            say("dslc's kernels (CUPTI)")
+            dslc["kernels"] = torch_side.kernels(captured.replay)
     except RunnerError as err:  # R0803: fallback kernels CuPy will not capture
         dslc["graph_error"] = str(err)
     dslc["activation_bytes"] = _activation_bytes(model, dims)
@@ -170,8 +174,10 @@ def _torch(reference: Reference, dims: dict[str, int], inputs: Mapping[str, Any]
                            "compile_ms": None, "compile_s": None, "compile_error": None}
     say("PyTorch CUDA graph")
     try:
-        out["graph_ms"] = timing.median_ms(torch_side.cuda_graph(call), options.repeats,
-                                           options.warmup)
+        replay = torch_side.cuda_graph(call)
+        out["graph_ms"] = timing.median_ms(replay, options.repeats, options.warmup)
+        if options.kernels:
+            out["graph_kernels"] = torch_side.kernels(replay)
     except RuntimeError as err:  # an op that cannot be captured
         out["graph_error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
     if options.torch_compile is not None:
@@ -182,6 +188,8 @@ def _torch(reference: Reference, dims: dict[str, int], inputs: Mapping[str, Any]
             outputs["compile"] = {k: timing.to_host(v) for k, v in last.items()}
             say(f"torch.compile ({options.torch_compile}), timing")
             out["compile_ms"] = timing.median_ms(fn, options.repeats, options.warmup)
+            if options.kernels:
+                out["compile_kernels"] = torch_side.kernels(fn)
         except Exception as err:  # inductor's failures are many; the rest of the run stands
             out["compile_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}" \
                 if str(err) else type(err).__name__

@@ -5,6 +5,7 @@ torch`, with a per-step roofline; a table, one JSON document, and a plot (`--plo
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import sys
@@ -87,6 +88,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise UsageError("`--repeats` must be at least 1 and `--warmup` at least 0")
     require_device("`dslc bench`")  # one sentence, exit 3, before any work
+    if args.kernels and importlib.util.find_spec("torch") is None:
+        raise UsageError("`--kernels` reads the GPU's kernels through PyTorch's profiler "
+                         "(CUPTI): install torch, or leave `--kernels` out")
     out = Output(args.error_format, args.color)
     is_bundle = args.file.suffix == ".bundle"
     front = None
@@ -114,7 +118,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             reference = Reference(front.model.graph, front.model.env, tensors)
         options = BenchOptions(sizes, args.repeats, args.warmup, args.profile_repeats,
                                None if args.torch_compile == "none" else args.torch_compile,
-                               args.seed)
+                               args.seed, args.kernels)
         report = bench(model, options, reference, progress)
     finally:
         progress.clear()
@@ -214,6 +218,9 @@ def add_commands(sub: Any) -> None:
                    help="steps shown per roofline table (default 12; json has every step)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="tables for people (default), or one JSON document")
+    p.add_argument("--kernels", action="store_true",
+                   help="also list the GPU kernels of one replay by name and time, dslc's and "
+                        "(with --against torch) PyTorch's and torch.compile's (needs PyTorch)")
     p.add_argument("--plot", type=Path, metavar="FILE.png",
                    help="also plot each step's time against its roofline bound and the totals")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

@@ -91,7 +91,33 @@ def render_table(report: dict[str, Any], top: int | None = 12) -> str:
     lines += _notes(report)
     for row in report["sizes"]:
         lines += ["", *roofline_lines(row, top)]
+        lines += kernel_lines(row, top)
     return "\n".join(lines)
+
+
+KERNEL_HEAD = ("kernel", "us", "launches")
+KERNEL_SIDES = (("dslc graph", "dslc", "kernels"), ("torch graph", "torch", "graph_kernels"),
+                ("torch.compile", "torch", "compile_kernels"))
+
+
+def kernel_lines(row: dict[str, Any], top: int | None) -> list[str]:
+    """With `--kernels`: per side, the kernels of one replay by time (the longest first), their
+    sum and launches; none where the side did not run or `--kernels` was not given."""
+    at = size_name(row["dims"])
+    lines: list[str] = []
+    for title, side, key in KERNEL_SIDES:
+        found = (row.get(side) or {}).get(key)
+        if not found:
+            continue
+        shown = found if top is None else found[:top]
+        lines += ["", f"kernels of one {title} replay at {at}: "
+                      f"{sum(k['us'] for k in found) / 1e3:.4f} ms in "
+                      f"{sum(k['launches'] for k in found):.0f} launches"
+                      + (f" ({len(found) - len(shown)} more kernels in --format json)"
+                         if len(shown) < len(found) else ""),
+                  *aligned(KERNEL_HEAD, [(k["name"][:100], f"{k['us']:.2f}",
+                                          f"{k['launches']:.0f}") for k in shown])]
+    return lines
 
 
 def _title(report: dict[str, Any]) -> str:

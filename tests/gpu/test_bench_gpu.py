@@ -35,7 +35,7 @@ def test_bench_against_torch_agrees_and_times_every_way(model: str, size: str,
     shown = run_cli("inspect", str(bundle), "--format", "json")
     assert shown.code == 0, shown.stderr
     steps = [s["name"] for s in json.loads(shown.stdout)["steps"]]
-    doc = bench_json(str(bundle), "--size", size, "--against", "torch",
+    doc = bench_json(str(bundle), "--size", size, "--against", "torch", "--kernels",
                      "--plot", str(tmp_path / "bench.png"))
     [row] = doc["sizes"]
     print(json.dumps({k: row[k] for k in ("dims", "dslc", "torch", "outputs")}, indent=1))
@@ -66,6 +66,13 @@ def test_bench_against_torch_agrees_and_times_every_way(model: str, size: str,
     if d["graph_ms"]:
         assert 0.6 * d["graph_ms"] <= roof["totals"]["ms"] <= 1.4 * d["graph_ms"] + 0.01, \
             (roof["totals"]["ms"], d["graph_ms"])
+    # --kernels: each side's kernels of one replay, the longest first, about its replay's time
+    for listed, ms in ((d.get("kernels"), d["graph_ms"]), (t.get("compile_kernels"),
+                                                            t["compile_ms"])):
+        if ms:
+            assert listed and [k["us"] for k in listed] == sorted((k["us"] for k in listed),
+                                                                   reverse=True)
+            assert 0.3 * ms <= sum(k["us"] for k in listed) / 1e3 <= 3 * ms, (listed[:3], ms)
     if model == "resnet50":  # 4.1 GMACs an image (its paper's count) x 32 images x 2
         assert roof["totals"]["flops"] == pytest.approx(32 * 2 * 4.1e9, rel=0.05)
 
