@@ -234,6 +234,9 @@ def test_a_saved_scalar_that_is_not_the_graph_constant_is_refused(tmp_path: Path
 @pytest.mark.parametrize("change, message", [
     (lambda t: t.update(dims=[1, 4096, 784]), "reaches past the memory of `x`"),
     (lambda t: t.update(strides=[784, 785, 1]), "reaches past the memory of `x`"),
+    # a slice's strides where this dslc gives the value a buffer of its own: an earlier
+    # compiler's placement (a 3x3 conv's result written into a concat's channel slice)
+    (lambda t: t.update(strides=[1568, 1568, 2]), "an earlier dslc may place values otherwise"),
     (lambda t: t.update(uid=9), "is bound to no input of step `w1+b1+relu`"),
     (lambda t: t.update(dtype="f32"), "reaches past the memory of `x`"),
     (lambda t: t.update(dims=[1] * 9, strides=[1] * 9), "expected 1..8"),

@@ -245,7 +245,10 @@ class Schedule:
             if t.dtype != s.dtype or span * ITEMSIZE[t.dtype] > s.nbytes:
                 raise BundleError(f"{where}: tensor `{t.name[:60]}` reaches past the memory of "
                                   f"`{value[:60]}` ({span} {t.dtype} elements, it holds "
-                                  f"{s.nbytes:,} bytes of {s.dtype})")
+                                  f"{s.nbytes:,} bytes of {s.dtype}); a bundle compiled by an "
+                                  "earlier dslc may place values otherwise (which results its "
+                                  "producers write into a concat's slice): compile the model "
+                                  "again")
 
 
 def _at(values: Mapping[str, int]) -> str:
