@@ -188,6 +188,11 @@ def test_with_kernels_each_side_lists_its_kernels_longest_first_with_their_sum()
     assert "kernels of one torch.compile replay at N=32: 0.0040 ms in 1 launches" in text
     assert "torch graph replay" not in text  # no kernels listed for that side
     assert "kernels of one" not in render_table(REPORT)
+    row["torch"]["graph_kernels"], row["torch"]["graph_kernels_error"] = None, "RuntimeError: x"
+    row["torch"]["compile_kernels"] = []
+    text = render_table(report)
+    assert "kernels of one torch graph replay at N=32: not listed (RuntimeError: x)" in text
+    assert "kernels of one torch.compile replay at N=32: none recorded by CUPTI" in text
 
 
 def test_kernels_without_pytorch_is_a_usage_error(mlp_bundle: Path,
@@ -195,8 +200,12 @@ def test_kernels_without_pytorch_is_a_usage_error(mlp_bundle: Path,
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr("dslc.cli.bench.require_device", lambda what: None)
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "torch" else real(name, *a))
-    r = run_cli("bench", str(mlp_bundle), "--kernels", "-q")
+    r = run_cli("bench", str(mlp_bundle), "--kernels", "-q")  # before the GPU is looked for
     assert r.code == 2 and "`--kernels` reads the GPU's kernels through PyTorch" in r.stderr
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    monkeypatch.setattr("dslc.cli.bench.require_device", lambda what: None)
+    monkeypatch.setattr("dslc.cli.bench._torch_has_cuda", lambda: False)
+    r = run_cli("bench", str(mlp_bundle), "--kernels", "-q")
+    assert r.code == 2 and "this PyTorch has no CUDA" in r.stderr

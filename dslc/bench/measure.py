@@ -118,7 +118,7 @@ def _bench_size(model: Model, dims: dict[str, int], options: BenchOptions,
                                                  options.warmup)
         if options.kernels:
             say("dslc's kernels (CUPTI)")
-            dslc["kernels"] = torch_side.kernels(captured.replay)
+            dslc["kernels"], dslc["kernels_error"] = _kernels(captured.replay)
     except RunnerError as err:  # R0803: fallback kernels CuPy will not capture
         dslc["graph_error"] = str(err)
     dslc["activation_bytes"] = _activation_bytes(model, dims)
@@ -177,7 +177,8 @@ def _torch(reference: Reference, dims: dict[str, int], inputs: Mapping[str, Any]
         replay = torch_side.cuda_graph(call)
         out["graph_ms"] = timing.median_ms(replay, options.repeats, options.warmup)
         if options.kernels:
-            out["graph_kernels"] = torch_side.kernels(replay)
+            say("PyTorch CUDA graph's kernels (CUPTI)")
+            out["graph_kernels"], out["graph_kernels_error"] = _kernels(replay)
     except RuntimeError as err:  # an op that cannot be captured
         out["graph_error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
     if options.torch_compile is not None:
@@ -189,11 +190,21 @@ def _torch(reference: Reference, dims: dict[str, int], inputs: Mapping[str, Any]
             say(f"torch.compile ({options.torch_compile}), timing")
             out["compile_ms"] = timing.median_ms(fn, options.repeats, options.warmup)
             if options.kernels:
-                out["compile_kernels"] = torch_side.kernels(fn)
+                say(f"torch.compile ({options.torch_compile})'s kernels (CUPTI)")
+                out["compile_kernels"], out["compile_kernels_error"] = _kernels(fn)
         except Exception as err:  # inductor's failures are many; the rest of the run stands
             out["compile_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}" \
                 if str(err) else type(err).__name__
     return out, outputs
+
+
+def _kernels(fn: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """`torch_side.kernels` of `fn`, or why the profiler gave none: a side's times stand
+    whatever the listing does."""
+    try:
+        return torch_side.kernels(fn), None
+    except Exception as err:  # the profiler's failures are many (CUPTI busy, no CUDA build)
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
 
 
 def _compare(program: Schedule, ours: Mapping[str, np.ndarray],

@@ -87,10 +87,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         paths.output_file(args.plot, [args.file, args.weights], option="--plot")
     if args.repeats < 1 or args.warmup < 0:
         raise UsageError("`--repeats` must be at least 1 and `--warmup` at least 0")
-    require_device("`dslc bench`")  # one sentence, exit 3, before any work
     if args.kernels and importlib.util.find_spec("torch") is None:
         raise UsageError("`--kernels` reads the GPU's kernels through PyTorch's profiler "
                          "(CUPTI): install torch, or leave `--kernels` out")
+    require_device("`dslc bench`")  # one sentence, exit 3, before any work
+    if args.kernels and not _torch_has_cuda():
+        raise UsageError("`--kernels` reads the GPU's kernels through PyTorch's profiler "
+                         "(CUPTI), and this PyTorch has no CUDA: install a CUDA build of torch, "
+                         "or leave `--kernels` out")
     out = Output(args.error_format, args.color)
     is_bundle = args.file.suffix == ".bundle"
     front = None
@@ -124,6 +128,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progress.clear()
         shutil.rmtree(tmp, ignore_errors=True)
     return _show(args, report)
+
+
+def _torch_has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _show(args: argparse.Namespace, report: dict[str, Any]) -> int:

@@ -106,8 +106,14 @@ def kernel_lines(row: dict[str, Any], top: int | None) -> list[str]:
     at = size_name(row["dims"])
     lines: list[str] = []
     for title, side, key in KERNEL_SIDES:
-        found = (row.get(side) or {}).get(key)
+        info = row.get(side) or {}
+        found, error = info.get(key), info.get(f"{key}_error")
+        if error:
+            lines += ["", f"kernels of one {title} replay at {at}: not listed ({error})"]
+        if found is None:
+            continue
         if not found:
+            lines += ["", f"kernels of one {title} replay at {at}: none recorded by CUPTI"]
             continue
         shown = found if top is None else found[:top]
         lines += ["", f"kernels of one {title} replay at {at}: "
@@ -116,7 +122,7 @@ def kernel_lines(row: dict[str, Any], top: int | None) -> list[str]:
                       + (f" ({len(found) - len(shown)} more kernels in --format json)"
                          if len(shown) < len(found) else ""),
                   *aligned(KERNEL_HEAD, [(k["name"][:100], f"{k['us']:.2f}",
-                                          f"{k['launches']:.0f}") for k in shown])]
+                                          f"{k['launches']:.3g}") for k in shown])]
     return lines
 
 
