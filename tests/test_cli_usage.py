@@ -188,7 +188,8 @@ def test_inspect_json(mlp_bundle: Path) -> None:
     first = doc["steps"][0]
     assert set(first) == {"index", "name", "kind", "runs_on", "pattern", "ops", "nodes",
                           "signature", "reason", "plans", "in_place", "launch"}
-    assert first["in_place"] == {"writes": {}, "concat_copies": {}} and first["launch"] == {}
+    assert first["in_place"] == {"writes": {}, "concat_copies": {}, "why_copied": {}}
+    assert first["launch"] == {}
     assert first["ops"] == ["matmul", "bias_add", "relu"] and first["runs_on"] == "cuDNN"
     assert set(first["plans"]) == {"N=1", "N=16", "N=64", "N=256"}
     assert "serialized" not in first["plans"]["N=1"] and "saved" in first["plans"]["N=1"]

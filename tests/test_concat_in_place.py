@@ -261,3 +261,66 @@ def test_inspect_json_says_what_is_written_in_place(tmp_path: Path) -> None:
     assert list(concat["in_place"]["concat_copies"].values()) == [[]]
     writes = {v: c for s in doc["steps"] for v, c in s["in_place"]["writes"].items()}
     assert set(writes) == {"cv1", "m1", "m2", "m3"}
+
+
+def test_inspect_says_why_a_concat_copies_each_operand_it_copies(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "m.cgraph").write_text("""import "std/nn.cgraph"
+model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 16, 8, 8]
+  let a = relu(conv2d(x, out=16, k=3, pad=1, has_bias=true))
+  let b = relu(conv2d(x, out=16, k=1, has_bias=true))
+  output y = concat([a, x, b], axis=1)
+}
+""")
+    assert run_cli("compile", str(tmp_path / "m.cgraph"), "-o", str(tmp_path / "b"),
+                   "-q").code == 0
+    bundle = str(tmp_path / "b" / "m.bundle")
+    doc = json.loads(run_cli("inspect", bundle, "--format", "json").stdout)
+    concat = next(s for s in doc["steps"] if s["ops"] == ["concat"])
+    assert list(concat["in_place"]["concat_copies"].values()) == [["a", "x"]]  # b in place
+    why = concat["in_place"]["why_copied"]
+    assert why == {"a": "a convolution's result into a slice with gaps (cuDNN writes it through "
+                        "a workspace, slower than this copy)",
+                   "x": "a model input (the caller's memory)"}
+    text = run_cli("inspect", bundle).stdout
+    assert "copies %a, %x; any other operand was written in place" in text
+    assert "%x: a model input (the caller's memory)" in text
+
+
+def _why(body: str, tmp_path: Path) -> dict[str, str]:
+    from dslc.ir.placement import why_copied
+
+    model = check_source(f"model m {{\n  precision io=f16\n  layout NHWC\n{body}\n}}\n",
+                         tmp_path).model
+    lowered, plan = lower_and_fuse(model)
+    return why_copied(lowered, plan.load_time)
+
+
+@pytest.mark.parametrize(("body", "name", "reason"), [
+    ("  input x: [2, 8, 4, 2]\n  param p: [2, 8, 4, 2]\n  output y = concat([relu(x), p], axis=1)",
+     "p", "a weight"),
+    ("  input x: [2, 8, 4, 2]\n  param p: [2, 8, 4, 2]\n  let t = p * 2.0\n"
+     "  output y = concat([relu(x), t], axis=1)", "t", "a load-time value"),
+    ("  input x: [2, 8, 4, 2]\n  let a = relu(x)\n  output z = a\n"
+     "  output y = concat([a, x], axis=1)", "a", "a model output"),
+    ("  input x: [2, 8, 4, 2]\n  let a = relu(x)\n  output z = relu(a[:, 0:4, :, :])\n"
+     "  output y = concat([a, x], axis=1)", "a", "the base of a view"),
+    ("  input x: [2, 8, 4, 2]\n  let a = relu(x)\n  output y = concat([a, a], axis=1)", "a",
+     "an operand of another concat too, or twice of this one"),
+    ("  input x: [2, 16, 4, 2]\n  input z: [2, 3, 4, 2]\n  let a = relu(x)\n"
+     "  output y = concat([a, relu(z)], axis=1)", "a",
+     "its slice could start or step off 16 bytes (cuDNN's vector loads)"),
+    ("  input x: [2, 8, 4, 2] @NCHW\n  input z: [2, 8, 4, 2]\n"
+     "  output y = concat([relu(x), relu(z)], axis=1)", "y.relu",
+     "in another dtype or memory order than the concat"),
+    ("  input cache: [1, 2, 8, 4]\n  input new: [1, 2, 1, 4]\n  input at: i32[1]\n"
+     "  let k = cache_write(cache, new, at=at)\n  output y = concat([k, relu(new)], axis=2)",
+     "k", "a write in place into another value's memory (a cache)"),
+])
+def test_why_a_concat_copies_an_operand_is_said_for_each_reason(
+        body: str, name: str, reason: str, tmp_path: Path) -> None:
+    assert _why(body, tmp_path).get(name) == reason

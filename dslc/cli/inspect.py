@@ -15,7 +15,7 @@ from dslc.cli import paths
 from dslc.cli.front import EXIT_OK, command
 from dslc.core.errors import RunnerError
 from dslc.core.types import FP8
-from dslc.ir.placement import placed_in
+from dslc.ir.placement import placed_in, why_copied
 from dslc.runtime import batches, startup
 from dslc.runtime.bundle import load
 from dslc.runtime.records import Bundle, Environment, PlanRecord, StepRecord
@@ -107,23 +107,28 @@ def _fp8(program: Schedule) -> dict[str, Any]:
 def _in_place(program: Schedule, step: StepRecord) -> dict[str, Any]:
     """Concatenation in place (`dslc.ir.placement`): which of the step's values it writes
     straight into a concat's slice, and, for a concat, which operands it still copies."""
-    copies = {}
+    copies, why = {}, {}
     for name in step.nodes:
         node = program.nodes[name]
         if node.op == "concat":
             placed = placed_in(program.placement, name)
             copies[name] = [i for i in node.inputs if i not in placed]
+            if copies[name]:
+                reasons = why_copied(program.graph, program.load_time)
+                why.update({i: reasons[i] for i in copies[name] if i in reasons})
     return {"writes": {v: program.placement[v][0] for v in step.outputs
-                       if v in program.placement}, "concat_copies": copies}
+                       if v in program.placement}, "concat_copies": copies, "why_copied": why}
 
 
 def _in_place_text(s: dict[str, Any]) -> list[str]:
     lines = [f"writes %{v} in place into its slice of %{c} (no copy)"
              for v, c in s["in_place"]["writes"].items()]
+    why = s["in_place"]["why_copied"]
     for copied in s["in_place"]["concat_copies"].values():
         lines.append("copies nothing: every operand was written in place" if not copied else
                      f"copies {', '.join('%' + c for c in copied)}; any other operand was "
                      "written in place")
+        lines += [f"  %{c}: {why[c]}" for c in dict.fromkeys(copied) if c in why]
     return lines
 
 

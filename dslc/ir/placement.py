@@ -33,12 +33,24 @@ Placement = Mapping[str, tuple[str, tuple[Slice]]]  # operand -> (concat, its sl
 
 def in_place(graph: Graph, load_time: Collection[str]) -> dict[str, tuple[str, tuple[Slice]]]:
     """Operand -> (the concat it is written into, the view steps of its slice there)."""
+    return _decided(graph, load_time)[0]
+
+
+def why_copied(graph: Graph, load_time: Collection[str]) -> dict[str, str]:
+    """Operand -> why its concat copies it (`dslc inspect` says so), for every operand of a
+    laid-out concat not written in place."""
+    return _decided(graph, load_time)[1]
+
+
+def _decided(graph: Graph, load_time: Collection[str],
+             ) -> tuple[dict[str, tuple[str, tuple[Slice]]], dict[str, str]]:
     nodes = graph.by_name()
     outputs = {v for _, v in graph.outputs}
     operand_uses = Counter(i for n in graph.nodes if n.op == "concat" for i in n.inputs)
     viewed = {n.inputs[0] for n in graph.nodes if n.op == "view"}
     readers = Counter(i for n in graph.nodes for i in n.inputs)
     out: dict[str, tuple[str, tuple[Slice]]] = {}
+    why: dict[str, str] = {}
     for c in graph.nodes:
         if c.op != "concat" or c.type.layout is None:
             continue
@@ -50,14 +62,43 @@ def in_place(graph: Graph, load_time: Collection[str]) -> dict[str, tuple[str, t
             step: Slice = ("slice", tuple(start if i == axis else 0 for i in range(c.type.rank)),
                            tuple(end if i == axis else d for i, d in enumerate(c.type.shape)))
             start = end
-            if x.op in NOT_PLACED or name in load_time or name in outputs or name in viewed or \
-                    operand_uses[name] != 1 or not _same_storage(x, c):
-                continue
             found = views.strides(c.type.shape, c.type.layout, (step,))
-            if found is not None and _aligned(x, *found) and \
-                    not _conv_through_workspace(nodes, readers, x, found[0]):
+            reason = _kept(x, found, name in load_time, name in outputs, name in viewed,
+                           operand_uses[name], c)
+            if reason is None and found is not None and \
+                    _conv_through_workspace(nodes, readers, x, found[0]):
+                reason = ("a convolution's result into a slice with gaps (cuDNN writes it "
+                          "through a workspace, slower than this copy)")
+            if reason is None:
                 out[name] = (c.name, (step,))
-    return out
+            else:
+                why.setdefault(name, reason)
+    return out, why
+
+
+_KEPT = {"input": "a model input (the caller's memory)", "view": "a view of another value "
+         "(that value's memory)", "concat": "another concat's result", "param": "a weight",
+         "scalar": "a constant"}
+
+
+def _kept(x: Node, found: tuple[tuple[Dim, ...], Dim] | None, load_time: bool, output: bool,
+          viewed: bool, uses: int, c: Node) -> str | None:
+    """Why `x` keeps a buffer of its own (None: nothing keeps it, so far)."""
+    if x.op in NOT_PLACED:
+        return _KEPT.get(x.op, "a write in place into another value's memory (a cache)")
+    if load_time:
+        return "a load-time value"
+    if output:
+        return "a model output"
+    if viewed:
+        return "the base of a view"
+    if uses != 1:
+        return "an operand of another concat too, or twice of this one"
+    if not _same_storage(x, c):
+        return "in another dtype or memory order than the concat"
+    if found is None or not _aligned(x, *found):
+        return "its slice could start or step off 16 bytes (cuDNN's vector loads)"
+    return None
 
 
 def _conv_through_workspace(nodes: Mapping[str, Node], readers: Mapping[str, int], x: Node,
