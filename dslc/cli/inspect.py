@@ -70,6 +70,7 @@ def bundle_report(bundle: Bundle) -> dict[str, Any]:
     program = Schedule(bundle)
     nodes = program.nodes
     launches = _launches(program)
+    reasons = why_copied(program.graph, program.load_time)  # the whole graph's, once
     steps = []
     for i, step in enumerate(program.steps, start=1):
         plans = {b.key: _plan(b.graphs[step.signature].plan) for b in bundle.buckets
@@ -80,7 +81,7 @@ def bundle_report(bundle: Bundle) -> dict[str, Any]:
                       "pattern": step.pattern, "ops": [nodes[n].op for n in step.nodes],
                       "nodes": list(step.nodes), "signature": step.signature,
                       "reason": step.reason, "plans": plans,
-                      "in_place": _in_place(program, step),
+                      "in_place": _in_place(program, step, reasons),
                       "launch": launches.get(step.name, {})})
     return {
         "model": bundle.model, "source": bundle.source, "dslc_version": bundle.dslc_version,
@@ -104,7 +105,7 @@ def _fp8(program: Schedule) -> dict[str, Any]:
     return {"ops": ops, "calibration": None if c is None else c.to_data()}
 
 
-def _in_place(program: Schedule, step: StepRecord) -> dict[str, Any]:
+def _in_place(program: Schedule, step: StepRecord, reasons: dict[str, str]) -> dict[str, Any]:
     """Concatenation in place (`dslc.ir.placement`): which of the step's values it writes
     straight into a concat's slice, and, for a concat, which operands it still copies."""
     copies, why = {}, {}
@@ -113,9 +114,7 @@ def _in_place(program: Schedule, step: StepRecord) -> dict[str, Any]:
         if node.op == "concat":
             placed = placed_in(program.placement, name)
             copies[name] = [i for i in node.inputs if i not in placed]
-            if copies[name]:
-                reasons = why_copied(program.graph, program.load_time)
-                why.update({i: reasons[i] for i in copies[name] if i in reasons})
+            why.update({i: reasons[i] for i in copies[name] if i in reasons})
     return {"writes": {v: program.placement[v][0] for v in step.outputs
                        if v in program.placement}, "concat_copies": copies, "why_copied": why}
 

@@ -157,8 +157,7 @@ class Executable:
         """Whether the step runs here as its ops' kernels one after the other."""
         p = self.model.program
         return (not p.graph_here(step, self.bucket) and step.name not in self.splits
-                and p.by_ops(step) and p.pointwise_kernel(step) is None
-                and p.matmul_kernel(step) is None)
+                and p.by_ops(step) and not p.has_kernel(step))
 
     def inner(self, step: StepRecord) -> dict[str, Any]:
         """The inner values of a step run op by op (`Schedule.by_ops`), each in scratch of its
@@ -166,6 +165,7 @@ class Executable:
         a fused group's inner values in (`ir.graph.stored_dtype`)."""
         found = self._inner.get(step.name)
         if found is None:
+            assert self.model.program.by_ops(step), step.name  # start-up chose it
             cupy, found = self.model.cupy, {}
             for name in step.nodes:
                 if name in step.outputs:
@@ -578,7 +578,6 @@ class Model:
             gemv.run(g, [self._view(exe, name, refs, outputs) for name in g.operands],
                      [self._view(exe, v, refs, outputs) for v in step.outputs])
             return
-        assert len(step.nodes) == 1 or self.program.by_ops(step), step.name  # start-up chose
         inner = exe.inner(step) if len(step.nodes) > 1 else {}  # `Schedule.by_ops`
 
         def view(v: str) -> Any:

@@ -65,7 +65,7 @@ def parts_of(program: Schedule, memory: MemoryPlan, steps: list[StepRecord], spe
         if not rest or not isinstance(plan, fused.Plan):
             return None
         epilogues[step.name] = plan
-    offset = -(-memory.arena // ALIGN) * ALIGN
+    offset = _past_arena(memory)
     out = {}
     for step in steps:
         anchor = step.nodes[0]
@@ -90,10 +90,15 @@ def scratch(program: Schedule, memory: MemoryPlan, value: str, offset: int | Non
     shape = tuple(int(concrete(d, memory.dims, program.env)) for d in t.shape)
     s = Storage(shape, tuple(own_strides(list(shape), t.layout)), t.dtype, value, 0)
     if offset is None:
-        offset = -(-memory.arena // ALIGN) * ALIGN
+        offset = _past_arena(memory)
     memory.storage[value] = s
     memory.offsets[value] = offset
     memory.arena = max(memory.arena, offset + s.nbytes)
+
+
+def _past_arena(memory: MemoryPlan) -> int:
+    """The planned arena's end, rounded up to ALIGN bytes."""
+    return -(-memory.arena // ALIGN) * ALIGN
 
 
 def views(split: Split, view: Any, outputs: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:

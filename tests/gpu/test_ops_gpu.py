@@ -628,7 +628,7 @@ model m {
     # two blocks of one signature whose residual is each conv's own input: deviceless, start-up
     # splits them (one such block's fused graph had no engine that ran on an H100 and an H200),
     # each step reading its own values (a review found the first step's bindings reused for the
-    # second); not yet run on a GPU
+    # second); passed on an H100 in session 31
     "two_blocks_each_with_its_input_as_residual_f16": NN + """model m {
   precision io=f16
   layout NHWC
