@@ -33,3 +33,18 @@ def test_a_transposed_or_gapped_array_is_not_rows() -> None:
 def test_one_element_and_one_row() -> None:
     assert rows_of(np.zeros((1, 1), np.float32), []) == (1, 1, 1)
     assert rows_of(np.zeros((1, 7), np.float32), [1]) == (1, 7, 7)
+
+
+def test_a_one_channel_slice_is_rows_of_one_element_at_the_buffer_pitch() -> None:
+    """A concat's part of one channel (session 32: the GPU test's parts of widths 3, 5, 1, 2 were
+    refused one launch): its channel axis is not among the read axes, so its last read axis is
+    strided; as rows of one element each it is the buffer's rows."""
+    buffer = np.zeros((2, 6, 5, 11), np.float32)
+    part = buffer[..., 3:4].transpose(0, 3, 1, 2)
+    order = _order(part)
+    assert rows_of(part, order) is None
+    assert rows_of(part, order, single=True) == (60, 1, 11)
+    dense = np.zeros((2, 6, 5, 1), np.float32).transpose(0, 3, 1, 2)
+    assert rows_of(dense, order, single=True) == (60, 1, 1)
+    gapped = np.zeros((2, 8, 5, 11), np.float32)[:, :6, :, 3:4].transpose(0, 3, 1, 2)
+    assert rows_of(gapped, order, single=True) is None  # its rows do not merge into one axis

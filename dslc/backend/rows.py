@@ -16,23 +16,27 @@ from dslc.backend.cuda import grid_blocks
 _WORDS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
 
 
-def rows_of(a: Any, order: list[int]) -> tuple[int, int, int] | None:
+def rows_of(a: Any, order: list[int], single: bool = False) -> tuple[int, int, int] | None:
     """(rows, elements a row, pitch in elements) of `a` read in axis `order` (outermost first,
     its axes of more than one element): the last contiguous, the others merging into one axis
-    of rows; None where they do not."""
+    of rows; None where they do not. With `single`, rows of one element each: every axis of
+    `order` merges into the rows (a concat's part of one channel, whose channel axis is not in
+    `order`)."""
     if not order:
         return 1, 1, 1
     shape = [int(a.shape[i]) for i in order]
     strides = [int(a.strides[i]) // a.itemsize for i in order]
+    if single:
+        shape, strides = [*shape, 1], [*strides, 1]
     if strides[-1] != 1 or any(s <= 0 for s in strides):
         return None
-    for i in range(len(order) - 2):
+    for i in range(len(shape) - 2):
         if strides[i] != strides[i + 1] * shape[i + 1]:
             return None
     rows = 1
     for d in shape[:-1]:
         rows *= d
-    return rows, shape[-1], strides[-2] if len(order) > 1 else shape[-1]
+    return rows, shape[-1], strides[-2] if len(shape) > 1 else shape[-1]
 
 
 _NULL = np.uint64(0)  # a part past those given: never read
@@ -58,7 +62,8 @@ def copy_parts(pairs: Sequence[tuple[Any, Any]]) -> bool:
             return False
         axes = [i for i in range(y.ndim) if y.shape[i] != 1]
         order = sorted(axes, key=lambda i: -int(y.strides[i]))
-        src, dst = rows_of(x, order), rows_of(y, order)
+        single = rows_of(y, order) is None  # y's last axis strided: rows of one element?
+        src, dst = rows_of(x, order, single), rows_of(y, order, single)
         if src is None or dst is None or (forms and src[0] != forms[0][2][0]):
             return False
         forms.append((x, y, src, dst))
