@@ -101,6 +101,13 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
               ["tests/test_gemv_kernel.py", "tests/test_fusion_choice.py"]),
     "batches": (["dslc/runtime/batches.py", "dslc/runtime/cachewrites.py"],
                 ["tests/test_batches.py", "tests/test_kv_cache.py", "tests/test_packing.py"]),
+    "schedule": (["dslc/runtime/schedule.py", "dslc/runtime/split.py"],
+                 ["tests/test_by_ops.py", "tests/test_split.py", "tests/test_arena.py",
+                  "tests/test_concat_in_place.py", "tests/test_kv_cache.py",
+                  "tests/test_bundle_hostile.py", "tests/test_decoder.py",
+                  "tests/test_batches.py", "tests/test_startup.py",
+                  "tests/test_schedule_checks.py", "tests/test_conv1d.py",
+                  "tests/test_prepared_weights.py"]),
     "tune": (["dslc/runtime/tuningdb/*.py"],
              ["tests/test_tuning_db.py", "tests/test_tuning_db_hostile.py",
               "tests/test_tuning_store.py"]),
@@ -155,6 +162,9 @@ def prepare(group: str, config: dict[str, object], files: list[str], fresh: bool
     settings = {k: v for k, v in config.items() if k not in ("only_mutate",
                                                              "pytest_add_cli_args_test_selection")}
     settings["only_mutate"] = [f for f in files if any(fnmatch.fnmatch(f, p) for p in globs)]
+    if not settings["only_mutate"]:  # mutmut would mutate every module
+        raise SystemExit(f"group {group}: none of {', '.join(globs)} is in pyproject's "
+                         "[tool.mutmut] only_mutate")
     settings["pytest_add_cli_args_test_selection"] = tests
     # mypy rejects some mutants before any test runs (CI runs it): the same mypy as this Python.
     # Its cache stays out of the mutants folder, which a run elsewhere carries (54 MB for `ops`).

@@ -49,6 +49,7 @@ def test_the_epilogue_is_one_kernel_and_the_scratch_is_where_the_conv_alone_writ
     [out] = [t for t in spec.tensors if t.role == "output"]
     assert (tuple(out.dims), tuple(out.strides)) == (s.shape, s.strides)  # NHWC: C innermost
     assert s.strides == (64 * 14 * 14, 1, 14 * 64, 64)
+    assert (s.base, s.offset) == (anchor, 0)  # a buffer of its own, from its first element
 
 
 
