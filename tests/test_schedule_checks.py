@@ -237,3 +237,111 @@ def test_a_graph_is_checked_against_its_step_s_ops_and_each_bound_tensor(program
     with pytest.raises(BundleError, match=r"^here: tensor `h` reaches past the memory of `h` "
                                           r"\(128 f16 elements, it holds 192 bytes of f16\)"):
         program.check_bindings(first, wide, storage, dims, "here")
+
+
+# A value named past the 60 characters a refusal keeps of a name, and a dim derived from
+# another (M = 2N: its value comes from the dims' environment).
+LONG = "a_sum_whose_name_runs_on_well_past_the_sixty_characters_a_message_keeps"
+LONG_SOURCE = f"""cgraph 0.1
+model m {{
+  precision io=f16, intermediate=f32, compute=f32
+  dim N = 1..8
+  dim M = 2 * N
+  input x: [M, 64]
+  let {LONG} = reduce_sum(x * 0.5, axes=[1], keepdims=true)
+  output y = relu({LONG})
+}}
+"""
+
+
+def test_a_derived_dim_takes_its_value_from_the_dims_it_is_made_of(tmp_path: Path) -> None:
+    program = Schedule(read(compile_source(LONG_SOURCE, tmp_path, profile="h200")))
+    assert program.storage("x", {"N": 3}).shape == (6, 64)
+    assert program.memory_plan({"N": 3}).storage["y"].shape == (6, 1)
+
+
+def test_refusals_of_a_saved_graph_keep_sixty_characters_of_each_name(tmp_path: Path) -> None:
+    """Names in a hostile bundle may be of any length: each refusal is one sentence."""
+    program = Schedule(read(compile_source(LONG_SOURCE, tmp_path, profile="h200")))
+    dims = {"N": 3}
+    storage = program.memory_plan(dims).storage
+    specs = _specs(program, dims)
+    mul, rest = program.steps
+    assert (mul.name, rest.name) == (f"{LONG}.mul", f"{LONG}+relu")
+    cut = LONG[:60]
+
+    def refused(step: object, spec: object, message: str) -> None:
+        with pytest.raises(BundleError) as err:
+            program.check_bindings(step, spec, storage, dims, "here")
+        assert str(err.value) == message
+
+    refused(rest, specs[mul.name], f"here: its ops are not those of step `{cut}`")
+    spec = specs[rest.name]
+    summed = dataclasses.replace(spec.ops[0], attrs=(("axes", (1,)), ("keepdims", False)))
+    refused(rest, dataclasses.replace(spec, ops=(summed, *spec.ops[1:])),
+            f"here: the attributes of `{cut}` are not those of node `{cut}` at {{'N': 3}}")
+    spec = specs[mul.name]
+    x, scalar, out = spec.tensors
+    assert (x.role, scalar.role, out.role) == ("input", "scalar", "output")
+    refused(mul, dataclasses.replace(spec, tensors=(x, dataclasses.replace(scalar, value=2.0), out)),
+            f"here: scalar `{cut}` is no constant the step reads")
+    refused(mul, dataclasses.replace(spec, tensors=(
+        dataclasses.replace(x, name=LONG, uid=9), scalar, out)),
+        f"here: tensor `{cut}` (uid 9) is bound to no input of step `{cut}`")
+    assert tuple(out.dims) == (1, 1, 6, 64)  # x * 0.5, [M, 64] at rank 4 (pointwise graphs)
+    refused(mul, dataclasses.replace(spec, tensors=(
+        x, scalar, dataclasses.replace(out, dims=(1, 1, 12, 64)))),
+        f"here: tensor `{cut}` reaches past the memory of `{cut}` (768 f16 elements, it holds "
+        "768 bytes of f16); a bundle compiled by an earlier dslc may place values otherwise "
+        "(which results its producers write into a concat's slice): compile the model again")
+
+
+def test_a_value_of_no_rows_and_a_view_of_one_element_are_taken(program: Schedule) -> None:
+    """0 is a size (an empty batch); a view of rank 0 has no stride to be negative."""
+    assert program.storage("x", {"N": 0}).shape == (0, 64)
+    node = program.nodes["h.transpose"]
+    program.nodes["h.transpose"] = dataclasses.replace(
+        node, type=dataclasses.replace(node.type, shape=()),
+        attrs={**node.attrs, "strides": (), "offset": 5})
+    s = program.storage("h.transpose", {"N": 2})
+    assert (s.shape, s.strides, s.offset, s.base) == ((), (), 5, "w")
+
+
+def test_a_saved_bucket_s_refusals_name_the_value_and_the_graph_by_their_starts(
+        tmp_path: Path) -> None:
+    """A value past the arena by sixty characters of its name; a graph that binds memory it
+    may not by forty of its signature (signatures dslc writes are 12)."""
+    from dslc.runtime import bundle
+
+    data = read(compile_source(LONG_SOURCE, tmp_path, profile="h200"))
+    memory = data["buckets"][0]["memory"]
+    value = f"{LONG}.mul"
+    assert memory["offsets"] == {value: 0}
+    memory["offsets"][value] = memory["arena_bytes"] - 8
+    path = tmp_path / "edited.bundle"
+    path.write_bytes(bundle.pack(data))
+    with pytest.raises(BundleError) as err:
+        bundle.load(path)
+    assert str(err.value).endswith(f" is not a valid bundle: buckets[0].memory.offsets.{value[:60]}: "
+                              f"{memory['arena_bytes'] - 8} + 2048 bytes is past the arena")
+
+    data = read(compile_source(LONG_SOURCE, tmp_path, profile="h200"))
+    long = "f" * 50
+    [step] = [s for s in data["steps"] if s["name"] == f"{LONG}.mul"]
+    graphs = data["buckets"][0]["graphs"]
+    entry = graphs.pop(step["signature"])
+    step["signature"] = long
+    graphs[long] = entry
+    entry["spec"]["signature"] = long
+    entry["spec"]["tensors"][0]["uid"] = 9
+    path.write_bytes(bundle.pack(data))
+    with pytest.raises(BundleError) as err:
+        bundle.load(path)
+    assert f" is not a valid bundle: buckets[0].graphs.{long[:40]}.spec: tensor `x` (uid 9)" in str(
+        err.value)
+
+
+def test_a_refusal_names_every_dim_value_it_is_about(program: Schedule) -> None:
+    _view(program, offset=1)
+    with pytest.raises(BundleError, match=r" reaches outside `w` at N=2, K=7$"):
+        program.storage("h.transpose", {"N": 2, "K": 7})
