@@ -240,13 +240,13 @@ def test_a_graph_is_checked_against_its_step_s_ops_and_each_bound_tensor(program
 
 
 # A value named past the 60 characters a refusal keeps of a name, and a dim derived from
-# another (M = 2N: its value comes from the dims' environment).
+# another by floor division (M = N // 2: only the dims' environment gives its value).
 LONG = "a_sum_whose_name_runs_on_well_past_the_sixty_characters_a_message_keeps"
 LONG_SOURCE = f"""cgraph 0.1
 model m {{
   precision io=f16, intermediate=f32, compute=f32
-  dim N = 1..8
-  dim M = 2 * N
+  dim N = 2..16
+  dim M = N // 2
   input x: [M, 64]
   let {LONG} = reduce_sum(x * 0.5, axes=[1], keepdims=true)
   output y = relu({LONG})
@@ -256,14 +256,14 @@ model m {{
 
 def test_a_derived_dim_takes_its_value_from_the_dims_it_is_made_of(tmp_path: Path) -> None:
     program = Schedule(read(compile_source(LONG_SOURCE, tmp_path, profile="h200")))
-    assert program.storage("x", {"N": 3}).shape == (6, 64)
-    assert program.memory_plan({"N": 3}).storage["y"].shape == (6, 1)
+    assert program.storage("x", {"N": 7}).shape == (3, 64)
+    assert program.memory_plan({"N": 12}).storage["y"].shape == (6, 1)
 
 
 def test_refusals_of_a_saved_graph_keep_sixty_characters_of_each_name(tmp_path: Path) -> None:
     """Names in a hostile bundle may be of any length: each refusal is one sentence."""
     program = Schedule(read(compile_source(LONG_SOURCE, tmp_path, profile="h200")))
-    dims = {"N": 3}
+    dims = {"N": 12}
     storage = program.memory_plan(dims).storage
     specs = _specs(program, dims)
     mul, rest = program.steps
@@ -279,7 +279,7 @@ def test_refusals_of_a_saved_graph_keep_sixty_characters_of_each_name(tmp_path: 
     spec = specs[rest.name]
     summed = dataclasses.replace(spec.ops[0], attrs=(("axes", (1,)), ("keepdims", False)))
     refused(rest, dataclasses.replace(spec, ops=(summed, *spec.ops[1:])),
-            f"here: the attributes of `{cut}` are not those of node `{cut}` at {{'N': 3}}")
+            f"here: the attributes of `{cut}` are not those of node `{cut}` at {{'N': 12}}")
     spec = specs[mul.name]
     x, scalar, out = spec.tensors
     assert (x.role, scalar.role, out.role) == ("input", "scalar", "output")
@@ -317,13 +317,14 @@ def test_a_saved_bucket_s_refusals_name_the_value_and_the_graph_by_their_starts(
     memory = data["buckets"][0]["memory"]
     value = f"{LONG}.mul"
     assert memory["offsets"] == {value: 0}
+    rows = data["buckets"][0]["dims"]["N"] // 2  # x * 0.5: [M, 64] f16
     memory["offsets"][value] = memory["arena_bytes"] - 8
     path = tmp_path / "edited.bundle"
     path.write_bytes(bundle.pack(data))
     with pytest.raises(BundleError) as err:
         bundle.load(path)
     assert str(err.value).endswith(f" is not a valid bundle: buckets[0].memory.offsets.{value[:60]}: "
-                              f"{memory['arena_bytes'] - 8} + 2048 bytes is past the arena")
+                              f"{memory['arena_bytes'] - 8} + {rows * 128} bytes is past the arena")
 
     data = read(compile_source(LONG_SOURCE, tmp_path, profile="h200"))
     long = "f" * 50

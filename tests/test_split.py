@@ -73,3 +73,21 @@ def test_steps_of_one_signature_bind_their_own_values_and_share_one_scratch(
     assert {o.name for o in e1.operands} >= {a1, "x"} and a2 in {o.name for o in e2.operands}
     assert memory.offsets[a1] == memory.offsets[a2] >= planned  # one scratch past the plan
     assert memory.arena == memory.offsets[a1] + memory.storage[a1].nbytes
+
+
+def test_the_anchor_s_graph_is_its_conv_alone_at_sizes_of_derived_dims(tmp_path: Path) -> None:
+    """The batch a dim made of another (M = N // 2: only the dims' environment gives it), the
+    anchor's graph at N=12: the conv alone, writing the scratch of M=6 images."""
+    source = SOURCE.replace("input x: [2, 64, 14, 14]",
+                            "dim N = 2..16\n  dim M = N // 2\n  input x: [M, 64, 14, 14]")
+    assert source != SOURCE
+    program = Schedule(read(compile_source(source, tmp_path, profile="h200")))
+    [step] = [s for s in program.steps if s.kind == "graph" and len(s.nodes) > 1]
+    memory = program.memory_plan({"N": 12})
+    spec = anchor_spec(program, memory, step)
+    assert [(o.op, o.node) for o in spec.ops] == [("conv", step.nodes[0])]
+    scratch(program, memory, step.nodes[0])
+    s = memory.storage[step.nodes[0]]
+    assert s.shape == (6, 64, 14, 14)
+    [out] = [t for t in spec.tensors if t.role == "output"]
+    assert (tuple(out.dims), tuple(out.strides)) == (s.shape, s.strides)
