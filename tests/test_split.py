@@ -91,3 +91,32 @@ def test_the_anchor_s_graph_is_its_conv_alone_at_sizes_of_derived_dims(tmp_path:
     assert s.shape == (6, 64, 14, 14)
     [out] = [t for t in spec.tensors if t.role == "output"]
     assert (tuple(out.dims), tuple(out.strides)) == (s.shape, s.strides)
+
+
+PLACED_INPUT = CASES["conv_bn_residual_relu_f16"].split("model m")[0] + """model m {
+  precision io=f16
+  layout NHWC
+  input x: [2, 64, 14, 14]
+  let a = relu(x * 2.0)
+  let c = conv2d(a, out=64, k=1)
+  output y = relu(c)
+  output both = concat([a, x], axis=1)
+}"""
+
+
+def test_an_anchor_reading_a_value_written_into_a_concat_reads_it_through_the_slice(
+        tmp_path: Path) -> None:
+    """`a` is written in place into the first 64 of `both`'s 128 channels (NHWC): the conv
+    alone reads it at a pitch of 128 channels, as the memory holds it, not densely."""
+    program = Schedule(read(compile_source(PLACED_INPUT, tmp_path, profile="h200")))
+    assert program.placement["a"][0] == "both"
+    [step] = [s for s in program.steps if s.kind == "graph" and program.nodes[s.nodes[0]].op
+              == "conv"]
+    memory = program.memory_plan({})
+    spec = anchor_spec(program, memory, step)
+    [a] = [t for t in spec.tensors if t.role == "input" and tuple(t.dims) == (2, 64, 14, 14)]
+    assert tuple(a.strides) == memory.storage["a"].strides == (128 * 14 * 14, 1, 14 * 128, 128)
+    parts = parts_of(program, memory, [step], spec)
+    assert parts is not None
+    [(anchor, bindings, _)] = parts.values()
+    assert anchor == step.nodes[0] and "a" in dict(bindings).values()
