@@ -139,6 +139,11 @@ def scope() -> tuple[dict[str, object], list[str]]:
     return config, files
 
 
+def unlisted(globs: list[str], files: list[str]) -> list[str]:
+    """A group's module patterns that match none of the modules pyproject lets mutmut mutate."""
+    return [p for p in globs if not any(fnmatch.fnmatch(f, p) for f in files)]
+
+
 def toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -161,10 +166,11 @@ def prepare(group: str, config: dict[str, object], files: list[str], fresh: bool
     globs, tests = GROUPS[group]
     settings = {k: v for k, v in config.items() if k not in ("only_mutate",
                                                              "pytest_add_cli_args_test_selection")}
-    settings["only_mutate"] = [f for f in files if any(fnmatch.fnmatch(f, p) for p in globs)]
-    if not settings["only_mutate"]:  # mutmut would mutate every module
-        raise SystemExit(f"group {group}: none of {', '.join(globs)} is in pyproject's "
+    missing = unlisted(globs, files)
+    if missing:  # skipped silently, or with none listed mutmut would mutate every module
+        raise SystemExit(f"group {group}: {', '.join(missing)} not in pyproject's "
                          "[tool.mutmut] only_mutate")
+    settings["only_mutate"] = [f for f in files if any(fnmatch.fnmatch(f, p) for p in globs)]
     settings["pytest_add_cli_args_test_selection"] = tests
     # mypy rejects some mutants before any test runs (CI runs it): the same mypy as this Python.
     # Its cache stays out of the mutants folder, which a run elsewhere carries (54 MB for `ops`).

@@ -34,3 +34,14 @@ def test_the_carried_code_digest_changes_with_the_code_the_grammar_and_the_tests
     assert mutation.code_digest() == before
     (tmp_path / edited).write_text("two\n")
     assert mutation.code_digest() != before
+
+
+def test_every_group_s_modules_are_among_those_mutmut_may_mutate() -> None:
+    """A group's module missing from pyproject's `only_mutate` would be skipped without a word
+    (or, a group's only one, leave mutmut mutating every module: session 32's first run)."""
+    mutation = _script()
+    _, files = mutation.scope()
+    for group, (globs, _) in mutation.GROUPS.items():
+        assert mutation.unlisted(globs, files) == [], group
+    assert mutation.unlisted(["dslc/runtime/schedule.py", "dslc/nowhere.py"],
+                             files) == ["dslc/nowhere.py"]

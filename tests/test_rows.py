@@ -46,5 +46,16 @@ def test_a_one_channel_slice_is_rows_of_one_element_at_the_buffer_pitch() -> Non
     assert rows_of(part, order, single=True) == (60, 1, 11)
     dense = np.zeros((2, 6, 5, 1), np.float32).transpose(0, 3, 1, 2)
     assert rows_of(dense, order, single=True) == (60, 1, 1)
-    gapped = np.zeros((2, 8, 5, 11), np.float32)[:, :6, :, 3:4].transpose(0, 3, 1, 2)
-    assert rows_of(gapped, order, single=True) is None  # its rows do not merge into one axis
+    for gapped in (np.zeros((2, 8, 5, 11), np.float32)[:, :6, :, 3:4],  # a gap between N and H
+                   np.zeros((2, 6, 7, 11), np.float32)[:, :, :5, 3:4]):  # between H and W
+        part = gapped.transpose(0, 3, 1, 2)
+        assert rows_of(part, _order(part), single=True) is None  # not one axis of rows
+    column = np.zeros((7, 4), np.float32)[:, 1:2]  # one read axis: rows of one at its stride
+    assert rows_of(column, [0], single=True) == (7, 1, 4)
+
+
+def test_rows_overlapping_one_another_are_not_rows() -> None:
+    base = np.zeros(64, np.float32)
+    overlapping = np.lib.stride_tricks.as_strided(base, (4, 6), (12, 4))  # 6 wide, 3 apart
+    assert rows_of(overlapping, [0, 1]) is None
+    assert rows_of(np.lib.stride_tricks.as_strided(base, (4, 6), (24, 4)), [0, 1]) == (4, 6, 6)

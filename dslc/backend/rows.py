@@ -33,6 +33,8 @@ def rows_of(a: Any, order: list[int], single: bool = False) -> tuple[int, int, i
     for i in range(len(shape) - 2):
         if strides[i] != strides[i + 1] * shape[i + 1]:
             return None
+    if len(shape) > 1 and strides[-2] < shape[-1]:  # rows overlapping one another
+        return None
     rows = 1
     for d in shape[:-1]:
         rows *= d
