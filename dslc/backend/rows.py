@@ -64,8 +64,11 @@ def copy_parts(pairs: Sequence[tuple[Any, Any]]) -> bool:
             return False
         axes = [i for i in range(y.ndim) if y.shape[i] != 1]
         order = sorted(axes, key=lambda i: -int(y.strides[i]))
-        single = rows_of(y, order) is None  # y's last axis strided: rows of one element?
-        src, dst = rows_of(x, order, single), rows_of(y, order, single)
+        dst = rows_of(y, order)
+        single = dst is None  # y's last axis strided: rows of one element?
+        if single:
+            dst = rows_of(y, order, single=True)
+        src = rows_of(x, order, single)
         if src is None or dst is None or (forms and src[0] != forms[0][2][0]):
             return False
         forms.append((x, y, src, dst))

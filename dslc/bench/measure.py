@@ -193,8 +193,7 @@ def _torch(reference: Reference, dims: dict[str, int], inputs: Mapping[str, Any]
                 say(f"torch.compile ({options.torch_compile})'s kernels (CUPTI)")
                 out["compile_kernels"], out["compile_kernels_error"] = _kernels(fn)
         except Exception as err:  # inductor's failures are many; the rest of the run stands
-            out["compile_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}" \
-                if str(err) else type(err).__name__
+            out["compile_error"] = _failure(err)
     return out, outputs
 
 
@@ -204,7 +203,13 @@ def _kernels(fn: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
     try:
         return torch_side.kernels(fn), None
     except Exception as err:  # the profiler's failures are many (CUPTI busy, no CUDA build)
-        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        return None, _failure(err)
+
+
+def _failure(err: Exception) -> str:
+    """One line of a failure another library raised: its type and its message's first line."""
+    first = str(err).splitlines()[0][:200] if str(err) else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def _compare(program: Schedule, ours: Mapping[str, np.ndarray],
