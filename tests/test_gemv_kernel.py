@@ -24,7 +24,13 @@ from dslc.fuzz import arena
 from dslc.fuzz.oracle import ARENA_TOLERANCE, relative_error
 from dslc.runtime.records import Bundle
 from dslc.runtime.schedule import Schedule
-from dslc.tune.fusion import KernelMeasured, kernel_steps, with_fusion
+from dslc.tune.fusion import (
+    KernelMeasured,
+    kernel_steps,
+    takes_many_rows,
+    takes_matmul_kernel,
+    with_fusion,
+)
 from dslc.tune.joins import Joined, every_kernel, join_group, joined, norms, pairs, with_joins
 from dslc.weights import random_weights
 from tests.helpers import check_source, deviceless_program, nvrtc_compile, rng
@@ -90,14 +96,16 @@ def test_a_matmul_of_f32_or_of_a_3d_weight_has_no_kernel(tmp_path: Path) -> None
                                                 program.steps[0].outputs))
 
 
-@pytest.mark.parametrize(("rows", "offered"), [(1, True), (8, True), (16, False)])
-def test_the_tuner_offers_projections_of_at_most_8_rows_to_the_kernel(
-        rows: int, offered: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("rows", "few"), [(1, True), (8, True), (16, False)])
+def test_the_tuner_offers_projections_of_at_most_8_rows_to_the_kernel_and_more_to_cublaslt(
+        rows: int, few: bool, tmp_path: Path) -> None:
+    """The few-row kernel reads a weight whose K is contiguous; cuBLASLt (past 8 rows) reads
+    either layout, so the row-major weight's matmul is offered there too."""
     program = _program(tmp_path, rows=rows, most=16)
     matmuls = set(_matmul_steps(program))
     found = {s.name for s in kernel_steps(program)} & matmuls
     assert ROW_MAJOR in matmuls and len(matmuls) == 4
-    assert found == (matmuls - {ROW_MAJOR} if offered else set())
+    assert found == (matmuls - {ROW_MAJOR} if few else matmuls)
 
 
 def test_a_matmul_step_alone_runs_as_the_kernel(tmp_path: Path) -> None:
@@ -551,12 +559,16 @@ def test_every_kernel_runs_a_tuned_step_kept_as_a_graph_at_a_bucket_as_its_kerne
 
 
 def test_rows_are_counted_over_every_axis_but_the_last(tmp_path: Path) -> None:
-    """Sixteen tokens of one sequence are 16 rows, past the kernel's 8: not offered."""
+    """Sixteen tokens of one sequence are 16 rows, past the few-row kernel's 8: offered to
+    cuBLASLt, not to it."""
     source = DECODER.format(io="bf16", rows=1, most=8).replace(
         "input x: [B, 1, 256]", "input x: [1, 16, 256]").replace(
         "input h: [B, 1, 512]", "input h: [1, 16, 512]")
     program = deviceless_program(source, tmp_path)[1]
-    assert len(_matmul_steps(program)) == 4 and not kernel_steps(program)
+    steps = [s for s in program.steps if s.name in _matmul_steps(program)]
+    assert len(steps) == 4 and set(kernel_steps(program)) == set(steps)
+    assert not any(takes_matmul_kernel(program, s) for s in steps)
+    assert all(takes_many_rows(program, s) for s in steps)
 
 
 def test_a_join_of_a_step_that_kept_its_graph_at_a_bucket_is_a_kernel_at_every_bucket(

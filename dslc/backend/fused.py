@@ -419,7 +419,7 @@ def run(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     """The kernel over its operands (CuPy arrays in the order of `p.operands`; a step's scalars
     are constants of the source) into its results (arrays of one shape, any strides)."""
     views = [operand_view(x, o) for x, o in zip(xs, p.operands, strict=True)]
-    views = [x.copy() if any(_overlaps(x, y) for y in ys) else x for x in views]
+    views = [x.copy() if any(overlaps(x, y) for y in ys) else x for x in views]
     broadcast = _vectorizable(p, views, ys)
     if broadcast is None:
         _strided(p, views, ys)
@@ -501,7 +501,7 @@ def part(p: Plan, xs: Sequence[Any], ys: Sequence[Any]) -> merge.Part | None:
     """`run` as a part of a merged launch where it runs the strided kernel on these arrays
     (small results; no operand overlapping a result), else None: then `run` it alone."""
     views = [operand_view(x, o) for x, o in zip(xs, p.operands, strict=True)]
-    if any(_overlaps(x, y) for x in views for y in ys) or \
+    if any(overlaps(x, y) for x in views for y in ys) or \
             _vectorizable(p, views, ys) is not None or ys[0].size == 0:
         return None
     return strided_part(p, views, ys)
@@ -565,7 +565,7 @@ def _vector_kernel(p: Plan, broadcast: tuple[bool, ...]) -> Any:
                           name)
 
 
-def _overlaps(x: Any, y: Any) -> bool:
+def overlaps(x: Any, y: Any) -> bool:
     """Whether x's bytes meet y's without being the same elements in the same order (an
     elementwise kernel may read and write one buffer only element for element)."""
     if not x.size or not y.size:

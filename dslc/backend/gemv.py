@@ -247,6 +247,8 @@ def _fallback(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     from dslc.backend.kernels import _math, reference_kernel
 
     x, scale, ws, operands = _split(g, xs)
+    if _many_rows(g, x, ws, operands, ys):
+        return
     if g.norm is not None:  # held as any fused group's inner value: the intermediate, f32
         normed = cupy.empty(x.shape, cupy.float32)
         reference_kernel("rmsnorm", [x, scale], normed, norm_attrs(g.norm, x.ndim))
@@ -256,6 +258,115 @@ def _fallback(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
         reference_kernel("matmul", [x, w], value, {})
         operands.insert(at, _math(cupy, value).astype(cupy.float32, copy=False))
     fused.run(g.epilogue, operands, ys)
+
+
+def _many_rows(g: Gemv, x: Any, ws: Sequence[Any], others: Sequence[Any],
+               ys: Sequence[Any]) -> bool:
+    """The step on cuBLASLt (`backend.blas`): the product with the epilogue's leading additions
+    it takes (one bias along the columns, one addend of the result's shape; each of the result's
+    dtype), stored in the result, then the rest of the epilogue as one pointwise kernel over the
+    result in place. The additions are summed in f32 and rounded once, where the reference
+    rounds each to its intermediate dtype (the tuner's check holds the step to the reference's
+    tolerance). False where it cannot run so (a pair or norm joined, several results, arrays
+    cuBLASLt does not take): the caller computes the step another way."""
+    import cupy
+
+    from dslc.backend import blas
+
+    if g.sibling is not None or g.norm is not None or len(ys) != 1:
+        return False
+    y, p = ys[0], g.epilogue
+    arrays: dict[int, Any] = dict(zip((i for i in range(len(p.operands)) if i != g.anchor),
+                                      others, strict=True))
+    found: dict[str, Any] = {}
+    taken = 0
+    for i in leading_adds(p, g.anchor):
+        a = cupy.broadcast_to(fused.operand_view(arrays[i], p.operands[i]), y.shape)
+        kind = _addend(a, y)
+        if kind is None or kind in found:
+            break
+        found[kind] = a[(0,) * (y.ndim - 1)] if kind == "bias" else a
+        taken += 1
+    rest = rest_after(p, g.anchor, taken)
+    if isinstance(rest, str) or not blas.matmul(g.dtype, x, ws[0], y, found.get("addend"),
+                                                found.get("bias")):
+        return False
+    if rest is not None and any(m.expr != "a" for m in rest.members):  # not y into itself
+        fused.run(rest, [y, *(arrays[i] for i in _rest_operands(p, g.anchor, taken))], ys)
+    return True
+
+
+def _addend(a: Any, y: Any) -> str | None:
+    """What cuBLASLt may add of `a` (broadcast to y's shape) into y: a "bias" (one value a column,
+    contiguous) or an "addend" (y's shape, not overlapping y but as y itself), or None."""
+    if a.dtype != y.dtype:
+        return None
+    if all(s == 0 for s in a.strides[:-1]) and a.strides[-1] == a.itemsize:
+        return "bias"
+    if all(s != 0 or d == 1 for d, s in zip(a.shape, a.strides, strict=True)) and \
+            not fused.overlaps(a, y):
+        return "addend"
+    return None
+
+
+def leading_adds(p: fused.Plan, anchor: int) -> list[int]:
+    """The operands (indices) the epilogue's first members add, one each, to the value before
+    it, from the matmul's value on: the additions cuBLASLt may take."""
+    current, out = f"x{anchor}", []
+    for j, m in enumerate(p.members):
+        if m.expr != "a + b" or sorted(m.operands).count(current) != 1:
+            break
+        other = m.operands[1 - m.operands.index(current)]
+        if not (other.startswith("x") and other[1:].isdigit()) or other == f"x{anchor}":
+            break
+        out.append(int(other[1:]))
+        current = f"v{j}"
+    return out
+
+
+def _rest_operands(p: fused.Plan, anchor: int, taken: int) -> list[int]:
+    """The epilogue's operands (indices) its members after the first `taken` read, in order."""
+    seen: list[int] = []
+    for m in p.members[taken:]:
+        for ref in m.operands:
+            if ref.startswith("x") and ref[1:].isdigit() and int(ref[1:]) != anchor \
+                    and int(ref[1:]) not in seen:
+                seen.append(int(ref[1:]))
+    return seen
+
+
+def rest_after(p: fused.Plan, anchor: int, taken: int) -> fused.Plan | str | None:
+    """The epilogue's members after its first `taken` as a kernel over the stored result (its
+    operand 0: the value of member `taken - 1`, or the matmul's with none taken) and the other
+    operands they read (`_rest_operands`), storing what the epilogue stores; None where nothing
+    is left, or why it cannot be (a later member reads a value the result no longer holds)."""
+    members = p.members[taken:]
+    if not members:
+        return None if p.stores == (len(p.members) - 1,) or not p.members else \
+            "it stores a value before its last"
+    if any(j < taken for j in p.stores):
+        return "it stores a value cuBLASLt computes inside"
+    held = f"v{taken - 1}" if taken else f"x{anchor}"
+    kept = _rest_operands(p, anchor, taken)
+    names = {held: "x0", **{f"x{i}": f"x{k + 1}" for k, i in enumerate(kept)}}
+    built = []
+    for m in members:
+        refs = []
+        for ref in m.operands:
+            if ref in names:
+                refs.append(names[ref])
+            elif ref.startswith("v") and ref[1:].isdigit():
+                if int(ref[1:]) < taken:
+                    return "a later op reads a value before the stored one"
+                refs.append(f"v{int(ref[1:]) - taken}")
+            elif ref.startswith("x") and ref[1:].isdigit():
+                return "a later op reads the matmul's value"
+            else:
+                refs.append(ref)  # a constant
+        built.append(fused.Member(m.expr, tuple(refs), m.dtype))
+    result = fused.Operand("result", p.output_dtypes[0])
+    return fused.Plan((result, *(p.operands[i] for i in kept)), tuple(built),
+                      tuple(j - taken for j in p.stores), p.output_dtypes)
 
 
 def _held(g: Gemv) -> tuple[str, ...]:

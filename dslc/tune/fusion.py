@@ -116,9 +116,10 @@ class KernelMeasured:
 
 
 def kernel_steps(program: Schedule) -> list[StepRecord]:
-    """The graph steps one fallback kernel also computes: a pointwise group's, or attention's
+    """The graph steps one fallback kernel also computes: a pointwise group's, attention's
     where its kernel takes the operands at the first bucket (`backend.attention`: a decoder's
-    few queries over a long cache). Not those that read or write a mask: cuDNN stores a mask
+    few queries over a long cache), or a matmul's with its epilogue (the few-row kernel, or
+    cuBLASLt past its rows). Not those that read or write a mask: cuDNN stores a mask
     as bits, a kernel as bytes, and which masks stay bits was settled at compile time
     (`compile.stage.masks_as_bytes`)."""
     def touches_a_mask(s: StepRecord) -> bool:
@@ -126,7 +127,8 @@ def kernel_steps(program: Schedule) -> list[StepRecord]:
 
     return [s for s in program.steps if s.kind == "graph" and not touches_a_mask(s) and (
         isinstance(fused.plan_of(program.nodes, s.nodes, s.inputs, s.outputs), fused.Plan)
-        or _attention_kernel(program, s) or takes_matmul_kernel(program, s))]
+        or _attention_kernel(program, s) or takes_matmul_kernel(program, s)
+        or takes_many_rows(program, s))]
 
 
 def takes_matmul_kernel(program: Schedule, step: StepRecord) -> bool:
@@ -138,6 +140,17 @@ def takes_matmul_kernel(program: Schedule, step: StepRecord) -> bool:
     dims = dict(program.bundle.buckets[0].dims)
     x, w = program.storage(g.x, dims), program.storage(g.w, dims)
     return math.prod(x.shape[:-1]) <= gemv.MOST_ROWS and w.strides[0] == 1
+
+
+def takes_many_rows(program: Schedule, step: StepRecord) -> bool:
+    """A matmul of more than `gemv.MOST_ROWS` rows at the first bucket with its epilogue, no
+    pair or norm joined: cuBLASLt may run it (`backend.blas`; cuDNN's engines ran a
+    transformer's projections 1.3-1.6x slower than cuBLAS's kernels on an H100)."""
+    g = program.matmul_kernel(step)
+    if g is None or g.sibling is not None or g.norm is not None:
+        return False
+    x = program.storage(g.x, dict(program.bundle.buckets[0].dims))
+    return math.prod(x.shape[:-1]) > gemv.MOST_ROWS
 
 
 def _attention_kernel(program: Schedule, step: StepRecord) -> bool:

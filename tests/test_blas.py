@@ -1,0 +1,179 @@
+"""The cuBLASLt matmul (`backend.blas`) and the matmul step's split between it and a pointwise
+kernel (`backend.gemv._many_rows`), on the CPU: the column-major reading of each layout checked
+by doing on the arrays' memory what cuBLASLt is told to do (NumPy, hand-derived: y^T = op(A) B
+with A, B, C and D read at their leading dimensions), the arrays it refuses, the descriptor as
+the library holds it, and which epilogue members it takes. On the GPU against PyTorch:
+tests/gpu/test_blas_gpu.py."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dslc.backend import blas, fused, gemv
+from tests.helpers import deviceless_program
+
+RNG = np.random.default_rng(7)
+
+
+def _column_major(a: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
+    """a's memory read as a column-major rows x cols matrix of leading dimension ld."""
+    return np.lib.stride_tricks.as_strided(a, (rows, cols), (a.itemsize, ld * a.itemsize))
+
+
+def _as_cublaslt_computes(p: blas.Problem, x: np.ndarray, w: np.ndarray, y: np.ndarray,
+                          c: np.ndarray | None, bias: np.ndarray | None) -> None:
+    """D = op(A) B (+ C) (+ bias along D's rows) on the arrays' memory, as the layouts say."""
+    (_, *a), (_, *b), (_, *cl), (_, *d) = p.layouts()
+    op_a = _column_major(w, *a).astype(np.float32)
+    if p.trans_a() == blas.OP_T:
+        op_a = op_a.T
+    out = op_a @ _column_major(x, *b).astype(np.float32)
+    if c is not None:
+        out += _column_major(c, *cl).astype(np.float32)
+    if bias is not None:
+        out += bias.astype(np.float32)[:, None]
+    _column_major(y, *d)[...] = out
+
+
+def _pitched(rows: int, cols: int, pitch: int) -> np.ndarray:
+    return RNG.standard_normal((rows, pitch)).astype(np.float16)[:, :cols]
+
+
+@pytest.mark.parametrize("linear", [True, False], ids=["weight_N_K_transposed", "weight_K_N"])
+@pytest.mark.parametrize("extras", ["none", "bias", "bias_and_addend"])
+def test_each_layout_read_column_major_computes_x_at_w(linear: bool, extras: str) -> None:
+    m, k, n = 6, 16, 10
+    x = _pitched(m, k, 24)  # rows at a pitch past K
+    w = RNG.standard_normal((n, k)).astype(np.float16).T if linear else \
+        _pitched(k, n, 12)
+    y = np.zeros((m, 16), np.float16)[:, :n]
+    c = _pitched(m, n, 10) if extras == "bias_and_addend" else None
+    bias = RNG.standard_normal(n).astype(np.float16) if extras != "none" else None
+    p = blas.problem("f16", x, w, y, c, bias)
+    assert p is not None and p.bias == (bias is not None)
+    assert p.trans_a() == (blas.OP_T if linear else blas.OP_N)
+    _as_cublaslt_computes(p, x, w, y, c, bias)
+    want = x.astype(np.float32) @ w.astype(np.float32)
+    want += (0 if c is None else c.astype(np.float32)) + (0 if bias is None else bias)
+    np.testing.assert_allclose(y.astype(np.float32), want, rtol=2e-3, atol=2e-2)
+
+
+def test_rows_of_merges_the_leading_axes_where_each_is_whole_rows_of_the_next() -> None:
+    a = np.zeros((2, 3, 8), np.float16)
+    merged = blas.rows_of(a)
+    assert merged is not None and merged.shape == (6, 8) and merged.strides == (16, 2)
+    pitched = np.zeros((2, 3, 16), np.float16)[:, :, :8]  # a row pitch of 16: merges
+    assert blas.rows_of(pitched) is not None and blas.rows_of(pitched).strides == (32, 2)
+    gapped = np.zeros((2, 4, 8), np.float16)[:, :3]  # a gap after each 3 rows: no one pitch
+    assert blas.rows_of(gapped) is None
+
+
+def test_arrays_cublaslt_cannot_take_as_they_lie_are_refused() -> None:
+    x, w, y = (np.zeros(s, np.float16) for s in ((4, 8), (8, 6), (4, 6)))
+    assert blas.problem("f16", x, w, y) is not None
+    assert blas.problem("f32", x, w, y) is None  # f16 or bf16 only
+    assert blas.problem("f16", np.zeros((8, 4), np.float16).T, w, y) is None  # K strided
+    assert blas.problem("f16", x, w, np.zeros((6, 4), np.float16).T) is None  # y transposed
+    assert blas.problem("f16", x, w, y, bias=np.zeros(12, np.float16)[::2]) is None
+    assert blas.problem("f16", x, w, y, bias=np.zeros(5, np.float16)) is None  # not N long
+    assert blas.problem("f16", x.astype(np.float32), w, y) is None  # dtypes differ
+    assert blas.problem("f16", np.zeros((4, 7), np.float16), w, y) is None  # K differs
+
+
+def test_alignment_is_the_largest_power_of_two_up_to_256_bytes() -> None:
+    assert blas.alignment(0, 4096, 48, 6, 1) == (256, 256, 16, 2, 1)
+
+
+def test_the_descriptor_holds_the_transpose_and_the_bias_epilogue() -> None:
+    if blas._library() is None:
+        pytest.skip("libcublasLt is not on this machine")
+    x, y = np.zeros((4, 8), np.float16), np.zeros((4, 6), np.float16)
+    w = np.zeros((6, 8), np.float16).T
+    p = blas.problem("bf16", x, w, y, bias=np.zeros(6, np.float16))
+    assert p is not None
+    desc, layouts = blas.descriptor(p)
+    lib = blas._loaded()
+
+    def read(attr: int) -> int:
+        value, size = ctypes.c_int32(), ctypes.c_size_t()
+        assert lib.cublasLtMatmulDescGetAttribute(desc, attr, ctypes.byref(value), 4,
+                                                  ctypes.byref(size)) == 0
+        return value.value
+
+    assert read(blas.TRANSA) == blas.OP_T and read(blas.TRANSB) == blas.OP_N
+    assert read(blas.EPILOGUE) == blas.EPILOGUE_BIAS
+    assert read(blas.BIAS_DATA_TYPE) == blas.DATA_TYPES["bf16"] and len(layouts) == 4
+
+
+def _plan(*members: fused.Member, operands: int = 3) -> fused.Plan:
+    ops = (fused.Operand("acc", "f32"), fused.Operand("bias", "bf16", (2, 3)),
+           fused.Operand("h", "bf16"))[:operands]
+    return fused.Plan(ops, members, (len(members) - 1,), ("bf16",))
+
+
+GELU = fused.expression("gelu", "f32", {})
+assert GELU is not None
+
+
+def test_the_leading_additions_are_taken_and_the_rest_reads_the_result() -> None:
+    p = _plan(fused.Member("a + b", ("x0", "x1"), "f32"), fused.Member(GELU, ("v0",), "f32"))
+    assert gemv.leading_adds(p, 0) == [1]
+    rest = gemv.rest_after(p, 0, 1)
+    assert isinstance(rest, fused.Plan)
+    assert [o.name for o in rest.operands] == ["result"] and rest.stores == (0,)
+    assert rest.members == (fused.Member(GELU, ("x0",), "f32"),)
+    whole = gemv.rest_after(p, 0, 0)  # none taken: the whole epilogue over the product
+    assert isinstance(whole, fused.Plan) and [o.name for o in whole.operands] == ["result", "bias"]
+    assert whole.members[0].operands == ("x0", "x1") and whole.members[1].operands == ("v0",)
+
+
+def test_a_bias_then_a_residual_are_both_taken_and_nothing_is_left() -> None:
+    p = _plan(fused.Member("a + b", ("x1", "x0"), "f32"), fused.Member("a + b", ("v0", "x2"), "f32"))
+    assert gemv.leading_adds(p, 0) == [1, 2]
+    assert gemv.rest_after(p, 0, 2) is None
+
+
+def test_a_later_op_reading_the_product_or_an_inner_value_keeps_the_epilogue_whole() -> None:
+    reads_product = _plan(fused.Member("a + b", ("x0", "x1"), "f32"),
+                          fused.Member("a * b", ("v0", "x0"), "f32"))
+    assert "matmul's value" in str(gemv.rest_after(reads_product, 0, 1))
+    reads_inner = _plan(fused.Member("a + b", ("x0", "x1"), "f32"),
+                        fused.Member("a + b", ("v0", "x2"), "f32"),
+                        fused.Member("a * b", ("v1", "v0"), "f32"))
+    assert "before the stored one" in str(gemv.rest_after(reads_inner, 0, 2))
+    doubled = _plan(fused.Member("a + b", ("x0", "x0"), "f32"))  # the product twice: no addend
+    assert gemv.leading_adds(doubled, 0) == []
+
+
+ENCODER_MLP = """
+model m {
+  precision io=bf16, intermediate=f32, compute=f32
+  input x: [8, 64, 128]
+  param fc1.weight: [512, 128]
+  param fc1.bias: [512]
+  param fc2.weight: [128, 512]
+  param fc2.bias: [128]
+  let h = gelu(matmul(x, transpose(fc1.weight, [1, 0])) + fc1.bias)
+  output y: [8, 64, 128] = x + (matmul(h, transpose(fc2.weight, [1, 0])) + fc2.bias)
+}
+"""
+
+
+def test_a_transformer_mlp_splits_into_cublaslt_s_additions_and_the_gelu(tmp_path: Path) -> None:
+    """fc1 + bias + GELU: cuBLASLt adds the bias, one kernel the GELU over its result; fc2 +
+    bias + residual: cuBLASLt adds both, nothing is left."""
+    program = deviceless_program(ENCODER_MLP, tmp_path)[1]
+    kernels = [program.matmul_kernel(s) for s in program.steps]
+    fc1, fc2 = (g for g in kernels if g is not None)
+    names = [o.name for o in fc1.epilogue.operands]
+    assert [names[i] for i in gemv.leading_adds(fc1.epilogue, fc1.anchor)] == ["fc1.bias"]
+    rest = gemv.rest_after(fc1.epilogue, fc1.anchor, 1)
+    assert isinstance(rest, fused.Plan) and len(rest.members) == 1
+    assert rest.members[0].expr == GELU and len(rest.operands) == 1
+    taken = gemv.leading_adds(fc2.epilogue, fc2.anchor)
+    assert sorted(fc2.epilogue.operands[i].name for i in taken) == ["fc2.bias", "x"]
+    assert gemv.rest_after(fc2.epilogue, fc2.anchor, 2) is None
