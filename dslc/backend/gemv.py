@@ -260,6 +260,16 @@ def _fallback(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
     fused.run(g.epilogue, operands, ys)
 
 
+def backend_of(g: Gemv, rows: int) -> str:
+    """Where `run` computes the step at this many rows, as `dslc inspect` says it (arrays `fits`
+    refuses at run time aside)."""
+    if rows <= MOST_ROWS:
+        return "the few-row matmul kernel"
+    if g.sibling is None and g.norm is None:
+        return "cuBLASLt (with the epilogue's leading additions), the rest one pointwise kernel"
+    return "the reference matmul on CuPy, then a pointwise kernel"
+
+
 def _many_rows(g: Gemv, x: Any, ws: Sequence[Any], others: Sequence[Any],
                ys: Sequence[Any]) -> bool:
     """The step on cuBLASLt (`backend.blas`): the product with the epilogue's leading additions

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from dslc.backend import environment
+from dslc.backend import environment, gemv
 from dslc.backend.target import live_device_available
 from dslc.cli import paths
 from dslc.cli.front import EXIT_OK, command
@@ -47,7 +48,8 @@ def _plan(plan: PlanRecord) -> dict[str, Any]:
 
 def _launches(program: Schedule) -> dict[str, dict[str, str]]:
     """Per step, per bucket where the runtime runs it otherwise than alone (`runtime.batches`):
-    in one launch with other small steps, or, a cache write, as its value's writers."""
+    in one launch with other small steps, or, a cache write, as its value's writers; and where
+    a matmul kernel step runs (`backend.gemv.backend_of`)."""
     out: dict[str, dict[str, str]] = {}
     for bucket in program.bundle.buckets:
         slots, again = batches.plan(program, program.memory_plan(dict(bucket.dims)),
@@ -55,6 +57,10 @@ def _launches(program: Schedule) -> dict[str, dict[str, str]]:
         for slot in slots:
             for step in slot:
                 said = []
+                g = program.matmul_kernel(step) if step.kind == "kernel" else None
+                if g is not None and not program.runs_graph(step, bucket.key):
+                    rows = math.prod(program.storage(g.x, dict(bucket.dims)).shape[:-1])
+                    said.append(f"on {gemv.backend_of(g, rows)}")
                 if step.name in again:
                     writers = ", ".join(w.name for w in again[step.name].writers)
                     said.append(f"runs as its value's writers ({writers}) into the cache")
