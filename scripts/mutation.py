@@ -101,6 +101,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
               ["tests/test_gemv_kernel.py", "tests/test_fusion_choice.py"]),
     "batches": (["dslc/runtime/batches.py", "dslc/runtime/cachewrites.py"],
                 ["tests/test_batches.py", "tests/test_kv_cache.py", "tests/test_packing.py"]),
+    "blas": (["dslc/backend/blas.py"], ["tests/test_blas.py"]),
     "schedule": (["dslc/runtime/schedule.py", "dslc/runtime/split.py"],
                  ["tests/test_by_ops.py", "tests/test_split.py", "tests/test_arena.py",
                   "tests/test_concat_in_place.py", "tests/test_kv_cache.py",
