@@ -11,7 +11,7 @@ dimension ld, so y = x @ w is computed as y^T = w^T x^T, w^T being w's memory re
 (a PyTorch linear's weight [N, K], K contiguous, seen as [K, N]: transposed) or transposed. The
 library is reached through ctypes (the layouts of cublasLt.h's enums and its heuristic result);
 descriptors and the chosen algorithm are kept per shape, strides, dtypes and alignment, the
-workspace per device (a captured CUDA graph names its address)."""
+workspace per device and stream (a captured CUDA graph names its address)."""
 
 from __future__ import annotations
 
@@ -181,7 +181,8 @@ def matmul(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any |
     xs, ys = rows_of(x), rows_of(y)
     cs = ys if c is None else rows_of(c)
     assert xs is not None and ys is not None and cs is not None  # as `problem` found them
-    desc, layouts, algo, space = plan
+    desc, layouts, algo = plan
+    space = _workspace(cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
     if bias is not None:
         pointer = ctypes.c_void_p(bias.data.ptr)
         _check(lib.cublasLtMatmulDescSetAttribute(desc, BIAS_POINTER, ctypes.byref(pointer),
@@ -266,16 +267,25 @@ def descriptor(p: Problem) -> tuple[Any, list[Any]]:
 
 
 _PLANS: dict[tuple[Problem, int], Any] = {}
-_SPACE: dict[int, Any] = {}
+_SPACE: dict[tuple[int, int], Any] = {}
 
 
-def _plan(p: Problem, device: int) -> tuple[Any, list[Any], Any, Any] | None:
-    """The descriptors, the heuristic's algorithm and the device's workspace of a product (made
-    once), or None where cuBLASLt proposes no algorithm."""
+def _workspace(device: int, stream: int) -> Any:
+    """cuBLASLt's workspace, one a device and stream (products on two streams at once must not
+    share one), made once and never freed (a captured CUDA graph names its address)."""
+    import cupy
+
+    key = (device, stream)
+    if key not in _SPACE:
+        _SPACE[key] = cupy.empty(WORKSPACE, cupy.uint8)
+    return _SPACE[key]
+
+
+def _plan(p: Problem, device: int) -> tuple[Any, list[Any], Any] | None:
+    """The descriptors and the heuristic's algorithm of a product (made once), or None where
+    cuBLASLt proposes no algorithm."""
     key = (p, device)
     if key not in _PLANS:
-        import cupy
-
         lib = _loaded()
         desc, layouts = descriptor(p)
         pref = ctypes.c_void_p()
@@ -291,10 +301,7 @@ def _plan(p: Problem, device: int) -> tuple[Any, list[Any], Any, Any] | None:
         count = ctypes.c_int(0)
         status = lib.cublasLtMatmulAlgoGetHeuristic(_handle(device), desc, *layouts, pref,
                                                     ALGOS, found, ctypes.byref(count))
-        if device not in _SPACE:
-            _SPACE[device] = cupy.empty(WORKSPACE, cupy.uint8)
-        _PLANS[key] = (desc, layouts, found[0], _SPACE[device]) \
-            if status == 0 and count.value > 0 else None
+        _PLANS[key] = (desc, layouts, found[0]) if status == 0 and count.value > 0 else None
     return _PLANS[key]
 
 
