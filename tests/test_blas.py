@@ -62,6 +62,60 @@ def test_each_layout_read_column_major_computes_x_at_w(linear: bool, extras: str
     np.testing.assert_allclose(y.astype(np.float32), want, rtol=2e-3, atol=2e-2)
 
 
+def _strided(shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """A float16 view of these element strides over a buffer large enough for it."""
+    base = np.arange(4096, dtype=np.float16)
+    return np.lib.stride_tricks.as_strided(base, shape, tuple(2 * s for s in strides))
+
+
+@pytest.mark.parametrize(("shape", "strides", "want"), [
+    ((3, 8), (10, 1), blas.Matrix(3, 8, 10)),  # rows at a pitch
+    ((3, 8), (8, 1), blas.Matrix(3, 8, 8)),
+    ((1, 8), (1, 1), blas.Matrix(1, 8, 8)),  # one row: its pitch is its width
+    ((1, 8), (20, 1), blas.Matrix(1, 8, 20)),
+    ((8, 3), (1, 10), blas.Matrix(8, 3, 10, transposed=True)),  # columns at a pitch
+    ((8, 3), (1, 8), blas.Matrix(8, 3, 8, transposed=True)),
+    ((8, 1), (1, 1), blas.Matrix(8, 1, 1)),  # one dense column: rows of one at a pitch of 1
+    ((8, 1), (1, 3), blas.Matrix(8, 1, 8, transposed=True)),  # one column: its height
+    ((8, 1), (1, 20), blas.Matrix(8, 1, 20, transposed=True)),
+    ((1, 1), (1, 1), blas.Matrix(1, 1, 1)),
+    ((3, 8), (4, 1), None),  # rows overlapping one another
+    ((8, 3), (1, 4), None),  # columns overlapping one another
+    ((4, 4), (8, 2), None),  # neither axis contiguous
+])
+def test_a_2d_array_is_a_matrix_of_rows_or_columns_at_a_pitch(
+        shape: tuple[int, int], strides: tuple[int, int], want: blas.Matrix | None) -> None:
+    assert blas.matrix(_strided(shape, strides)) == want
+
+
+def test_arrays_of_another_rank_or_strides_of_part_elements_are_no_matrix() -> None:
+    assert blas.matrix(np.zeros((2, 2, 2), np.float16)) is None
+    odd = np.lib.stride_tricks.as_strided(np.zeros(64, np.float16), (3, 4), (9, 2))
+    assert blas.matrix(odd) is None
+    assert blas.matrix(np.zeros((0, 4), np.float16)) is None  # empty: nothing to multiply
+
+
+def test_rows_of_keeps_each_row_s_elements() -> None:
+    a = _strided((2, 3, 8), (40, 10, 1))  # blocks of 3 rows at a pitch of 10, 40 apart
+    assert blas.rows_of(a) is None  # 3 rows at 10 span 30 elements, not 40
+    b = _strided((2, 3, 8), (30, 10, 1))
+    merged = blas.rows_of(b)
+    assert merged is not None and merged.shape == (6, 8)
+    np.testing.assert_array_equal(merged, b.reshape(6, 8))
+    one = _strided((1, 1, 8), (99, 77, 1))  # leading axes of one element: one row
+    got = blas.rows_of(one)
+    assert got is not None and got.shape == (1, 8) and blas.matrix(got) == blas.Matrix(1, 8, 8)
+    np.testing.assert_array_equal(got[0], one[0, 0])
+    lone = _strided((4, 1, 8), (12, 99, 1))  # a size-1 axis between: its stride never read
+    assert blas.rows_of(lone) is not None and blas.rows_of(lone).strides == (24, 2)
+    vector = np.arange(5, dtype=np.float16)
+    assert blas.rows_of(vector).shape == (1, 5)
+    np.testing.assert_array_equal(blas.rows_of(vector)[0], vector)
+    assert blas.rows_of(np.float16(1.0).reshape(())) is None
+    flat = np.zeros((3, 4), np.float16)
+    assert blas.rows_of(flat) is flat
+
+
 def test_rows_of_merges_the_leading_axes_where_each_is_whole_rows_of_the_next() -> None:
     a = np.zeros((2, 3, 8), np.float16)
     merged = blas.rows_of(a)
@@ -85,7 +139,22 @@ def test_arrays_cublaslt_cannot_take_as_they_lie_are_refused() -> None:
 
 
 def test_alignment_is_the_largest_power_of_two_up_to_256_bytes() -> None:
-    assert blas.alignment(0, 4096, 48, 6, 1) == (256, 256, 16, 2, 1)
+    assert blas.alignment(0, 4096, 48, 6, 1, 384, 64, 32, 8, 4) == \
+        (256, 256, 16, 2, 1, 128, 64, 32, 8, 4)
+
+
+def test_a_problem_of_3d_arrays_reads_their_rows_and_each_operand_s_alignment() -> None:
+    x = np.zeros((2, 3, 8), np.float16)
+    w, y = np.zeros((8, 6), np.float16), np.zeros((2, 3, 6), np.float16)
+    c = np.zeros(2 * 3 * 6 + 1, np.float16)[1:].reshape(2, 3, 6)  # 2 bytes off its buffer
+    p = blas.problem("f16", x, w, y, c, np.zeros(6, np.float16))
+    assert p is not None and (p.x.rows, p.y.rows, p.c is not None) == (6, 6, True)
+    assert p.alignment[2] == blas.alignment(c.ctypes.data)[0] != p.alignment[3]
+    assert blas.problem("f16", x, w, y, bias=np.zeros(3, np.float16)) is None  # not N long
+    gapped = np.zeros((2, 4, 6), np.float16)[:, :3]  # rows that do not merge
+    assert blas.problem("f16", x, w, gapped) is None
+    assert blas.problem("f16", x, w, y, gapped) is None
+    assert blas.problem("f16", np.zeros((2, 4, 8), np.float16)[:, :3], w, y) is None
 
 
 def test_the_descriptor_holds_the_transpose_and_the_bias_epilogue() -> None:
@@ -107,6 +176,27 @@ def test_the_descriptor_holds_the_transpose_and_the_bias_epilogue() -> None:
     assert read(blas.TRANSA) == blas.OP_T and read(blas.TRANSB) == blas.OP_N
     assert read(blas.EPILOGUE) == blas.EPILOGUE_BIAS
     assert read(blas.BIAS_DATA_TYPE) == blas.DATA_TYPES["bf16"] and len(layouts) == 4
+
+
+def test_the_descriptor_of_a_row_major_weight_and_no_bias_reads_it_as_it_lies() -> None:
+    if blas._library() is None:
+        pytest.skip("libcublasLt is not on this machine")
+    x, w, y = (np.zeros(s, np.float16) for s in ((4, 8), (8, 6), (4, 6)))
+    p = blas.problem("f16", x, w, y)
+    assert p is not None
+    desc, _ = blas.descriptor(p)
+    value, size = ctypes.c_int32(), ctypes.c_size_t()
+    lib = blas._loaded()
+    for attr, want in ((blas.TRANSA, blas.OP_N), (blas.EPILOGUE, blas.EPILOGUE_DEFAULT)):
+        assert lib.cublasLtMatmulDescGetAttribute(desc, attr, ctypes.byref(value), 4,
+                                                  ctypes.byref(size)) == 0
+        assert value.value == want
+
+
+def test_a_failed_library_call_says_what_failed_and_its_status() -> None:
+    blas._check(0, "layout")
+    with pytest.raises(RuntimeError, match=r"cuBLASLt: layout failed \(cublasStatus_t 7\)"):
+        blas._check(7, "layout")
 
 
 def _plan(*members: fused.Member, operands: int = 3) -> fused.Plan:

@@ -60,30 +60,30 @@ class Matrix:
 
 
 def matrix(a: Any) -> Matrix | None:
-    """A 2-d array (CuPy or NumPy) as a Matrix, or None where neither axis is contiguous, a
-    pitch is short of its row, or a stride is no whole number of elements."""
-    if a.ndim != 2 or any(s % a.itemsize for s in a.strides):
+    """A 2-d array (CuPy or NumPy) as a Matrix, or None where it is empty, neither axis is
+    contiguous, a pitch is short of its row, or a stride is no whole number of elements."""
+    if a.ndim != 2 or a.size == 0 or any(s % a.itemsize for s in a.strides):
         return None
     (r, c), (sr, sc) = a.shape, (s // a.itemsize for s in a.strides)
-    if sc == 1 and (r == 1 or sr >= max(c, 1)):
-        return Matrix(r, c, max(sr, c, 1))
-    if sr == 1 and (c == 1 or sc >= max(r, 1)):
-        return Matrix(r, c, max(sc, r, 1), transposed=True)
+    if sc == 1 and (r == 1 or sr >= c):
+        return Matrix(r, c, max(sr, c))
+    if sr == 1 and (c == 1 or sc >= r):
+        return Matrix(r, c, max(sc, r), transposed=True)
     return None
 
 
 def rows_of(a: Any) -> Any | None:
     """`a` ([..., N]) as one 2-d view of its rows, [prod(...), N], where its leading axes merge
     into one (each a whole number of the next's rows), else None. CuPy or NumPy."""
+    if a.ndim < 2:
+        return a[None, :] if a.ndim == 1 else None
     if a.ndim == 2:
         return a
-    if a.ndim < 2:
-        return a.reshape(1, -1) if a.ndim == 1 else None
-    lead = [(d, s) for d, s in zip(a.shape[:-1], a.strides[:-1], strict=True) if d != 1]
+    lead = [(a.shape[i], a.strides[i]) for i in range(a.ndim - 1) if a.shape[i] != 1]
     if any(s0 != d1 * s1 for (_, s0), (d1, s1) in pairwise(lead)):
         return None
     rows = math.prod(d for d, _ in lead)
-    stride = lead[-1][1] if lead else a.strides[-1] * a.shape[-1]
+    stride = lead[-1][1] if lead else 0  # one row: its pitch is never read
     return _module(a).lib.stride_tricks.as_strided(a, (rows, a.shape[-1]),
                                                     (stride, a.strides[-1]))
 
