@@ -6,11 +6,13 @@ checked model with the same weights), its JSON report kept under --out, and one 
 of them all printed last.
 
     python scripts/bench_families.py --out DIR [--only convnext --only bert] [--seconds 120]
-                                     [--untuned]
+                                     [--untuned] [--fusion keep]
 
 Each model's compile and bench run in processes of their own, bounded together by --seconds
 (tuning and torch.compile take most of it); one that fails or runs out of time is a row saying
 so, and the others still run. --untuned benches the heuristics' plans (`dslc bench FILE`).
+Tuned, the fusion choices are measured too (`dslc tune BUNDLE --fusion measure`: splits, and
+kernel steps such as matmuls on cuBLASLt) unless `--fusion keep`.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--profile-repeats", type=int, default=10)
     ap.add_argument("--untuned", action="store_true", help="bench the heuristics' plans")
+    ap.add_argument("--fusion", choices=("keep", "measure"), default="measure",
+                    help="after compiling, `dslc tune --fusion measure` (default) or not")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -97,6 +101,12 @@ def main() -> int:
                         rows.append(_failed(name, size, "compile", built))
                         continue
                     [target] = Path(tmp).glob("*.bundle")
+                    if args.fusion == "measure":
+                        tuned = _dslc(["tune", str(target), "--fusion", "measure", "-q"],
+                                      args.seconds - (time.monotonic() - start))
+                        if tuned.returncode != 0:
+                            rows.append(_failed(name, size, "tune --fusion measure", tuned))
+                            continue
                     made = _dslc(["weights", "random", str(source), "-o",
                                   str(target.with_suffix(".safetensors"))], args.seconds)
                     if made.returncode != 0:

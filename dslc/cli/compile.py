@@ -356,7 +356,9 @@ def add_commands(sub: Any, diag_options: Any) -> None:
     p.add_argument("--fusion", choices=("keep", "measure"), default="keep",
                    help="keep: the compiled partition (default); measure: also time each conv "
                         "or matmul group split after its bias, and each graph of pointwise ops "
-                        "(or attention of few queries over many keys) as one fallback kernel, "
+                        "(or attention of few queries over many keys, or a matmul with its "
+                        "epilogue: a few rows on dslc's kernel, more on cuBLASLt) as one "
+                        "fallback kernel, "
                         "and keep what is faster over the buckets (the "
                         "bundle's schedule is rewritten)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
