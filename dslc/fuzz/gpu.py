@@ -8,8 +8,8 @@
   first run's, bit for bit;
 - the deviceless compile for the H200 profile makes the same fusion plan and the same groups;
 - the program with every step a fallback kernel also computes made that kernel (attention over
-  a long cache, pointwise groups; few-row matmuls:
-  `tune.joins.every_kernel`, what tuning may choose) equals the reference too;
+  a long cache, pointwise groups; matmuls with their epilogues, a few rows on dslc's kernel and
+  more on cuBLASLt: `tune.joins.every_kernel`, what tuning may choose) equals the reference too;
 - the program compiled deviceless from this GPU's own profile (as a CI machine compiles it: no
   plan run) and started here equals the reference too: start-up runs the plans no device ran
   where a conv adds a residual, and a group none of whose plans runs here runs its kernels or is
