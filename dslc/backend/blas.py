@@ -168,34 +168,38 @@ def problem(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any 
 def matmul(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any | None = None,
            ) -> bool:
     """y = x @ w (+ c) (+ bias) on the current stream (bf16 arrays as their uint16 bits), or
-    False where cuBLASLt is not here, cannot take the arrays (`problem`) or proposes nothing."""
+    False where cuBLASLt is not here, cannot take the arrays (`problem`), proposes nothing or
+    refuses the call: the caller then computes the product another way."""
     import cupy
 
     p = problem(dtype, x, w, y, c, bias)
     lib = _library()
     if p is None or lib is None:
         return False
-    plan = _plan(p, cupy.cuda.Device().id)
+    device = cupy.cuda.Device().id
+    plan = _plan(p, device)
     if plan is None:
         return False
     xs, ys = rows_of(x), rows_of(y)
     cs = ys if c is None else rows_of(c)
     assert xs is not None and ys is not None and cs is not None  # as `problem` found them
     desc, layouts, algo = plan
-    space = _workspace(cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
+    space = _workspace(device, cupy.cuda.get_current_stream().ptr)
     if bias is not None:
         pointer = ctypes.c_void_p(bias.data.ptr)
         _check(lib.cublasLtMatmulDescSetAttribute(desc, BIAS_POINTER, ctypes.byref(pointer),
                                                   ctypes.sizeof(pointer)), "bias")
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
     status = lib.cublasLtMatmul(
-        _handle(cupy.cuda.Device().id), desc, ctypes.byref(one), ctypes.c_void_p(w.data.ptr),
+        _handle(device), desc, ctypes.byref(one), ctypes.c_void_p(w.data.ptr),
         layouts[0], ctypes.c_void_p(xs.data.ptr), layouts[1],
         ctypes.byref(one if c is not None else zero), ctypes.c_void_p(cs.data.ptr), layouts[2],
         ctypes.c_void_p(ys.data.ptr), layouts[3], ctypes.byref(algo),
         ctypes.c_void_p(space.data.ptr), ctypes.c_size_t(WORKSPACE),
         ctypes.c_void_p(cupy.cuda.get_current_stream().ptr))
-    _check(status, "cublasLtMatmul")
+    if status != 0:  # refused at the call (nothing launched): not asked again
+        _PLANS[(p, device)] = None
+        return False
     return True
 
 
