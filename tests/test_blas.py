@@ -288,3 +288,79 @@ def test_inspect_says_a_many_row_matmul_kernel_step_runs_on_cublaslt(tmp_path: P
     assert len(measured) == 2
     text = _bundle_text(bundle_report(with_fusion(records, [], measured)))
     assert text.count("on cuBLASLt (with the epilogue's leading additions)") == 2, text
+
+
+def test_a_bias_off_16_bytes_is_refused() -> None:
+    x, w, y = (np.zeros(s, np.float16) for s in ((4, 8), (8, 6), (4, 6)))
+    base = np.zeros(64, np.float16)
+    start = (-base.ctypes.data % 16) // 2  # the first element on 16 bytes
+    aligned, off = base[start:start + 6], base[start + 1:start + 7]
+    assert blas.problem("f16", x, w, y, bias=aligned) is not None
+    assert blas.problem("f16", x, w, y, bias=off) is None
+
+
+def _gemv(p: fused.Plan, held: str) -> gemv.Gemv:
+    return gemv.Gemv("x", "w", "f16", held, p, 0)
+
+
+@pytest.mark.parametrize(("inner", "out", "taken", "held", "exact"), [
+    ("f32", "f16", 1, "f32", False),  # the rest would read f16's rounding (or inf) of f32's value
+    ("f32", "bf16", 1, "f32", True),  # bf16 keeps f32's range: a rounding only
+    ("f16", "f16", 1, "f32", True),  # the reference holds that value in f16 too
+    ("f32", "f16", 0, "f16", True),  # the product itself held in f16
+    ("f32", "f16", 0, "f32", False),
+    ("f32", "f16", 2, "f32", True),  # nothing left to read it
+])
+def test_the_rest_reads_the_stored_result_only_where_that_is_the_value_it_reads(
+        inner: str, out: str, taken: int, held: str, exact: bool) -> None:
+    p = fused.Plan((fused.Operand("acc", "f32"), fused.Operand("b", out, (1, 2))),
+                   (fused.Member("a + b", ("x0", "x1"), inner), fused.Member(GELU, ("v0",), inner)),
+                   (1,), (out,))
+    assert gemv.rest_reads_exactly(p, _gemv(p, held), taken) is exact
+
+
+def test_a_rest_of_copies_is_run_only_where_a_member_rounds_the_result_s_values() -> None:
+    def rest(dtype: str, expr: str = "a") -> fused.Plan:
+        return fused.Plan((fused.Operand("result", "f16"),),
+                          (fused.Member(expr, ("x0",), dtype),), (0,), ("f16",))
+
+    assert not gemv.needs_rest(rest("f32")) and not gemv.needs_rest(rest("f16"))
+    assert gemv.needs_rest(rest("bf16"))  # a cast to bf16 and back rounds f16's values
+    assert gemv.needs_rest(rest("f32", GELU))
+
+
+def test_the_cut_takes_fewer_additions_where_the_rest_reads_a_value_an_addition_replaces() -> None:
+    """(mm + bias) then (v0 + h), then v0 * v1: the product's sum with the bias is read after
+    the residual's, so cuBLASLt takes the bias alone and the kernel the rest."""
+    p = _plan(fused.Member("a + b", ("x0", "x1"), "f32"), fused.Member("a + b", ("v0", "x2"), "f32"),
+              fused.Member("a * b", ("v1", "v0"), "f32"))
+    p = fused.Plan(p.operands, p.members, p.stores, ("bf16",))
+    g = _gemv(p, "f32")
+    assert gemv.leading_adds(p, 0) == [1, 2]
+    cut = gemv.epilogue_cut(p, g, 2, lambda i: False)
+    assert cut is not None and cut[0] == 1 and isinstance(cut[1], fused.Plan)
+    assert [o.name for o in cut[1].operands] == ["result", "h"]
+
+
+def test_the_cut_reads_no_operand_sharing_the_result_s_memory() -> None:
+    """The residual h is the result's own memory: cuBLASLt may add it (C = D), but the GELU
+    after reads nothing of it; where the rest reads h, no addition is taken that would leave
+    it read after cuBLASLt wrote over it, and with none left the step is refused."""
+    add_gelu = _plan(fused.Member("a + b", ("x0", "x2"), "f32"), fused.Member(GELU, ("v0",), "f32"))
+    add_gelu = fused.Plan(add_gelu.operands, add_gelu.members, add_gelu.stores, ("bf16",))
+    assert gemv.epilogue_cut(add_gelu, _gemv(add_gelu, "f32"), 1, lambda i: i == 2) == \
+        (1, gemv.rest_after(add_gelu, 0, 1))
+    reads_h = _plan(fused.Member("a * b", ("x0", "x2"), "f32"))
+    reads_h = fused.Plan(reads_h.operands, reads_h.members, reads_h.stores, ("bf16",))
+    assert gemv.epilogue_cut(reads_h, _gemv(reads_h, "f32"), 0, lambda i: i == 2) is None
+    assert gemv.epilogue_cut(reads_h, _gemv(reads_h, "f32"), 0, lambda i: False) == \
+        (0, gemv.rest_after(reads_h, 0, 0))
+
+
+def test_an_f16_result_read_back_by_the_rest_of_an_f32_epilogue_is_refused() -> None:
+    p = _plan(fused.Member("a + b", ("x0", "x1"), "f32"), fused.Member(GELU, ("v0",), "f32"))
+    f16 = fused.Plan(p.operands, p.members, p.stores, ("f16",))
+    assert gemv.epilogue_cut(f16, _gemv(f16, "f32"), 1, lambda i: False) is None
+    alone = _plan(fused.Member("a + b", ("x0", "x1"), "f32"))  # nothing read back: taken
+    alone = fused.Plan(alone.operands, alone.members, alone.stores, ("f16",))
+    assert gemv.epilogue_cut(alone, _gemv(alone, "f32"), 1, lambda i: False) == (1, None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
@@ -32,6 +33,10 @@ EPILOGUE_DEFAULT, EPILOGUE_BIAS = 1, 4  # cublasLtEpilogue_t
 MAX_WORKSPACE_BYTES, MIN_ALIGNMENT = 1, (5, 6, 7, 8)
 WORKSPACE = 32 << 20  # bytes: what cuBLAS asks for on Hopper
 ALGOS = 1  # the heuristic's first algorithm, as PyTorch takes it
+BIAS_ALIGNMENT = 16  # bytes: the alignment preferences name A to D, not the bias
+# A product's descriptor is shared by every call of its shapes, and a call sets its bias there:
+# two host threads must not interleave that and the call.
+LOCK = threading.Lock()
 
 
 class HeuristicResult(ctypes.Structure):
@@ -146,7 +151,9 @@ def problem(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any 
             ) -> Problem | None:
     """The product of these arrays, or None where cuBLASLt cannot take them as they lie:
     x [..., K] and y [..., N] whose rows merge into one axis, w [K, N] with one contiguous axis,
-    c like y, bias [N] contiguous; all of `dtype`, f16 or bf16 (bf16 as its uint16 bits)."""
+    c like y, bias [N] contiguous and on 16 bytes (a kernel the heuristic picks may load it so:
+    the alignment preferences cover the matrices only); all of `dtype`, f16 or bf16 (bf16 as
+    its uint16 bits)."""
     xs, ys = rows_of(x), rows_of(y)
     cs = None if c is None else rows_of(c)
     if xs is None or ys is None or (c is not None and cs is None):
@@ -154,7 +161,8 @@ def problem(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any 
     if any(a.dtype != y.dtype for a in (x, w, *(t for t in (c, bias) if t is not None))):
         return None
     if bias is not None and (bias.ndim != 1 or bias.shape[0] != y.shape[-1]
-                             or bias.strides[0] != bias.itemsize):
+                             or bias.strides[0] != bias.itemsize
+                             or _address(bias) % BIAS_ALIGNMENT):
         return None
     mx, mw, my = matrix(xs), matrix(w), matrix(ys)
     mc = None if cs is None else matrix(cs)
@@ -185,18 +193,18 @@ def matmul(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any |
     assert xs is not None and ys is not None and cs is not None  # as `problem` found them
     desc, layouts, algo = plan
     space = _workspace(device, cupy.cuda.get_current_stream().ptr)
-    if bias is not None:
-        pointer = ctypes.c_void_p(bias.data.ptr)
-        _check(lib.cublasLtMatmulDescSetAttribute(desc, BIAS_POINTER, ctypes.byref(pointer),
-                                                  ctypes.sizeof(pointer)), "bias")
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    status = lib.cublasLtMatmul(
-        _handle(device), desc, ctypes.byref(one), ctypes.c_void_p(w.data.ptr),
-        layouts[0], ctypes.c_void_p(xs.data.ptr), layouts[1],
-        ctypes.byref(one if c is not None else zero), ctypes.c_void_p(cs.data.ptr), layouts[2],
-        ctypes.c_void_p(ys.data.ptr), layouts[3], ctypes.byref(algo),
-        ctypes.c_void_p(space.data.ptr), ctypes.c_size_t(WORKSPACE),
-        ctypes.c_void_p(cupy.cuda.get_current_stream().ptr))
+    with LOCK:
+        if bias is not None:
+            pointer = ctypes.c_void_p(bias.data.ptr)
+            _check(lib.cublasLtMatmulDescSetAttribute(desc, BIAS_POINTER, ctypes.byref(pointer),
+                                                      ctypes.sizeof(pointer)), "bias")
+        status = lib.cublasLtMatmul(
+            _handle(device), desc, ctypes.byref(one), ctypes.c_void_p(w.data.ptr), layouts[0],
+            ctypes.c_void_p(xs.data.ptr), layouts[1], ctypes.byref(one if c is not None else zero),
+            ctypes.c_void_p(cs.data.ptr), layouts[2], ctypes.c_void_p(ys.data.ptr), layouts[3],
+            ctypes.byref(algo), ctypes.c_void_p(space.data.ptr), ctypes.c_size_t(WORKSPACE),
+            ctypes.c_void_p(cupy.cuda.get_current_stream().ptr))
     if status != 0:  # refused at the call (nothing launched): not asked again
         _PLANS[(p, device)] = None
         return False

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -276,9 +276,11 @@ def _many_rows(g: Gemv, x: Any, ws: Sequence[Any], others: Sequence[Any],
     it takes (one bias along the columns, one addend of the result's shape; each of the result's
     dtype), stored in the result, then the rest of the epilogue as one pointwise kernel over the
     result in place. The additions are summed in f32 and rounded once, where the reference
-    rounds each to its intermediate dtype (the tuner's check holds the step to the reference's
-    tolerance). False where it cannot run so (a pair or norm joined, several results, arrays
-    cuBLASLt does not take): the caller computes the step another way."""
+    rounds each to its intermediate dtype. The rest reads the stored result, so it runs so only
+    where the value it reads is held in the result's dtype, or the result is bf16 (f32's range:
+    a rounding, never an overflow to inf as f16's could be; `rest_reads_exactly`). False where
+    it cannot run so (a pair or norm joined, several results, arrays cuBLASLt does not take or
+    that share the result's memory): the caller computes the step another way."""
     import cupy
 
     from dslc.backend import blas
@@ -286,32 +288,74 @@ def _many_rows(g: Gemv, x: Any, ws: Sequence[Any], others: Sequence[Any],
     if g.sibling is not None or g.norm is not None or len(ys) != 1:
         return False
     y, p = ys[0], g.epilogue
+    if _meets(x, y) or _meets(ws[0], y):
+        return False
     arrays: dict[int, Any] = dict(zip((i for i in range(len(p.operands)) if i != g.anchor),
                                       others, strict=True))
-    found: dict[str, Any] = {}
-    taken = 0
+    addends: list[tuple[str, Any]] = []  # the leading additions cuBLASLt takes, in order
     for i in leading_adds(p, g.anchor):
         a = cupy.broadcast_to(fused.operand_view(arrays[i], p.operands[i]), y.shape)
         kind = _addend(a, y)
-        if kind is None or kind in found:
+        if kind is None or kind in dict(addends):
             break
-        found[kind] = a[(0,) * (y.ndim - 1)] if kind == "bias" else a
-        taken += 1
-    rest = rest_after(p, g.anchor, taken)
-    if isinstance(rest, str) or not blas.matmul(g.dtype, x, ws[0], y, found.get("addend"),
-                                                found.get("bias")):
+        addends.append((kind, a[(0,) * (y.ndim - 1)] if kind == "bias" else a))
+    cut = epilogue_cut(p, g, len(addends), lambda i: _meets(arrays[i], y))
+    if cut is None:
         return False
-    if rest is not None and any(m.expr != "a" for m in rest.members):  # not y into itself
+    taken, rest = cut
+    found = dict(addends[:taken])
+    if not blas.matmul(g.dtype, x, ws[0], y, found.get("addend"), found.get("bias")):
+        return False
+    if rest is not None and needs_rest(rest):
         fused.run(rest, [y, *(arrays[i] for i in _rest_operands(p, g.anchor, taken))], ys)
     return True
 
 
+def epilogue_cut(p: fused.Plan, g: Gemv, most: int, meets: Callable[[int], bool],
+                 ) -> tuple[int, fused.Plan | None] | None:
+    """How many of the epilogue's first members cuBLASLt computes, at most `most` (its leading
+    additions it takes), and the rest's kernel: the most for which the rest can read the stored
+    result (`rest_after`, `rest_reads_exactly`) and reads no operand whose memory the result's
+    meets (`meets(i)`: cuBLASLt has written it by then); None where even none can."""
+    for taken in range(most, -1, -1):
+        rest = rest_after(p, g.anchor, taken)
+        if not isinstance(rest, str) and rest_reads_exactly(p, g, taken) and \
+                not any(meets(i) for i in _rest_operands(p, g.anchor, taken)):
+            return taken, rest
+    return None
+
+
+def rest_reads_exactly(p: fused.Plan, g: Gemv, taken: int) -> bool:
+    """Whether the rest of the epilogue after `taken` members may read the value before it from
+    the stored result: nothing is left, the reference holds that value in the result's dtype,
+    or the result is bf16 (its range is f32's: the reading differs by a rounding)."""
+    if taken == len(p.members):
+        return True
+    held = p.members[taken - 1].dtype if taken else g.held
+    return held == p.output_dtypes[0] or p.output_dtypes[0] == "bf16"
+
+
+def needs_rest(rest: fused.Plan) -> bool:
+    """Whether the rest changes the stored result: not where each member is the value before it
+    held in a dtype the result's values keep (f32, or the result's own)."""
+    return any(m.expr != "a" or m.dtype not in ("f32", rest.output_dtypes[0])
+               for m in rest.members)
+
+
+def _meets(a: Any, y: Any) -> bool:
+    """Whether `a`'s bytes meet y's at all (the same view included: written by cuBLASLt before
+    the rest reads it)."""
+    same = (a.data.ptr, a.shape, a.strides) == (y.data.ptr, y.shape, y.strides)
+    return a.size > 0 and y.size > 0 and (same or fused.overlaps(a, y))
+
+
 def _addend(a: Any, y: Any) -> str | None:
     """What cuBLASLt may add of `a` (broadcast to y's shape) into y: a "bias" (one value a column,
-    contiguous) or an "addend" (y's shape, not overlapping y but as y itself), or None."""
+    contiguous) or an "addend" (y's shape, not meeting y but as y itself, C = D), or None."""
     if a.dtype != y.dtype:
         return None
-    if all(s == 0 for s in a.strides[:-1]) and a.strides[-1] == a.itemsize:
+    if all(s == 0 or d == 1 for d, s in zip(a.shape[:-1], a.strides[:-1], strict=True)) and \
+            a.strides[-1] == a.itemsize and any(s == 0 for s in a.strides[:-1]):
         return "bias"
     if all(s != 0 or d == 1 for d, s in zip(a.shape, a.strides, strict=True)) and \
             not fused.overlaps(a, y):
