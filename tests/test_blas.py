@@ -364,3 +364,19 @@ def test_an_f16_result_read_back_by_the_rest_of_an_f32_epilogue_is_refused() -> 
     alone = _plan(fused.Member("a + b", ("x0", "x1"), "f32"))  # nothing read back: taken
     alone = fused.Plan(alone.operands, alone.members, alone.stores, ("f16",))
     assert gemv.epilogue_cut(alone, _gemv(alone, "f32"), 1, lambda i: False) == (1, None)
+
+
+def test_an_f16_mlp_with_an_f32_intermediate_offers_only_fc2_to_cublaslt(tmp_path: Path) -> None:
+    """fc1's GELU would read f16's rounding of the f32 sum (the reference's value may pass
+    65504 where f16 cannot hold it): it stays on its graph, and `inspect` says so."""
+    from dslc.tune.fusion import takes_many_rows
+
+    source = ENCODER_MLP.replace("io=bf16", "io=f16")
+    program = deviceless_program(source, tmp_path)[1]
+    steps = {s.name: s for s in program.steps if program.matmul_kernel(s) is not None}
+    fc1, fc2 = (program.matmul_kernel(s) for s in steps.values())
+    assert not gemv.on_cublaslt(fc1) and gemv.on_cublaslt(fc2)
+    assert [takes_many_rows(program, s) for s in steps.values()] == [False, True]
+    assert gemv.backend_of(fc1, 512).startswith("the reference matmul")
+    assert gemv.backend_of(fc2, 512).startswith("cuBLASLt") and \
+        gemv.backend_of(fc2, 8) == "the few-row matmul kernel"

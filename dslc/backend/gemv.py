@@ -262,12 +262,19 @@ def _fallback(g: Gemv, xs: Sequence[Any], ys: Sequence[Any]) -> None:
 
 def backend_of(g: Gemv, rows: int) -> str:
     """Where `run` computes the step at this many rows, as `dslc inspect` says it (arrays `fits`
-    refuses at run time aside)."""
+    or cuBLASLt refuses at run time aside)."""
     if rows <= MOST_ROWS:
         return "the few-row matmul kernel"
-    if g.sibling is None and g.norm is None:
+    if on_cublaslt(g):
         return "cuBLASLt (with the epilogue's leading additions), the rest one pointwise kernel"
     return "the reference matmul on CuPy, then a pointwise kernel"
+
+
+def on_cublaslt(g: Gemv) -> bool:
+    """Whether a step of many rows can run on cuBLASLt (`_many_rows`), its arrays aside: no pair
+    or norm joined, and an epilogue whose rest may read the stored result (`epilogue_cut`)."""
+    return g.sibling is None and g.norm is None and epilogue_cut(
+        g.epilogue, g, len(leading_adds(g.epilogue, g.anchor)), lambda i: False) is not None
 
 
 def _many_rows(g: Gemv, x: Any, ws: Sequence[Any], others: Sequence[Any],

@@ -143,11 +143,12 @@ def takes_matmul_kernel(program: Schedule, step: StepRecord) -> bool:
 
 
 def takes_many_rows(program: Schedule, step: StepRecord) -> bool:
-    """A matmul of more than `gemv.MOST_ROWS` rows at the first bucket with its epilogue, no
-    pair or norm joined: cuBLASLt may run it (`backend.blas`; cuDNN's engines ran a
-    transformer's projections 1.3-1.6x slower than cuBLAS's kernels on an H100)."""
+    """A matmul of more than `gemv.MOST_ROWS` rows at the first bucket with an epilogue
+    cuBLASLt's result can feed, no pair or norm joined (`gemv.on_cublaslt`): cuBLASLt may run
+    it (`backend.blas`; cuDNN's engines ran a transformer's projections 1.3-1.6x slower than
+    cuBLAS's kernels on an H100)."""
     g = program.matmul_kernel(step)
-    if g is None or g.sibling is not None or g.norm is not None:
+    if g is None or not gemv.on_cublaslt(g):
         return False
     x = program.storage(g.x, dict(program.bundle.buckets[0].dims))
     return math.prod(x.shape[:-1]) > gemv.MOST_ROWS
