@@ -338,8 +338,8 @@ def test_the_cut_takes_fewer_additions_where_the_rest_reads_a_value_an_addition_
     g = _gemv(p, "f32")
     assert gemv.leading_adds(p, 0) == [1, 2]
     cut = gemv.epilogue_cut(p, g, 2, lambda i: False)
-    assert cut is not None and cut[0] == 1 and isinstance(cut[1], fused.Plan)
-    assert [o.name for o in cut[1].operands] == ["result", "h"]
+    assert cut is not None and (cut.adds, cut.activation) == (1, "")
+    assert isinstance(cut.rest, fused.Plan) and [o.name for o in cut.rest.operands] == ["result", "h"]
 
 
 def test_the_cut_reads_no_operand_sharing_the_result_s_memory() -> None:
@@ -349,12 +349,12 @@ def test_the_cut_reads_no_operand_sharing_the_result_s_memory() -> None:
     add_gelu = _plan(fused.Member("a + b", ("x0", "x2"), "f32"), fused.Member(GELU, ("v0",), "f32"))
     add_gelu = fused.Plan(add_gelu.operands, add_gelu.members, add_gelu.stores, ("bf16",))
     assert gemv.epilogue_cut(add_gelu, _gemv(add_gelu, "f32"), 1, lambda i: i == 2) == \
-        (1, gemv.rest_after(add_gelu, 0, 1))
+        gemv.Cut(1, "", gemv.rest_after(add_gelu, 0, 1))
     reads_h = _plan(fused.Member("a * b", ("x0", "x2"), "f32"))
     reads_h = fused.Plan(reads_h.operands, reads_h.members, reads_h.stores, ("bf16",))
     assert gemv.epilogue_cut(reads_h, _gemv(reads_h, "f32"), 0, lambda i: i == 2) is None
     assert gemv.epilogue_cut(reads_h, _gemv(reads_h, "f32"), 0, lambda i: False) == \
-        (0, gemv.rest_after(reads_h, 0, 0))
+        gemv.Cut(0, "", gemv.rest_after(reads_h, 0, 0))
 
 
 def test_an_f16_result_read_back_by_the_rest_of_an_f32_epilogue_is_refused() -> None:
@@ -363,7 +363,38 @@ def test_an_f16_result_read_back_by_the_rest_of_an_f32_epilogue_is_refused() -> 
     assert gemv.epilogue_cut(f16, _gemv(f16, "f32"), 1, lambda i: False) is None
     alone = _plan(fused.Member("a + b", ("x0", "x1"), "f32"))  # nothing read back: taken
     alone = fused.Plan(alone.operands, alone.members, alone.stores, ("f16",))
-    assert gemv.epilogue_cut(alone, _gemv(alone, "f32"), 1, lambda i: False) == (1, None)
+    assert gemv.epilogue_cut(alone, _gemv(alone, "f32"), 1, lambda i: False) == \
+        gemv.Cut(1, "", None)
+
+
+GELU_TANH = fused.expression("gelu_tanh", "f32", {})
+RELU = fused.expression("relu", "f32", {})
+
+
+def test_a_relu_or_tanh_gelu_right_after_the_additions_is_cublaslt_s_activation() -> None:
+    """cuBLASLt's epilogue applies it to the f32 sum: nothing is read back, so an f16 result
+    of an f32 epilogue is fine (the erf GELU is no activation of its: a kernel reads it back)."""
+    for expr, op in ((GELU_TANH, "gelu_tanh"), (RELU, "relu")):
+        p = _plan(fused.Member("a + b", ("x0", "x1"), "f32"), fused.Member(expr, ("v0",), "f32"))
+        p = fused.Plan(p.operands, p.members, p.stores, ("f16",))
+        cut = gemv.epilogue_cut(p, _gemv(p, "f32"), 1, lambda i: False)
+        assert cut == gemv.Cut(1, op, None) and cut.taken == 2
+    erf = _plan(fused.Member("a + b", ("x0", "x1"), "f32"), fused.Member(GELU, ("v0",), "f32"))
+    assert gemv.activation_after(erf, 0, 1) == ""
+
+
+def test_an_activation_is_taken_only_right_after_every_leading_addition() -> None:
+    then_mul = _plan(fused.Member("a + b", ("x0", "x1"), "f32"), fused.Member(RELU, ("v0",), "f32"),
+                     fused.Member("a * b", ("v1", "x2"), "f32"))
+    then_mul = fused.Plan(then_mul.operands, then_mul.members, then_mul.stores, ("bf16",))
+    cut = gemv.epilogue_cut(then_mul, _gemv(then_mul, "f32"), 1, lambda i: False)
+    assert cut is not None and (cut.adds, cut.activation, cut.taken) == (1, "relu", 2)
+    assert cut.rest is not None and cut.rest.members[0].operands == ("x0", "x1")
+    assert gemv.activation_after(then_mul, 0, 0) == ""  # member 0 is the addition
+    on_product = _plan(fused.Member(RELU, ("x0",), "f32"))  # no addition: the product's ReLU
+    assert gemv.activation_after(on_product, 0, 0) == "relu"
+    on_other = _plan(fused.Member(RELU, ("x1",), "f32"))  # of another operand: no activation
+    assert gemv.activation_after(on_other, 0, 0) == ""
 
 
 def test_an_f16_mlp_with_an_f32_intermediate_offers_only_fc2_to_cublaslt(tmp_path: Path) -> None:
@@ -380,3 +411,30 @@ def test_an_f16_mlp_with_an_f32_intermediate_offers_only_fc2_to_cublaslt(tmp_pat
     assert gemv.backend_of(fc1, 512).startswith("the reference matmul")
     assert gemv.backend_of(fc2, 512).startswith("cuBLASLt") and \
         gemv.backend_of(fc2, 8) == "the few-row matmul kernel"
+
+
+def test_the_descriptor_holds_the_activation_s_epilogue() -> None:
+    if blas._library() is None:
+        pytest.skip("libcublasLt is not on this machine")
+    x, w, y = (np.zeros(s, np.float16) for s in ((4, 8), (8, 6), (4, 6)))
+    bias = np.zeros(6, np.float16)
+    lib = blas._loaded()
+    for act, with_bias, want in (("gelu_tanh", True, 36), ("gelu_tanh", False, 32),
+                                 ("relu", True, 6), ("relu", False, 2)):
+        p = blas.problem("f16", x, w, y, bias=bias if with_bias else None, activation=act)
+        assert p is not None
+        desc, _ = blas.descriptor(p)
+        value, size = ctypes.c_int32(), ctypes.c_size_t()
+        assert lib.cublasLtMatmulDescGetAttribute(desc, blas.EPILOGUE, ctypes.byref(value), 4,
+                                                  ctypes.byref(size)) == 0
+        assert value.value == want
+    assert blas.problem("f16", x, w, y, activation="gelu") is None  # erf: not cuBLASLt's
+
+
+def test_an_f16_gpt_mlp_s_fc_with_its_tanh_gelu_is_all_cublaslt_s(tmp_path: Path) -> None:
+    source = ENCODER_MLP.replace("io=bf16", "io=f16").replace("gelu(", "gelu_tanh(")
+    program = deviceless_program(source, tmp_path)[1]
+    fc1, fc2 = (g for g in map(program.matmul_kernel, program.steps) if g is not None)
+    cut = gemv.epilogue_cut(fc1.epilogue, fc1, 1, lambda i: False)
+    assert cut is not None and (cut.adds, cut.activation, cut.rest) == (1, "gelu_tanh", None)
+    assert gemv.on_cublaslt(fc1) and gemv.on_cublaslt(fc2)

@@ -1,5 +1,6 @@
-"""A matrix product of many rows on cuBLASLt, with the additions its epilogue takes: y = x @ w
-(+ c) (+ a bias along y's columns), summed in f32 and rounded once to y's dtype (f16 or bf16).
+"""A matrix product of many rows on cuBLASLt, with the additions and activation its epilogue
+takes: y = act(x @ w (+ c) (+ a bias along y's columns)), act a ReLU or the tanh form of GELU,
+summed in f32 and rounded once to y's dtype (f16 or bf16).
 
 cuDNN's matmul engines ran a transformer's projections 1.3-1.6x slower than cuBLAS's kernels on
 an H100 (the 12-layer encoder at B=8, S=576: docs/benchmarks.md, session 33), so a matmul step
@@ -29,6 +30,10 @@ OP_N, OP_T = 0, 1  # cublasOperation_t
 # cublasLtMatmulDescAttributes_t
 TRANSA, TRANSB, EPILOGUE, BIAS_POINTER, BIAS_DATA_TYPE = 3, 4, 7, 8, 26
 EPILOGUE_DEFAULT, EPILOGUE_BIAS = 1, 4  # cublasLtEpilogue_t
+# The activations cuBLASLt applies after the sum, without and with the bias. Its GELU is the tanh
+# approximation (PyTorch computes `gelu(x, "tanh")` where it cannot use that epilogue), so it
+# serves the `gelu_tanh` op, not `gelu`.
+ACTIVATIONS = {"": (EPILOGUE_DEFAULT, EPILOGUE_BIAS), "relu": (2, 6), "gelu_tanh": (32, 36)}
 # cublasLtMatmulPreferenceAttributes_t: the workspace, then A, B, C and D's alignment in bytes
 MAX_WORKSPACE_BYTES, MIN_ALIGNMENT = 1, (5, 6, 7, 8)
 WORKSPACE = 32 << 20  # bytes: what cuBLAS asks for on Hopper
@@ -118,10 +123,12 @@ class Problem:
     y: Matrix
     c: Matrix | None
     bias: bool
+    activation: str  # "" or a key of ACTIVATIONS, applied after the sum
     alignment: tuple[int, int, int, int]  # bytes each of A (w), B (x), C and D is aligned to
 
     def valid(self) -> bool:
         return (self.dtype in DATA_TYPES and self.dtype != "f32" and not self.x.transposed
+                and self.activation in ACTIVATIONS
                 and not self.y.transposed and (self.c is None or not self.c.transposed)
                 and self.x.cols == self.w.rows and (self.x.rows, self.w.cols) == (self.y.rows,
                                                                                 self.y.cols)
@@ -148,7 +155,7 @@ def alignment(*ptrs: int) -> tuple[int, ...]:
 
 
 def problem(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any | None = None,
-            ) -> Problem | None:
+            activation: str = "") -> Problem | None:
     """The product of these arrays, or None where cuBLASLt cannot take them as they lie:
     x [..., K] and y [..., N] whose rows merge into one axis, w [K, N] with one contiguous axis,
     c like y, bias [N] contiguous and on 16 bytes (a kernel the heuristic picks may load it so:
@@ -169,18 +176,18 @@ def problem(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any 
     if mx is None or mw is None or my is None or (cs is not None and mc is None):
         return None
     a, b, cc, d = alignment(*(_address(t) for t in (w, x, c if c is not None else y, y)))
-    p = Problem(dtype, mx, mw, my, mc, bias is not None, (a, b, cc, d))
+    p = Problem(dtype, mx, mw, my, mc, bias is not None, activation, (a, b, cc, d))
     return p if p.valid() else None
 
 
 def matmul(dtype: str, x: Any, w: Any, y: Any, c: Any | None = None, bias: Any | None = None,
-           ) -> bool:
-    """y = x @ w (+ c) (+ bias) on the current stream (bf16 arrays as their uint16 bits), or
-    False where cuBLASLt is not here, cannot take the arrays (`problem`), proposes nothing or
+           activation: str = "") -> bool:
+    """y = activation(x @ w (+ c) (+ bias)) on the current stream (bf16 arrays as their uint16
+    bits), or False where cuBLASLt is not here, cannot take the arrays (`problem`), proposes nothing or
     refuses the call: the caller then computes the product another way."""
     import cupy
 
-    p = problem(dtype, x, w, y, c, bias)
+    p = problem(dtype, x, w, y, c, bias, activation)
     lib = _library()
     if p is None or lib is None:
         return False
@@ -264,7 +271,7 @@ def descriptor(p: Problem) -> tuple[Any, list[Any]]:
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), COMPUTE_32F, DATA_TYPES["f32"]),
            "descriptor")
     settings = [(TRANSA, ctypes.c_int32(p.trans_a())), (TRANSB, ctypes.c_int32(OP_N)),
-                (EPILOGUE, ctypes.c_uint32(EPILOGUE_BIAS if p.bias else EPILOGUE_DEFAULT))]
+                (EPILOGUE, ctypes.c_uint32(ACTIVATIONS[p.activation][p.bias]))]
     if p.bias:
         settings.append((BIAS_DATA_TYPE, ctypes.c_int32(DATA_TYPES[p.dtype])))
     for attr, value in settings:

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -281,13 +281,14 @@ def _many_rows(g: Gemv, x: Any, ws: Sequence[Any], others: Sequence[Any],
                ys: Sequence[Any]) -> bool:
     """The step on cuBLASLt (`backend.blas`): the product with the epilogue's leading additions
     it takes (one bias along the columns, one addend of the result's shape; each of the result's
-    dtype), stored in the result, then the rest of the epilogue as one pointwise kernel over the
-    result in place. The additions are summed in f32 and rounded once, where the reference
-    rounds each to its intermediate dtype. The rest reads the stored result, so it runs so only
-    where the value it reads is held in the result's dtype, or the result is bf16 (f32's range:
-    a rounding, never an overflow to inf as f16's could be; `rest_reads_exactly`). False where
-    it cannot run so (a pair or norm joined, several results, arrays cuBLASLt does not take or
-    that share the result's memory): the caller computes the step another way."""
+    dtype) and a ReLU or tanh-GELU right after them, stored in the result, then the rest of the
+    epilogue as one pointwise kernel over the result in place. These are computed in f32 and
+    rounded once, where the reference rounds each value to its intermediate dtype. The rest
+    reads the stored result, so it runs so only where the value it reads is held in the
+    result's dtype, or the result is bf16 (f32's range: a rounding, never an overflow to inf as
+    f16's could be; `rest_reads_exactly`). False where it cannot run so (a pair or norm joined,
+    several results, arrays cuBLASLt does not take or that share the result's memory): the
+    caller computes the step another way."""
     import cupy
 
     from dslc.backend import blas
@@ -309,27 +310,58 @@ def _many_rows(g: Gemv, x: Any, ws: Sequence[Any], others: Sequence[Any],
     cut = epilogue_cut(p, g, len(addends), lambda i: _meets(arrays[i], y))
     if cut is None:
         return False
-    taken, rest = cut
-    found = dict(addends[:taken])
-    if not blas.matmul(g.dtype, x, ws[0], y, found.get("addend"), found.get("bias")):
+    found = dict(addends[:cut.adds])
+    if not blas.matmul(g.dtype, x, ws[0], y, found.get("addend"), found.get("bias"),
+                       cut.activation):
         return False
-    if rest is not None and needs_rest(rest):
-        fused.run(rest, [y, *(arrays[i] for i in _rest_operands(p, g.anchor, taken))], ys)
+    if cut.rest is not None and needs_rest(cut.rest):
+        fused.run(cut.rest, [y, *(arrays[i] for i in _rest_operands(p, g.anchor, cut.taken))], ys)
     return True
 
 
+class Cut(NamedTuple):
+    """What cuBLASLt computes of an epilogue: its first `adds` members (additions), then with
+    `activation` the next (a ReLU or tanh-GELU of their sum); `rest` the members after."""
+
+    adds: int
+    activation: str
+    rest: fused.Plan | None
+
+    @property
+    def taken(self) -> int:
+        return self.adds + bool(self.activation)
+
+
+# The activations cuBLASLt applies in its epilogue (`blas.ACTIVATIONS`), by their expression.
+ACTIVATED = {fused.expression(op, "f32", {}): op for op in ("relu", "gelu_tanh")}
+
+
 def epilogue_cut(p: fused.Plan, g: Gemv, most: int, meets: Callable[[int], bool],
-                 ) -> tuple[int, fused.Plan | None] | None:
-    """How many of the epilogue's first members cuBLASLt computes, at most `most` (its leading
-    additions it takes), and the rest's kernel: the most for which the rest can read the stored
-    result (`rest_after`, `rest_reads_exactly`) and reads no operand whose memory the result's
-    meets (`meets(i)`: cuBLASLt has written it by then); None where even none can."""
-    for taken in range(most, -1, -1):
-        rest = rest_after(p, g.anchor, taken)
-        if not isinstance(rest, str) and rest_reads_exactly(p, g, taken) and \
-                not any(meets(i) for i in _rest_operands(p, g.anchor, taken)):
-            return taken, rest
+                 ) -> Cut | None:
+    """How much of the epilogue cuBLASLt computes: at most `most` leading additions (those it
+    takes), then the activation right after them if there is one, and the rest's kernel; the
+    most for which the rest can read the stored result (`rest_after`, `rest_reads_exactly`) and
+    reads no operand whose memory the result's meets (`meets(i)`: cuBLASLt has written it by
+    then); None where even none can."""
+    for adds in range(most, -1, -1):
+        act = activation_after(p, g.anchor, adds)
+        for activation in ((act, "") if act else ("",)):
+            taken = adds + bool(activation)
+            rest = rest_after(p, g.anchor, taken)
+            if not isinstance(rest, str) and rest_reads_exactly(p, g, taken) and \
+                    not any(meets(i) for i in _rest_operands(p, g.anchor, taken)):
+                return Cut(adds, activation, rest)
     return None
+
+
+def activation_after(p: fused.Plan, anchor: int, taken: int) -> str:
+    """The activation cuBLASLt may apply after the epilogue's first `taken` members: the next
+    member a ReLU or tanh-GELU of their value alone (`ACTIVATED`), else ""."""
+    if taken >= len(p.members):
+        return ""
+    m = p.members[taken]
+    before = f"v{taken - 1}" if taken else f"x{anchor}"
+    return ACTIVATED.get(m.expr, "") if m.operands == (before,) else ""
 
 
 def rest_reads_exactly(p: fused.Plan, g: Gemv, taken: int) -> bool:

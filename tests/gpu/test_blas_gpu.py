@@ -60,6 +60,29 @@ def test_cublaslt_products_equal_pytorch(dtype: str, linear: bool, extras: str) 
     assert err < TOLERANCE[dtype] / 3
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_cublaslt_activations_equal_pytorch(dtype: str, activation: str) -> None:
+    """cuBLASLt's GELU epilogue against PyTorch's tanh form (the op `gelu_tanh` it serves)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+    kind = torch.float16 if dtype == "f16" else torch.bfloat16
+    x = torch.randn(300, 256, generator=g, device="cuda").to(kind)
+    w = torch.randn(192, 256, generator=g, device="cuda").to(kind).t()
+    bias = torch.randn(192, generator=g, device="cuda").to(kind)
+    y = torch.empty(300, 192, device="cuda", dtype=kind)
+    assert blas.matmul(dtype, as_cupy(x, dtype), as_cupy(w, dtype), as_cupy(y, dtype),
+                       None, as_cupy(bias, dtype), activation)
+    torch.cuda.synchronize()
+    z = x.float() @ w.float() + bias.float()
+    want = torch.relu(z) if activation == "relu" else \
+        torch.nn.functional.gelu(z, approximate="tanh")
+    err = rel_error(y.float().cpu().numpy(), want.cpu().numpy())
+    print(f"cuBLASLt {dtype} bias + {activation}: relative error {err:.2e}")
+    assert err < TOLERANCE[dtype] / 3
+
+
 MLP = """
 model m {{
   precision io={io}, intermediate=f32, compute=f32
