@@ -14,6 +14,7 @@ from typing import Any
 
 from dslc.core.dims import Dim
 from dslc.core.types import DTYPES
+from dslc.ir import views
 from dslc.ir.graph import IN_PLACE
 from dslc.ir.serial import dim_data
 from dslc.runtime import fields as f
@@ -208,6 +209,9 @@ class Manifest:
 def _same_type(x: Declared, node: Any, path: str) -> None:
     t = node.type
     layout = t.layout.order if t.layout is not None else None
-    # A view (an output that is a transpose of a stored value) has its base's memory order.
-    if x.dtype != t.dtype or x.shape != t.shape or (layout is not None and x.layout != layout):
+    # A view (an output that is a transpose of a stored value) has its base's memory order; two
+    # orders that differ only where an axis has one element are the same bytes (a pointwise op
+    # moved through a reshape that added one: `[N, 1, 1, 6, 11]` ordered 1, 0, 2, 3, 4).
+    if x.dtype != t.dtype or x.shape != t.shape or (layout is not None and (
+            x.layout is None or not views.same_memory(t.shape, tuple(x.layout), tuple(layout)))):
         f.wrong(path, f"`{x.name[:40]}` differs from its node `{node.name[:40]}` in the graph")
