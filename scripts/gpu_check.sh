@@ -2,11 +2,13 @@
 # The GPU work of a session in one command: install the wheels the GPU image lacks (fetched by
 # ../shared/tools/gpu-wheels.sh platformdirs==4.14.9 into .whl/), run the GPU tests, then the benchmark; logs under
 # $OUT (or ./gpu-out), a short table last.
-# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|bert|decode|families|tune|probe|fuzz|ab|all] [extra args...]
+# Usage: scripts/gpu_check.sh [tests|tests-a|tests-b|ops|models|startup|fp8|bench|bert|encoder|decode|families|tune|probe|fuzz|ab|all] [extra args...]
 #   tests: every GPU test (over 10 minutes since session 15: one device call runs tests-a, the
 #   files up to test_models_gpu.py, another tests-b, the rest); ops/models/startup: one file's worth (startup: tuning, start-up
 #   decisions, CLI); fp8: the fp8 GPT blocks against fp16 (tests/gpu/test_fp8_gpu.py); bench: resnet50 vs PyTorch; tune: scripts/bench_tune.py (tuning tables, cold
-#   start, tuned benchmarks); bert: dslc bench of the BERT front (B=8, S=128) against PyTorch,
+#   start, tuned benchmarks); encoder: the cuBLASLt and few-row matmul GPU tests, then the 12-layer
+#   encoder (B=8, S=576) tuned with `dslc tune --fusion measure` against PyTorch with --kernels;
+#   bert: dslc bench of the BERT front (B=8, S=128) against PyTorch,
 #   untuned and tuned (`dslc tune --fusion measure`), JSON reports for scripts/bench_docs.py; decode: scripts/bench_decode.py (the 16-layer decoder a token
 #   against PyTorch; extra args go to it, e.g. --kernels); probe: scripts/probe_gpu.py (where
 #   the time goes); fuzz:
@@ -41,6 +43,7 @@ case $what in
   ops) run_tests ops tests/gpu/test_ops_gpu.py ;;
   models) run_tests models tests/gpu/test_models_gpu.py ;;
   fp8) run_tests fp8 tests/gpu/test_fp8_gpu.py ;;
+  encoder) run_tests blas tests/gpu/test_blas_gpu.py tests/gpu/test_gemv_gpu.py ;;
   startup) run_tests startup tests/gpu/test_tune_gpu.py tests/gpu/test_cli_gpu.py ;;
   tests|all) run_tests all tests/gpu ;;
   tests-a) run_tests a $(ls tests/gpu/test_*.py | awk '$0 <= "tests/gpu/test_models_gpu.py"') ;;
@@ -68,6 +71,15 @@ print(sys.argv[1], 'dslc graph %.4f call %.4f | torch.compile %.4f | x compile %
     python3 scripts/bench_decode.py --layers 16 --position 1000 --repeats 50 --steps 3 \
       --out "$out/decode.json" "${extra[@]}" > "$out/decode.log" 2>&1 || status=1
     grep -E "joined with|^\| 16|relative error" "$out/decode.log" | tail -8 ;;
+  encoder)  # the 12-layer encoder tuned with its fusion choices (matmuls on cuBLASLt), against PyTorch
+    e="$out/encoder"; mkdir -p "$e"
+    python3 -m dslc compile models/encoder.cgraph -o "$e" --target device --bucket B=8,S=576 -q \
+      && python3 -m dslc weights random models/encoder.cgraph -o "$e/w.safetensors" \
+      && python3 -m dslc tune "$e/vit_b_encoder.bundle" --fusion measure -o "$e/t.bundle" -q \
+      > "$e/tune.log" 2>&1 \
+      && python3 -m dslc bench "$e/t.bundle" --weights "$e/w.safetensors" --size B=8,S=576 \
+      --against torch --kernels --repeats 20 > "$e/bench.txt" 2> "$e/bench.log" || status=1
+    head -4 "$e/bench.txt"; grep -A9 "kernels of one dslc" "$e/bench.txt" ;;
   families)
     python3 scripts/bench_families.py --out "$out" "${extra[@]}" > "$out/families.log" 2>&1 || status=1
     tail -12 "$out/families.log" ;;
