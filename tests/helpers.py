@@ -80,6 +80,24 @@ def deviceless_program(text: str, tmp_path: Path) -> tuple[CheckedModel, Any]:
     return model, Schedule(read(path))
 
 
+def matmuls_as_kernels(bundle: Any) -> tuple[Any, int]:
+    """The bundle with every step a matmul kernel computes (`Schedule.matmul_kernel`: the
+    few-row kernel, or cuBLASLt past its rows) made that kernel at every bucket, whatever it
+    measures (its graph timed 1.0 ms, the kernel 0.5 here), and how many such steps."""
+    from dslc.runtime.schedule import Schedule
+    from dslc.tune.fusion import KernelMeasured, with_fusion
+
+    program = Schedule(bundle)
+    measured = []
+    for step in program.steps:
+        if program.matmul_kernel(step) is not None:
+            m = KernelMeasured(step)
+            for b in bundle.buckets:
+                m.graph_ms[b.key], m.kernel_ms[b.key] = 1.0, 0.5
+            measured.append(m)
+    return with_fusion(bundle, [], measured), len(measured)
+
+
 def model_snippet(body: str, header: str = "", precision: str = "io=f32") -> str:
     """A model with `body` as its statements (and `header` before it: imports, defs)."""
     return f'{header}\nmodel m {{\n  precision {precision}\n{body}\n}}\n'

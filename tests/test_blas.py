@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dslc.backend import blas, fused, gemv
-from tests.helpers import deviceless_program
+from tests.helpers import deviceless_program, matmuls_as_kernels
 
 RNG = np.random.default_rng(7)
 
@@ -272,21 +272,11 @@ def test_a_transformer_mlp_splits_into_cublaslt_s_additions_and_the_gelu(tmp_pat
 def test_inspect_says_a_many_row_matmul_kernel_step_runs_on_cublaslt(tmp_path: Path) -> None:
     from dslc.cli.inspect import _bundle_text, bundle_report
     from dslc.runtime.bundle import load
-    from dslc.runtime.schedule import Schedule
-    from dslc.tune.fusion import KernelMeasured, with_fusion
 
     deviceless_program(ENCODER_MLP, tmp_path)
-    records = load(tmp_path / "m.bundle")
-    program = Schedule(records)
-    measured = []
-    for step in program.steps:
-        if program.matmul_kernel(step) is not None:
-            m = KernelMeasured(step)
-            for b in records.buckets:  # the kernel taken whatever it measures
-                m.graph_ms[b.key], m.kernel_ms[b.key] = 1.0, 0.5
-            measured.append(m)
-    assert len(measured) == 2
-    text = _bundle_text(bundle_report(with_fusion(records, [], measured)))
+    kernels, count = matmuls_as_kernels(load(tmp_path / "m.bundle"))
+    assert count == 2
+    text = _bundle_text(bundle_report(kernels))
     assert text.count("on cuBLASLt (with the epilogue's leading additions)") == 2, text
 
 

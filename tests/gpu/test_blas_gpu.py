@@ -15,8 +15,6 @@ import pytest
 from dslc.backend import blas
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import load
-from dslc.runtime.schedule import Schedule
-from dslc.tune.fusion import KernelMeasured, with_fusion
 from tests.gpu.common import (
     TOLERANCE,
     as_cupy,
@@ -27,6 +25,7 @@ from tests.gpu.common import (
     to_device,
     to_host,
 )
+from tests.helpers import matmuls_as_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -104,18 +103,9 @@ def test_matmul_steps_of_many_rows_on_cublaslt_equal_the_reference(
     from dslc.runtime import Model
 
     bundle = compile_source(MLP.format(io=io), tmp_path)
-    records = load(bundle)
-    program = Schedule(records)
-    measured = []
-    for step in program.steps:
-        if program.matmul_kernel(step) is None:
-            continue
-        m = KernelMeasured(step)
-        for b in records.buckets:  # the kernel taken whatever it measures: its numbers here
-            m.graph_ms[b.key], m.kernel_ms[b.key] = 1.0, 0.5
-        measured.append(m)
-    assert len(measured) == 2
-    emit_bundle.write(bundle, with_fusion(records, [], measured))
+    kernels, count = matmuls_as_kernels(load(bundle))
+    assert count == 2
+    emit_bundle.write(bundle, kernels)
     model = Model(bundle, bundle.with_suffix(".safetensors"), tuning_db=None)
     before = len(blas._PLANS)
     for t in (576, 200):

@@ -14,7 +14,6 @@ import pytest
 from dslc.emit import bundle as emit_bundle
 from dslc.runtime.bundle import load
 from dslc.runtime.schedule import Schedule
-from dslc.tune.fusion import KernelMeasured, with_fusion
 from dslc.tune.joins import every_kernel, pairs, with_joins
 from tests.gpu.common import (
     TOLERANCE,
@@ -25,6 +24,7 @@ from tests.gpu.common import (
     to_device,
     to_host,
 )
+from tests.helpers import matmuls_as_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -54,21 +54,12 @@ def test_projections_as_the_kernel_equal_the_reference(
 
 
     bundle = compile_source(DECODER.format(io=io), tmp_path)
-    records = load(bundle)
-    program = Schedule(records)
-    measured = []
-    for step in program.steps:
-        if program.matmul_kernel(step) is None:
-            continue
-        m = KernelMeasured(step)
-        for b in records.buckets:  # the kernel taken whatever it measures: its numbers here
-            m.graph_ms[b.key], m.kernel_ms[b.key] = 1.0, 0.5
-        measured.append(m)
+    program = Schedule(load(bundle))
+    out, count = matmuls_as_kernels(program.bundle)
     # every projection: the source's four matmuls (z's up alone, its gate with the SiLU and
     # the product), each its own step
     matmuls = [s for s in program.steps if any(program.nodes[n].op == "matmul" for n in s.nodes)]
-    assert len(measured) == len(matmuls) == DECODER.count("matmul(")
-    out = with_fusion(records, [], measured)
+    assert count == len(matmuls) == DECODER.count("matmul(")
     if paired:
         out = with_joins(out, pairs(Schedule(out)), every=True)
         assert [len(s.nodes) for s in out.steps if s.kind == "kernel"].count(4) == 1
