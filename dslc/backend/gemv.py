@@ -409,12 +409,18 @@ def leading_adds(p: fused.Plan, anchor: int) -> list[int]:
     for j, m in enumerate(p.members):
         if m.expr != "a + b" or sorted(m.operands).count(current) != 1:
             break
-        other = m.operands[1 - m.operands.index(current)]
-        if not (other.startswith("x") and other[1:].isdigit()) or other == f"x{anchor}":
+        other = _ref(m.operands[1 - m.operands.index(current)], "x")
+        if other is None or other == anchor:
             break
-        out.append(int(other[1:]))
+        out.append(other)
         current = f"v{j}"
     return out
+
+
+def _ref(ref: str, kind: str) -> int | None:
+    """The index a member's operand names: `x3`, the fourth operand (kind "x"), `v1`, the second
+    member's value (kind "v"); None where it names another kind or is a constant."""
+    return int(ref[1:]) if ref.startswith(kind) and ref[1:].isdigit() else None
 
 
 def _rest_operands(p: fused.Plan, anchor: int, taken: int) -> list[int]:
@@ -422,9 +428,9 @@ def _rest_operands(p: fused.Plan, anchor: int, taken: int) -> list[int]:
     seen: list[int] = []
     for m in p.members[taken:]:
         for ref in m.operands:
-            if ref.startswith("x") and ref[1:].isdigit() and int(ref[1:]) != anchor \
-                    and int(ref[1:]) not in seen:
-                seen.append(int(ref[1:]))
+            i = _ref(ref, "x")
+            if i is not None and i != anchor and i not in seen:
+                seen.append(i)
     return seen
 
 
@@ -446,13 +452,14 @@ def rest_after(p: fused.Plan, anchor: int, taken: int) -> fused.Plan | str | Non
     for m in members:
         refs = []
         for ref in m.operands:
+            value = _ref(ref, "v")
             if ref in names:
                 refs.append(names[ref])
-            elif ref.startswith("v") and ref[1:].isdigit():
-                if int(ref[1:]) < taken:
+            elif value is not None:
+                if value < taken:
                     return "a later op reads a value before the stored one"
-                refs.append(f"v{int(ref[1:]) - taken}")
-            elif ref.startswith("x") and ref[1:].isdigit():
+                refs.append(f"v{value - taken}")
+            elif _ref(ref, "x") is not None:
                 return "a later op reads the matmul's value"
             else:
                 refs.append(ref)  # a constant
